@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the libvirt/SSH integration tests and the kvm-agent build
+# need, on a fresh Debian 12 (bookworm) machine. Idempotent: a second run adds nothing
+# and only re-runs `apt-get install`, which is a no-op when everything is present.
+#
+# libvirt 11.3, QEMU 10 and OVMF come from bookworm-backports (plain bookworm's QEMU 7.2
+# conflicts with a newer qemu-utils and its libvirt 9.0 lacks what the agent uses).
+#
+# Usage (as root): integration/tools/install-system-packages.sh
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-system-packages: must run as root (it calls apt-get)." >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+
+backports=/etc/apt/sources.list.d/bookworm-backports.sources
+if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  # Copy the existing bookworm entry's mirror and keyring so the suite comes from the
+  # same (possibly pinned or proxied) mirror as the rest of the system.
+  src=/etc/apt/sources.list.d/debian.sources
+  uri=http://deb.debian.org/debian
+  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  if [ -f "$src" ]; then
+    uri=$(awk '/^URIs:/ && !/security/ {print $2; exit}' "$src")
+    keyring=$(awk '/^Signed-By:/ {print $2; exit}' "$src")
+  fi
+  cat >"$backports" <<SOURCES
+Types: deb
+URIs: ${uri:-http://deb.debian.org/debian}
+Suites: bookworm-backports
+Components: main
+Signed-By: ${keyring:-/usr/share/keyrings/debian-archive-keyring.gpg}
+SOURCES
+  echo "install-system-packages: added bookworm-backports ($backports)" >&2
+fi
+
+# apt-get update only when the package lists are missing backports or older than a day.
+lists=/var/lib/apt/lists
+if ! ls "$lists"/*bookworm-backports*Packages* >/dev/null 2>&1 \
+  || [ -n "$(find "$lists" -maxdepth 1 -name '*bookworm-backports*Packages*' -mmin +1440 -print -quit)" ]; then
+  apt-get update -q
+fi
+
+# From backports: the libvirt daemon (monolithic libvirtd, which the tests run privately),
+# its QEMU driver, client tools, headers for the `virt` crate, QEMU with TCG, OVMF.
+apt-get install -y -q --no-install-recommends -t bookworm-backports \
+  libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev libvirt0 \
+  qemu-system-x86 qemu-utils ovmf
+
+# From bookworm: sshd for the SSH-forward tests, tini as the libvirtd reaper, tools the
+# fixtures call (unshare/nsenter from util-linux, ip from iproute2), pkg-config for `virt`.
+apt-get install -y -q --no-install-recommends \
+  openssh-server openssh-client tini util-linux iproute2 procps pkg-config \
+  build-essential ca-certificates dnsmasq-base
+
+# The package's own services must not grab the system sockets or port 22 on machines
+# without systemd; the tests run private daemons. Nothing to stop when systemd is absent.
+if [ -d /run/systemd/system ]; then
+  systemctl disable --now libvirtd.service libvirtd.socket libvirtd-ro.socket \
+    libvirtd-admin.socket >/dev/null 2>&1 || true
+fi
+
+echo "install-system-packages: libvirt $(libvirtd --version | awk '{print $NF}'), $(qemu-system-x86_64 --version | head -n1), $(ssh -V 2>&1)" >&2
