@@ -1,0 +1,95 @@
+//! `reference-provider`: the in-memory reference provider as a gRPC server.
+//!
+//! Serves `egressproxy.provider.v1.Provider`, its test controls
+//! (`egressproxy.reference.v1.ControlService`), health and reflection. Prints
+//! `listening on ADDR` once it accepts connections (useful with `--listen 127.0.0.1:0`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig, control::ControlService};
+use egressproxy_provider::server::{ProviderServer, ServerTls, shutdown_signal};
+use egressproxy_provider::telemetry;
+
+/// In-memory egressproxy provider for tests, demos and as an example to copy.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:50051",
+        env = "REFERENCE_PROVIDER_LISTEN"
+    )]
+    listen: SocketAddr,
+    /// Time from Create until an instance is RUNNING (for example 2s, 500ms, 0s).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    provisioning_delay: Duration,
+    /// Address every running instance reports.
+    #[arg(long, default_value = "127.0.0.1")]
+    instance_address: IpAddr,
+    /// Valid host names (comma-separated); the first is the default placement.
+    #[arg(long, value_delimiter = ',', default_value = "local")]
+    hosts: Vec<String>,
+    /// Valid zone names (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "local-zone")]
+    zones: Vec<String>,
+    /// Valid machine type names (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "small,medium")]
+    machine_types: Vec<String>,
+    /// Valid image names (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "debian-12")]
+    images: Vec<String>,
+    /// PEM certificate to serve TLS with (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require client certificates signed by it (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _telemetry = telemetry::init("reference-provider", args.verbose)?;
+    let provider = MemoryProvider::new(ReferenceConfig {
+        provisioning_delay: args.provisioning_delay,
+        address: args.instance_address,
+        hosts: args.hosts,
+        zones: args.zones,
+        machine_types: args.machine_types,
+        images: args.images,
+    });
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls {
+            cert,
+            key,
+            client_ca: args.client_ca,
+        }),
+        _ => None,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| {
+            anyhow::anyhow!(
+                "cannot listen on {}: {error} (is the port in use? pick another with --listen)",
+                args.listen
+            )
+        })?;
+    let address = listener.local_addr()?;
+    let server = ProviderServer::new(provider.clone())
+        .with_service(ControlService::new(provider).into_server())
+        .with_tls(tls);
+    println!("listening on {address}");
+    tracing::info!(%address, "reference provider serving");
+    server.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! The egressproxy `Provider` contract (v1) and what every provider builds on.
+//!
+//! - [`pb`]: the generated messages, client and server traits of
+//!   `egressproxy.provider.v1` (and the reference provider's test controls).
+//! - [`error`]: [`ProviderError`], the contract's one error taxonomy, and its mapping to
+//!   and from `tonic::Status` (the table in `provider.proto` and `docs/contract.md`).
+//! - [`server`]: serve a `Provider` with reflection, health, TLS/mTLS, W3C trace context
+//!   and graceful shutdown.
+//! - [`client`]: connect to a provider, with trace context and a deadline on every call.
+//! - [`telemetry`]: logging and OpenTelemetry export configured by `OTEL_*` variables.
+//! - [`reference`]: an in-memory provider with fault injection, the example to copy.
+//! - [`conformance`]: checks any provider must pass, run against a live endpoint.
+
+pub mod client;
+pub mod conformance;
+pub mod error;
+pub mod reference;
+pub mod server;
+pub mod telemetry;
+mod trace_context;
+pub mod validation;
+
+pub use error::{ErrorClass, ProviderError};
+
+/// The contract version this crate implements. Providers report it from
+/// `GetPluginInfo`; callers refuse a provider whose major version differs.
+pub const CONTRACT_VERSION: &str = "1.0.0";
+
+/// Generated protobuf and gRPC code.
+#[allow(unreachable_pub, missing_debug_implementations, clippy::all)]
+pub mod pb {
+    /// `egressproxy.provider.v1`: the contract.
+    pub mod provider {
+        pub mod v1 {
+            tonic::include_proto!("egressproxy.provider.v1");
+        }
+    }
+    /// `egressproxy.reference.v1`: the reference provider's test controls.
+    pub mod reference {
+        pub mod v1 {
+            tonic::include_proto!("egressproxy.reference.v1");
+        }
+    }
+    pub use provider::v1::*;
+
+    /// Encoded `FileDescriptorSet` of every proto file, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
+}

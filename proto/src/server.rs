@@ -1,0 +1,216 @@
+//! The scaffold every provider is served with.
+//!
+//! [`ProviderServer`] wraps a `Provider` implementation and serves, on one listener:
+//! 1. the Provider service itself, plus any extra services the provider adds;
+//! 2. the standard `grpc.health.v1.Health` service, SERVING while the server runs and
+//!    NOT_SERVING once shutdown begins;
+//! 3. gRPC server reflection, v1 and v1alpha, advertising exactly the served services
+//!    (so `grpcurl ADDR list` and `describe` work without proto files);
+//! 4. a `grpc.request` span per call, a child of the caller's W3C trace context;
+//! 5. TLS, or mutual TLS when a client CA is given.
+//!
+//! Shutdown is graceful: when the shutdown future completes, health flips to
+//! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::server::NamedService;
+use tonic::service::RoutesBuilder;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+use crate::pb;
+use crate::trace_context;
+
+/// Files that configure the server's TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// PEM certificate chain the server presents.
+    pub cert: PathBuf,
+    /// PEM private key of that certificate.
+    pub key: PathBuf,
+    /// PEM CA bundle; when set, clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A TLS file could not be read.
+    #[error("cannot read TLS file {path}: check the path and its permissions")]
+    TlsFile {
+        /// The file that failed.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reflection could not index the descriptor sets.
+    #[error("cannot build gRPC reflection")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The transport failed (bad TLS material, accept errors).
+    #[error("gRPC transport failed")]
+    Transport(#[source] tonic::transport::Error),
+}
+
+/// A Provider service with health, reflection, tracing and optional TLS.
+#[derive(Debug)]
+pub struct ProviderServer {
+    routes: RoutesBuilder,
+    service_names: Vec<&'static str>,
+    tls: Option<ServerTls>,
+}
+
+type ServiceRequest = http::Request<tonic::body::Body>;
+
+/// Services the scaffold adds beside the provider's own, all advertised by reflection.
+const INFRASTRUCTURE_SERVICES: [&str; 3] = [
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
+
+impl ProviderServer {
+    /// Serves `provider` as `egressproxy.provider.v1.Provider`.
+    pub fn new<P: pb::provider_server::Provider>(provider: P) -> Self {
+        ProviderServer {
+            routes: RoutesBuilder::default(),
+            service_names: Vec::new(),
+            tls: None,
+        }
+        .with_service(pb::provider_server::ProviderServer::new(provider))
+    }
+
+    /// Serves one more gRPC service beside the Provider (advertised by reflection).
+    pub fn with_service<S>(mut self, service: S) -> Self
+    where
+        S: tower::Service<
+                ServiceRequest,
+                Response = http::Response<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.routes.add_service(service);
+        self.service_names.push(S::NAME);
+        self
+    }
+
+    /// Enables TLS (and mTLS when `tls.client_ca` is set).
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then drains in-flight calls.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let ProviderServer {
+            mut routes,
+            service_names,
+            tls,
+        } = self;
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        for name in service_names.iter().copied().chain([""]) {
+            health_reporter
+                .set_service_status(name, ServingStatus::Serving)
+                .await;
+        }
+
+        let reflection = || {
+            let builder = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(
+                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+                );
+            service_names
+                .iter()
+                .copied()
+                .chain(INFRASTRUCTURE_SERVICES)
+                .fold(builder, |builder, name| builder.with_service_name(name))
+        };
+        routes
+            .add_service(health_service)
+            .add_service(reflection().build_v1().map_err(ServeError::Reflection)?)
+            .add_service(
+                reflection()
+                    .build_v1alpha()
+                    .map_err(ServeError::Reflection)?,
+            );
+
+        let mut builder = Server::builder().trace_fn(|request| {
+            let span = tracing::info_span!(
+                "grpc.request",
+                otel.kind = "server",
+                rpc.system = "grpc",
+                rpc.method = %request.uri().path(),
+            );
+            trace_context::set_parent_from_headers(&span, request.headers());
+            span
+        });
+        if let Some(tls) = &tls {
+            builder = builder
+                .tls_config(server_tls_config(tls)?)
+                .map_err(ServeError::Transport)?;
+        }
+
+        let reporter = health_reporter.clone();
+        let shutdown = async move {
+            shutdown.await;
+            tracing::info!("shutting down: health is NOT_SERVING, draining in-flight calls");
+            for name in service_names.iter().copied().chain([""]) {
+                reporter
+                    .set_service_status(name, ServingStatus::NotServing)
+                    .await;
+            }
+        };
+        builder
+            .add_routes(routes.routes())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await
+            .map_err(ServeError::Transport)
+    }
+}
+
+fn server_tls_config(tls: &ServerTls) -> Result<ServerTlsConfig, ServeError> {
+    let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+    let mut config = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &tls.client_ca {
+        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(config)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::TlsFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// A future that completes on SIGINT or SIGTERM, for [`ProviderServer::serve`].
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler cannot fail on unix");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
