@@ -1,5 +1,9 @@
 //! Connecting to a provider: every call carries the caller's W3C trace context and a
 //! deadline (`grpc-timeout`), so a hung provider never hangs its caller.
+//!
+//! The deadline is enforced on both sides: the provider sees `grpc-timeout`, and the
+//! client itself gives up when it passes and reports DEADLINE_EXCEEDED (tonic's own
+//! timeout reports CANCELLED, which would be misread as a transient failure).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,11 +11,12 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::deadline::Deadline;
 use crate::pb::provider_client::ProviderClient;
 use crate::trace_context;
 
 /// A Provider client whose calls carry trace context and a deadline.
-pub type Client = ProviderClient<InterceptedService<Channel, CallContext>>;
+pub type Client = ProviderClient<InterceptedService<Deadline<Channel>, CallContext>>;
 
 /// Files that configure the client's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +110,9 @@ impl tonic::service::Interceptor for CallContext {
 /// Builds a client that connects lazily (on first call, and again after failures), so
 /// an unavailable provider is an UNAVAILABLE call error, not a start-up failure.
 pub fn connect_lazy(options: &ClientOptions) -> Result<Client, ConnectError> {
-    let channel = endpoint(options)?.connect_lazy();
+    let channel = Deadline {
+        inner: endpoint(options)?.connect_lazy(),
+    };
     Ok(ProviderClient::with_interceptor(
         channel,
         CallContext {

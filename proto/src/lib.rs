@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod conformance;
+mod deadline;
 pub mod error;
 pub mod reference;
 pub mod server;
