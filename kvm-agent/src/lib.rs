@@ -1,5 +1,28 @@
 //! kvm-agent: an egressproxy `Provider` on libvirt reached over SSH.
 //!
-//! The transport and the Provider implementation land with their issues.
+//! The transport, bottom-up:
+//! - [`config`]: the YAML configuration, validated at start-up.
+//! - [`ssh`]: keys, host key verification, one SSH session per host.
+//! - [`forward`]: the relay under each libvirt connection (SSH channel or local socket).
+//! - [`connection`]: one libvirt connection over its relay; never blocks the runtime.
+//! - [`event_loop`]: libvirt's event loop thread, which libvirt keepalive needs.
+//! - [`pool`]: per-host connection reuse, serialized dials, redial on transport failure.
+//! - [`libvirt_call`]: the one traced, deadline-bounded wrapper of every libvirt call.
+//! - [`volume_upload`]: streaming a volume's content on a dedicated connection.
+//! - [`error`]: the crate's error type and the classification of libvirt and SSH errors.
+//!
+//! The Provider methods build on [`pool::HostPool::call`].
 
 pub use egressproxy_provider as contract;
+
+pub mod config;
+pub mod connection;
+pub mod error;
+pub mod event_loop;
+pub mod forward;
+pub mod libvirt_call;
+pub mod pool;
+pub mod ssh;
+pub mod volume_upload;
+
+pub use error::{Error, ErrorClass};

@@ -1,0 +1,173 @@
+//! A private libvirtd that no other test or system daemon can reach by accident.
+//!
+//! [`Libvirtd::start`]:
+//! 1. creates a temporary directory with `run/`, `lib/`, `etc/`, `cache/`, `log/`;
+//! 2. writes `etc/libvirtd.conf` and `etc/qemu.conf` (`namespaces = [ ]`, no security
+//!    driver, QEMU output to files so no virtlogd is needed);
+//! 3. runs `unshare --mount --propagation private -- tini -s -- sh -c '...'`: in its own
+//!    mount namespace the script bind-mounts those directories over `/run/libvirt`,
+//!    `/var/lib/libvirt`, `/etc/libvirt`, `/var/cache/libvirt` and `/var/log/libvirt`, masks
+//!    `/dev/kvm` with an unreadable empty file (here a nested KVM hangs guests, and a
+//!    `/dev/kvm` whose group libvirt cannot map makes it re-probe QEMU on every call), and
+//!    execs `libvirtd`. `tini -s` reaps the short-lived QEMU capability probes;
+//! 4. waits until `socket()` accepts connections.
+//!
+//! Clients reach it only through `qemu+unix:///system?socket=<socket()>` ([`Libvirtd::uri`]).
+//! The socket lives on the shared filesystem, so processes outside the namespace (sshd, the
+//! agent) reach it. [`Libvirtd::pause`]/[`Libvirtd::resume`] SIGSTOP/SIGCONT the daemon and
+//! its children; drop (also on panic) stops it and removes the directory.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::process::{Daemon, wait_until};
+
+/// Where libvirtd's private directories are mounted inside its namespace.
+const MOUNTS: [(&str, &str); 5] = [
+    ("run", "/run/libvirt"),
+    ("lib", "/var/lib/libvirt"),
+    ("etc", "/etc/libvirt"),
+    ("cache", "/var/cache/libvirt"),
+    ("log", "/var/log/libvirt"),
+];
+
+/// A running private libvirtd. See the module docs.
+#[derive(Debug)]
+pub struct Libvirtd {
+    // Declared before `dir` so the daemon stops before its directory is removed.
+    daemon: Option<Daemon>,
+    dir: tempfile::TempDir,
+}
+
+impl Libvirtd {
+    /// Starts libvirtd and waits (up to 30 s) until its socket accepts connections.
+    pub fn start() -> anyhow::Result<Self> {
+        for tool in ["/usr/sbin/libvirtd", "/usr/bin/tini", "/usr/bin/unshare"] {
+            if !Path::new(tool).exists() {
+                bail!("{tool} not found: run integration/tools/install-system-packages.sh");
+            }
+        }
+        // Short prefix: unix socket paths are limited to 108 bytes.
+        let dir = tempfile::Builder::new().prefix("lv-").tempdir()?;
+        let d = dir.path();
+        for (name, _) in MOUNTS {
+            std::fs::create_dir_all(d.join(name))?;
+        }
+        std::fs::write(
+            d.join("etc/libvirtd.conf"),
+            "unix_sock_rw_perms = \"0770\"\n\
+             auth_unix_rw = \"none\"\n\
+             auth_unix_ro = \"none\"\n\
+             keepalive_interval = 5\n\
+             keepalive_count = 5\n\
+             max_clients = 200\n\
+             max_workers = 20\n",
+        )?;
+        std::fs::write(
+            d.join("etc/qemu.conf"),
+            "namespaces = [ ]\n\
+             security_driver = \"none\"\n\
+             stdio_handler = \"file\"\n\
+             user = \"root\"\n\
+             group = \"root\"\n",
+        )?;
+        let masked_kvm = d.join("kvm-masked");
+        std::fs::write(&masked_kvm, "")?;
+        std::fs::set_permissions(&masked_kvm, std::fs::Permissions::from_mode(0o000))?;
+
+        let mut libvirtd = Self { daemon: None, dir };
+        libvirtd.spawn()?;
+        Ok(libvirtd)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let d = self.dir.path();
+        let _ = std::fs::remove_file(self.socket());
+        let _ = std::fs::remove_file(self.pid_file());
+        let mut script = String::from("set -e\n");
+        for (name, target) in MOUNTS {
+            script.push_str(&format!(
+                "mkdir -p {target}\nmount --bind {} {target}\n",
+                d.join(name).display()
+            ));
+        }
+        script.push_str(&format!(
+            "if [ -e /dev/kvm ]; then mount --bind {} /dev/kvm; fi\n\
+             exec /usr/sbin/libvirtd --pid-file {}\n",
+            d.join("kvm-masked").display(),
+            self.pid_file().display(),
+        ));
+        let mut command = Command::new("/usr/bin/unshare");
+        command
+            .args(["--mount", "--propagation", "private", "--"])
+            .args(["/usr/bin/tini", "-s", "-g", "--", "/bin/sh", "-c"])
+            .arg(script);
+        let mut daemon = Daemon::spawn("libvirtd", command, &d.join("libvirtd.log"))?;
+        let socket = self.socket();
+        wait_until("libvirtd socket", Duration::from_secs(30), || {
+            daemon.ensure_running()?;
+            Ok(UnixStream::connect(&socket).is_ok())
+        })?;
+        self.daemon = Some(daemon);
+        Ok(())
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.path().join("libvirtd.pid")
+    }
+
+    /// The read-write libvirt socket, reachable from outside the daemon's namespace.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/libvirt-sock")
+    }
+
+    /// `qemu+unix:///system?socket=...`: the only way to reach this daemon.
+    pub fn uri(&self) -> String {
+        format!("qemu+unix:///system?socket={}", self.socket().display())
+    }
+
+    /// The daemon's private directory (its `/var/lib/libvirt` is `dir()/lib`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// libvirtd's stderr log.
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("libvirtd.log")
+    }
+
+    /// The pid of libvirtd itself (not of its tini/unshare parents).
+    pub fn libvirtd_pid(&self) -> anyhow::Result<u32> {
+        let text = std::fs::read_to_string(self.pid_file()).context("read libvirtd pid file")?;
+        text.trim().parse().context("parse libvirtd pid file")
+    }
+
+    /// SIGSTOPs libvirtd and its children: connections are accepted but never answered.
+    pub fn pause(&mut self) -> anyhow::Result<()> {
+        self.daemon
+            .as_mut()
+            .context("libvirtd is not running")?
+            .pause()
+    }
+
+    /// SIGCONTs what [`Libvirtd::pause`] stopped.
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        self.daemon
+            .as_mut()
+            .context("libvirtd is not running")?
+            .resume()
+    }
+
+    /// Stops libvirtd and starts it again with the same directories (state persists).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        if let Some(mut daemon) = self.daemon.take() {
+            daemon.stop();
+        }
+        self.spawn()
+    }
+}

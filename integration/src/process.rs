@@ -1,0 +1,222 @@
+//! Child daemons for fixtures: spawn, signal a whole process tree, stop for good.
+//!
+//! Daemons such as sshd and libvirtd fork helpers (a per-connection sshd, QEMU probes) that
+//! leave the daemon's process group, so pausing or killing only the daemon's pid would miss
+//! them. [`Daemon`] walks `/proc` for every descendant of its child instead.
+//!
+//! Guarantees:
+//! 1. Dropping a [`Daemon`] (also while unwinding from a panic) resumes the tree if it was
+//!    paused, sends SIGTERM, waits up to 5 s, then SIGKILLs what is left and reaps the child.
+//! 2. [`Daemon::pause`] stops every process of the tree (SIGSTOP); [`Daemon::resume`] continues
+//!    them. A paused daemon accepts TCP or unix connections in the kernel's backlog but never
+//!    answers: exactly what a hung host looks like to a client.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A spawned daemon and its log file; stopped on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    paused: bool,
+}
+
+impl Daemon {
+    /// Spawns `command` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Self> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("open {name} log {}", log.display()))?;
+        let err = out.try_clone()?;
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawn {name} ({command:?})"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child: Some(child),
+            log: log.to_owned(),
+            paused: false,
+        })
+    }
+
+    /// The pid of the spawned process (the root of the tree).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The daemon's log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the log, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Fails with the log's tail if the daemon has exited.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("{} was stopped", self.name);
+        };
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "{} exited with {status}; log {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGSTOPs the daemon and all its descendants.
+    pub fn pause(&mut self) -> anyhow::Result<()> {
+        signal_tree(self.pid(), Signal::SIGSTOP)?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs the daemon and all its descendants.
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        signal_tree(self.pid(), Signal::SIGCONT)?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Terminates the whole tree and reaps the child; idempotent.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id();
+        let tree = process_tree(pid);
+        if self.paused {
+            send_all(&tree, Signal::SIGCONT);
+        }
+        send_all(&tree, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) && tree.iter().all(|p| !is_alive(*p)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut rest = process_tree(pid);
+        rest.extend(tree);
+        send_all(&rest, Signal::SIGKILL);
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `pid` and all its descendants, parents first.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(ppid) = parent_pid(child) {
+                parent_of.push((child, ppid));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parent_of
+                .iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(child, _)| *child),
+        );
+        i += 1;
+    }
+    tree
+}
+
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is parenthesised and may contain spaces or ')'.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    after_name.split(' ').nth(1)?.parse().ok()
+}
+
+fn is_alive(pid: u32) -> bool {
+    // A zombie still has a /proc entry; it counts as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rfind(')')
+                .and_then(|i| stat.get(i + 2..i + 3))
+                .is_some_and(|state| state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Sends `signal` to `pid` and every descendant.
+pub fn signal_tree(pid: u32, signal: Signal) -> anyhow::Result<()> {
+    let tree = process_tree(pid);
+    kill(to_pid(pid)?, signal).with_context(|| format!("{signal} to {pid}"))?;
+    send_all(&tree[1..], signal);
+    Ok(())
+}
+
+fn send_all(pids: &[u32], signal: Signal) {
+    for pid in pids {
+        if let Ok(pid) = to_pid(*pid) {
+            // A descendant may have exited since the walk; that is fine.
+            let _ = kill(pid, signal);
+        }
+    }
+}
+
+fn to_pid(pid: u32) -> anyhow::Result<Pid> {
+    Ok(Pid::from_raw(
+        i32::try_from(pid).context("pid out of range")?,
+    ))
+}
+
+/// Polls `ready` every 20 ms until it returns `Ok(true)` or `timeout` passes.
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready()? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

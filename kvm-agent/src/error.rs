@@ -1,0 +1,407 @@
+//! The crate's one error type, and the one place that classifies foreign errors.
+//!
+//! Every [`Error`] has a [`ErrorClass`] that tells a caller what to do (retry, surface and
+//! stop, treat as absent, or report the deadline). libvirt errors are split in
+//! [`classify_libvirt`]: an error libvirt *reports* (no such domain, bad XML) leaves the
+//! connection healthy; an error of the *transport* under it (EOF, reset, RPC failure) means
+//! the connection is dead and must be dropped ([`Error::drops_connection`]).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use virt::error::{ErrorDomain, ErrorNumber};
+
+/// What a caller should do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Retry with backoff: the host, network or daemon may recover.
+    Transient,
+    /// Retrying the same request cannot succeed until configuration or input changes.
+    Permanent,
+    /// The object does not exist.
+    NotFound,
+    /// The caller's deadline passed; the operation's outcome is unknown.
+    DeadlineExceeded,
+}
+
+/// One problem in the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The field's path, e.g. `hosts[0].ssh.privateKey` (or a line/column for syntax errors).
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl ConfigProblem {
+    /// A problem with `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// A libvirt error as reported by the library, detached from its FFI types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibvirtFailure {
+    /// The `virErrorNumber` (e.g. 42 for `VIR_ERR_NO_DOMAIN`).
+    pub code: i32,
+    /// The code's name (e.g. `NoDomain`).
+    pub code_name: String,
+    /// libvirt's message.
+    pub message: String,
+    /// Whether the failure is the connection's transport, not the operation.
+    pub transport: bool,
+    /// The class derived from the code.
+    pub class: ErrorClass,
+}
+
+/// Errors of the kvm-agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file is unreadable or invalid; all problems are listed.
+    #[error("invalid configuration:\n{}", list(.problems))]
+    Config {
+        /// Each problem with its field.
+        problems: Vec<ConfigProblem>,
+    },
+
+    /// A request named a host that is not configured.
+    #[error("host {host:?} is not in the configuration")]
+    UnknownHost {
+        /// The requested host name.
+        host: String,
+    },
+
+    /// TCP connect to the SSH server failed.
+    #[error("host {host}: cannot connect to SSH server {address}")]
+    SshConnect {
+        /// Host name from the configuration.
+        host: String,
+        /// `host:port` dialled.
+        address: String,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// TCP connect, key exchange and authentication did not finish in time.
+    #[error("host {host}: SSH handshake did not finish within {after:?}")]
+    SshHandshakeTimeout {
+        /// Host name from the configuration.
+        host: String,
+        /// The handshake deadline.
+        after: Duration,
+    },
+
+    /// The SSH protocol failed or the session closed.
+    #[error("host {host}: SSH session failed")]
+    Ssh {
+        /// Host name from the configuration.
+        host: String,
+        /// russh's error.
+        #[source]
+        source: russh::Error,
+    },
+
+    /// The server's host key is not in `known_hosts`.
+    #[error(
+        "host {host}: unknown SSH host key {fingerprint} (not in {}); verify the fingerprint on \
+         the hypervisor (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`) and add the key",
+        known_hosts.display()
+    )]
+    HostKeyUnknown {
+        /// Host name from the configuration.
+        host: String,
+        /// `SHA256:...` fingerprint of the key the server presented.
+        fingerprint: String,
+        /// The `known_hosts` file consulted.
+        known_hosts: PathBuf,
+    },
+
+    /// The server's host key differs from the one in `known_hosts`.
+    #[error(
+        "host {host}: SSH host key CHANGED: server presented {fingerprint}, {} line {line} \
+         records another key; possible man-in-the-middle. If the hypervisor was reinstalled, \
+         replace that line",
+        known_hosts.display()
+    )]
+    HostKeyChanged {
+        /// Host name from the configuration.
+        host: String,
+        /// `SHA256:...` fingerprint of the key the server presented.
+        fingerprint: String,
+        /// The `known_hosts` file consulted.
+        known_hosts: PathBuf,
+        /// The line that records the other key.
+        line: usize,
+    },
+
+    /// The server rejected public-key authentication.
+    #[error(
+        "host {host}: SSH server rejected public key {key_fingerprint} for user {user:?}; add \
+         it to that user's authorized_keys"
+    )]
+    SshAuthRejected {
+        /// Host name from the configuration.
+        host: String,
+        /// Remote user.
+        user: String,
+        /// Fingerprint of the client's public key (never the private key).
+        key_fingerprint: String,
+    },
+
+    /// The SSH session closed under an open connection: the peer went away or stopped
+    /// answering keepalives.
+    #[error("host {host}: SSH session closed (hypervisor unreachable or not answering keepalives)")]
+    SshSessionClosed {
+        /// Host name from the configuration.
+        host: String,
+    },
+
+    /// The SSH server refused to forward the libvirt socket, or the socket does not exist.
+    #[error(
+        "host {host}: SSH server refused to forward {}: {reason}; check that libvirtd runs and \
+         listens there, that the SSH user may use it, and that sshd has \
+         `AllowTcpForwarding local` (or `yes`)",
+        socket.display()
+    )]
+    ForwardRefused {
+        /// Host name from the configuration.
+        host: String,
+        /// Remote libvirt socket.
+        socket: PathBuf,
+        /// The channel-open failure.
+        reason: String,
+    },
+
+    /// The local libvirt socket (local mode) cannot be connected.
+    #[error("host {host}: cannot connect to libvirt socket {}", socket.display())]
+    LocalSocket {
+        /// Host name from the configuration.
+        host: String,
+        /// Local libvirt socket.
+        socket: PathBuf,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A libvirt API call failed.
+    #[error("host {host}: {op} failed: {} ({})", failure.message, failure.code_name)]
+    Libvirt {
+        /// Host name from the configuration.
+        host: String,
+        /// libvirt API name, e.g. `virDomainDefineXML`.
+        op: &'static str,
+        /// The classified libvirt error.
+        failure: LibvirtFailure,
+    },
+
+    /// The caller's deadline passed; the connection under the call was dropped.
+    #[error("host {host}: {op} did not finish within {after:?}")]
+    DeadlineExceeded {
+        /// Host name from the configuration.
+        host: String,
+        /// libvirt API name (or `connect`).
+        op: &'static str,
+        /// The time the call was given.
+        after: Duration,
+    },
+
+    /// The connection under the call was cut because another call on it ran past its
+    /// deadline (the host stopped answering); the call's outcome is unknown.
+    #[error("host {host}: {op} aborted: its connection was cut after {cause}")]
+    ConnectionCut {
+        /// Host name from the configuration.
+        host: String,
+        /// libvirt API name.
+        op: &'static str,
+        /// Why the connection was cut.
+        cause: String,
+    },
+
+    /// Local I/O of the agent itself failed (private socket directory, relay).
+    #[error("{context}")]
+    Io {
+        /// What the agent was doing.
+        context: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A blocking libvirt task panicked or was cancelled.
+    #[error("host {host}: {op} worker ended abnormally: {reason}")]
+    Worker {
+        /// Host name from the configuration.
+        host: String,
+        /// libvirt API name.
+        op: &'static str,
+        /// Panic or cancellation message.
+        reason: String,
+    },
+}
+
+fn list(problems: &[ConfigProblem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Error {
+    /// A configuration error with `problems`.
+    pub fn config(problems: Vec<ConfigProblem>) -> Self {
+        Self::Config { problems }
+    }
+
+    /// What a caller should do about this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Config { .. }
+            | Error::UnknownHost { .. }
+            | Error::HostKeyUnknown { .. }
+            | Error::HostKeyChanged { .. }
+            | Error::SshAuthRejected { .. } => ErrorClass::Permanent,
+            Error::SshConnect { .. }
+            | Error::SshHandshakeTimeout { .. }
+            | Error::Ssh { .. }
+            | Error::SshSessionClosed { .. }
+            | Error::ForwardRefused { .. }
+            | Error::LocalSocket { .. }
+            | Error::ConnectionCut { .. }
+            | Error::Io { .. }
+            | Error::Worker { .. } => ErrorClass::Transient,
+            Error::Libvirt { failure, .. } => failure.class,
+            Error::DeadlineExceeded { .. } => ErrorClass::DeadlineExceeded,
+        }
+    }
+
+    /// Whether the libvirt connection the error happened on must be discarded.
+    ///
+    /// Errors libvirt reports about the operation keep a healthy connection; transport
+    /// failures, deadline expiry and worker panics drop it.
+    pub fn drops_connection(&self) -> bool {
+        !matches!(self, Error::Libvirt { failure, .. } if !failure.transport)
+    }
+
+    /// The libvirt error code, when libvirt reported the error.
+    pub fn libvirt_code(&self) -> Option<i32> {
+        match self {
+            Error::Libvirt { failure, .. } => Some(failure.code),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Classifies a libvirt error. `connection_alive` is `virConnectIsAlive` after the failure.
+pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> LibvirtFailure {
+    use ErrorNumber as N;
+    let code = error.code();
+    let transport = !connection_alive
+        || error.domain().is(ErrorDomain::Rpc)
+        || code.is_any(vec![
+            N::SystemError,
+            N::Rpc,
+            N::NoConnect,
+            N::InvalidConn,
+            N::AuthFailed,
+            N::Ssh,
+            N::Libssh,
+        ]);
+    let class = if transport {
+        ErrorClass::Transient
+    } else if code.is_any(vec![
+        N::NoDomain,
+        N::NoStoragePool,
+        N::NoStorageVolume,
+        N::NoNetwork,
+        N::NoDomainMetadata,
+        N::NoDomainSnapshot,
+        N::NoSecret,
+        N::NoInterface,
+        N::NoNodeDevice,
+    ]) {
+        ErrorClass::NotFound
+    } else if code.is_any(vec![
+        N::InvalidArg,
+        N::XmlError,
+        N::XmlDetail,
+        N::XmlInvalidSchema,
+        N::ConfigUnsupported,
+        N::NoSupport,
+        N::ArgumentUnsupported,
+        N::OperationUnsupported,
+        N::OperationDenied,
+        N::AccessDenied,
+        N::CpuIncompatible,
+    ]) {
+        ErrorClass::Permanent
+    } else {
+        ErrorClass::Transient
+    };
+    LibvirtFailure {
+        code: code.to_raw() as i32,
+        code_name: code.to_string(),
+        message: error.message().to_owned(),
+        transport,
+        class,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_error_lists_every_problem_with_its_field() {
+        let err = Error::config(vec![
+            ConfigProblem::new("hosts[0].name", "is empty"),
+            ConfigProblem::new("hosts[1].ssh.user", "is empty"),
+        ]);
+        let text = err.to_string();
+        assert!(text.contains("  - hosts[0].name: is empty"), "{text}");
+        assert!(text.contains("  - hosts[1].ssh.user: is empty"), "{text}");
+        assert_eq!(err.class(), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn reported_libvirt_error_keeps_the_connection() {
+        let err = Error::Libvirt {
+            host: "hv".into(),
+            op: "virDomainLookupByName",
+            failure: LibvirtFailure {
+                code: 42,
+                code_name: "NoDomain".into(),
+                message: "no domain".into(),
+                transport: false,
+                class: ErrorClass::NotFound,
+            },
+        };
+        assert!(!err.drops_connection());
+        assert_eq!(err.class(), ErrorClass::NotFound);
+        assert_eq!(err.libvirt_code(), Some(42));
+    }
+}
