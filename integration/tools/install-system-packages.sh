@@ -51,9 +51,10 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
   qemu-system-x86 qemu-utils ovmf
 
 # From bookworm: sshd for the SSH-forward tests, tini as the libvirtd reaper, tools the
-# fixtures call (unshare/nsenter from util-linux, ip from iproute2), pkg-config for `virt`.
+# fixtures call (unshare/nsenter from util-linux, ip from iproute2), pkg-config for `virt`,
+# netcat-openbsd for the benchmark's qemu+ssh:// baseline (libvirt runs `nc -U` remotely).
 apt-get install -y -q --no-install-recommends \
-  openssh-server openssh-client tini util-linux iproute2 procps pkg-config \
+  openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base
 
 # The package's own services must not grab the system sockets or port 22 on machines

@@ -1,1 +1,442 @@
-fn main() {}
+//! The agent's libvirt transport against libvirt's own, side by side, on loopback.
+//!
+//! Run: `cargo bench -p kvm-agent --bench transport` (root; needs
+//! `integration/tools/install-system-packages.sh`). Starts a private libvirtd and sshd and
+//! prints, with the issue's targets:
+//! 1. median/p90 of 200 cheap calls (`virConnectGetLibVersion`) through the agent's SSH
+//!    forward, libvirt's `qemu+ssh://` (OpenSSH client), `qemu+libssh://`, the local socket
+//!    directly, and the agent's local mode;
+//! 2. the time to open a libvirt connection on the agent's warm SSH session versus
+//!    `qemu+ssh://`'s open;
+//! 3. throughput of a 256 MiB volume upload through the forward, through `qemu+ssh://`,
+//!    and raw SSH (`ssh host 'cat >/dev/null'`);
+//! 4. the delay a concurrent bulk upload adds to cheap calls on the same host.
+//!
+//! `BENCH_UPLOAD_MIB` changes the upload size.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::libvirtd::Libvirtd;
+use egressproxy_integration::sshd::Sshd;
+use kvm_agent::config::{Config, DomainType, HostConfig, SshConfig, TransportConfig};
+use kvm_agent::libvirt_call::LibvirtOp;
+use kvm_agent::pool::{HostPool, Pool};
+use kvm_agent::volume_upload::upload_volume;
+use virt::connect::Connect;
+use virt::stream::Stream;
+
+const CALLS: usize = 200;
+const OPENS: usize = 20;
+const CHUNK: usize = 256 * 1024;
+
+fn main() -> anyhow::Result<()> {
+    let upload_mib: u64 = std::env::var("BENCH_UPLOAD_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let upload_bytes = upload_mib * 1024 * 1024;
+    virt::error::clear_error_callback();
+    kvm_agent::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
+
+    let libvirtd = Libvirtd::start()?;
+    let sshd = Sshd::start()?;
+    let work = tempfile::Builder::new().prefix("bench-").tempdir()?;
+    let images = libvirtd.dir().join("images");
+    std::fs::create_dir_all(&images)?;
+    let ssh_wrapper = work.path().join("ssh");
+    write_ssh_wrapper(&ssh_wrapper, &sshd)?;
+
+    let socket = libvirtd.socket();
+    let socket_q = socket.display().to_string();
+    let qemu_ssh = format!(
+        "qemu+ssh://root@127.0.0.1:{}/system?socket={socket_q}&proxy=netcat&command={}",
+        sshd.port(),
+        ssh_wrapper.display()
+    );
+    let qemu_libssh = format!(
+        "qemu+libssh://root@127.0.0.1:{}/system?socket={socket_q}&proxy=netcat&keyfile={}&known_hosts={}&sshauth=privkey",
+        sshd.port(),
+        sshd.client_key().display(),
+        sshd.known_hosts().display(),
+    );
+    let local_uri = libvirtd.uri();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let config = bench_config(&sshd, &libvirtd);
+    let pool = Pool::new(&config)?;
+    let ssh_host = pool.host("ssh")?;
+    let local_host = pool.host("local")?;
+
+    // Storage pool for the uploads.
+    {
+        let conn = Connect::open(Some(&local_uri))?;
+        let xml = format!(
+            "<pool type='dir'><name>bench</name><target><path>{}</path></target></pool>",
+            images.display()
+        );
+        conn.create_storage_pool_xml(&xml, 0)?;
+    }
+
+    println!(
+        "kvm-agent transport benchmark (loopback, {} CPUs)",
+        num_cpus()
+    );
+    println!();
+    println!("1. cheap call virConnectGetLibVersion, {CALLS} calls        median        p90");
+    let agent_ssh = runtime.block_on(agent_calls(&ssh_host))?;
+    let qemu_ssh_calls = direct_calls(&qemu_ssh)?;
+    let libssh_calls = direct_calls(&qemu_libssh);
+    let local_direct = direct_calls(&local_uri)?;
+    let agent_local = runtime.block_on(agent_calls(&local_host))?;
+    row("agent, SSH forward (russh)", &agent_ssh);
+    row("libvirt qemu+ssh:// (OpenSSH client)", &qemu_ssh_calls);
+    match &libssh_calls {
+        Ok(samples) => row("libvirt qemu+libssh://", samples),
+        Err(e) => println!("   {:<44} failed: {e}", "libvirt qemu+libssh://"),
+    }
+    row("local socket, direct", &local_direct);
+    row("agent, local mode (relay)", &agent_local);
+    let ratio = median(&agent_ssh).as_secs_f64() / median(&qemu_ssh_calls).as_secs_f64();
+    verdict(
+        &format!("agent SSH / qemu+ssh:// median = {ratio:.2}x"),
+        "<= 1.10x",
+        ratio <= 1.10,
+    );
+
+    println!();
+    println!("2. open a libvirt connection ({OPENS} opens)                median        p90");
+    let agent_opens = runtime.block_on(agent_opens(&ssh_host))?;
+    let qemu_ssh_opens = direct_opens(&qemu_ssh)?;
+    row("agent, on its warm SSH session", &agent_opens);
+    row("libvirt qemu+ssh:// (new ssh process)", &qemu_ssh_opens);
+
+    println!();
+    println!("3. volume upload, {upload_mib} MiB                                throughput");
+    let agent_upload = runtime.block_on(agent_upload(&ssh_host, upload_bytes))?;
+    delete_volume(&local_uri, "agent.raw")?;
+    let qemu_ssh_upload = direct_upload(&qemu_ssh, upload_bytes)?;
+    delete_volume(&local_uri, "direct.raw")?;
+    let raw_ssh = raw_ssh_throughput(&sshd, upload_bytes)?;
+    throughput_row("agent, SSH forward", upload_bytes, agent_upload);
+    throughput_row("libvirt qemu+ssh://", upload_bytes, qemu_ssh_upload);
+    throughput_row("raw SSH: ssh host 'cat >/dev/null'", upload_bytes, raw_ssh);
+    let vs_libvirt = qemu_ssh_upload.as_secs_f64() / agent_upload.as_secs_f64();
+    let vs_raw = raw_ssh.as_secs_f64() / agent_upload.as_secs_f64();
+    verdict(
+        &format!("agent / qemu+ssh:// throughput = {vs_libvirt:.2}x"),
+        ">= 0.90x",
+        vs_libvirt >= 0.9,
+    );
+    verdict(
+        &format!("agent / raw SSH throughput = {vs_raw:.2}x"),
+        ">= 0.80x",
+        vs_raw >= 0.8,
+    );
+
+    println!();
+    println!("4. cheap calls during a concurrent upload on the same host");
+    let (baseline, during) = runtime.block_on(calls_during_upload(&ssh_host, upload_bytes))?;
+    delete_volume(&local_uri, "concurrent.raw")?;
+    let base = median(&baseline);
+    let added = |d: Duration| d.saturating_sub(base);
+    println!("   {:<44} {:>10}", "idle median", fmt_duration(base));
+    println!(
+        "   {:<44} {:>10} {:>10} {:>10}",
+        format!("during upload ({} calls): p50 / p99 / max", during.len()),
+        fmt_duration(percentile(&during, 0.5)),
+        fmt_duration(percentile(&during, 0.99)),
+        fmt_duration(*during.iter().max().unwrap_or(&Duration::ZERO)),
+    );
+    let max_added = added(*during.iter().max().unwrap_or(&Duration::ZERO));
+    verdict(
+        &format!("largest added delay = {}", fmt_duration(max_added)),
+        "<= 10 ms",
+        max_added <= Duration::from_millis(10),
+    );
+    drop(pool);
+    Ok(())
+}
+
+fn bench_config(sshd: &Sshd, libvirtd: &Libvirtd) -> Config {
+    let host = |name: &str, ssh: Option<SshConfig>| HostConfig {
+        name: name.to_owned(),
+        local: ssh.is_none(),
+        ssh,
+        libvirt_socket: libvirtd.socket(),
+        storage_pool: "bench".to_owned(),
+        network: None,
+        bridge: None,
+        domain_type: DomainType::Qemu,
+    };
+    Config {
+        hosts: vec![
+            host(
+                "ssh",
+                Some(SshConfig {
+                    address: sshd.address(),
+                    user: sshd.user().to_owned(),
+                    private_key: sshd.client_key(),
+                    known_hosts: Some(sshd.known_hosts()),
+                    insecure_skip_host_key_verification: false,
+                }),
+            ),
+            host("local", None),
+        ],
+        machine_types: Default::default(),
+        images: Default::default(),
+        transport: TransportConfig {
+            default_call_timeout: Duration::from_secs(600),
+            ..TransportConfig::default()
+        },
+    }
+}
+
+/// An `ssh` that libvirt's `command=` runs: strict host keys from the fixture's
+/// known_hosts and its client key, so the baseline verifies the host like the agent does.
+fn write_ssh_wrapper(path: &Path, sshd: &Sshd) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = format!(
+        "#!/bin/sh\nexec ssh -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -o BatchMode=yes \
+         -o IdentitiesOnly=yes -i {} \"$@\"\n",
+        sshd.known_hosts().display(),
+        sshd.client_key().display()
+    );
+    std::fs::write(path, script)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(600)
+}
+
+async fn agent_calls(host: &HostPool) -> anyhow::Result<Vec<Duration>> {
+    host.lib_version(deadline()).await?;
+    let mut samples = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let started = Instant::now();
+        host.lib_version(deadline()).await?;
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
+}
+
+fn direct_calls(uri: &str) -> anyhow::Result<Vec<Duration>> {
+    let conn = Connect::open(Some(uri))?;
+    conn.lib_version()?;
+    let mut samples = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let started = Instant::now();
+        conn.lib_version()?;
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
+}
+
+async fn agent_opens(host: &Arc<HostPool>) -> anyhow::Result<Vec<Duration>> {
+    host.lib_version(deadline()).await?;
+    let mut samples = Vec::with_capacity(OPENS);
+    for _ in 0..OPENS {
+        let started = Instant::now();
+        host.bulk(LibvirtOp::new("virConnectOpen"), deadline(), |_| Ok(()))
+            .await?;
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
+}
+
+fn direct_opens(uri: &str) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(OPENS);
+    for _ in 0..OPENS {
+        let started = Instant::now();
+        let conn = Connect::open(Some(uri))?;
+        samples.push(started.elapsed());
+        drop(conn);
+    }
+    Ok(samples)
+}
+
+fn volume_xml(name: &str, bytes: u64) -> String {
+    format!(
+        "<volume><name>{name}</name><capacity unit='bytes'>{bytes}</capacity>\
+         <target><format type='raw'/></target></volume>"
+    )
+}
+
+async fn create_volume(host: &HostPool, name: &str, bytes: u64) -> anyhow::Result<()> {
+    let xml = volume_xml(name, bytes);
+    host.call(
+        LibvirtOp::new("virStorageVolCreateXML"),
+        deadline(),
+        move |c| {
+            let pool = c.lookup_storage_pool_by_name("bench")?;
+            virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0)?;
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn delete_volume(uri: &str, name: &str) -> anyhow::Result<()> {
+    let conn = Connect::open(Some(uri))?;
+    let pool = conn.lookup_storage_pool_by_name("bench")?;
+    pool.lookup_storage_vol_by_name(name)?.delete(0)?;
+    Ok(())
+}
+
+async fn agent_upload(host: &Arc<HostPool>, bytes: u64) -> anyhow::Result<Duration> {
+    create_volume(host, "agent.raw", bytes).await?;
+    let started = Instant::now();
+    upload_volume(
+        host,
+        "bench",
+        "agent.raw",
+        std::io::repeat(0x5a),
+        bytes,
+        deadline(),
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
+fn direct_upload(uri: &str, bytes: u64) -> anyhow::Result<Duration> {
+    let conn = Connect::open(Some(uri))?;
+    let pool = conn.lookup_storage_pool_by_name("bench")?;
+    let vol =
+        virt::storage_vol::StorageVol::create_xml(&pool, &volume_xml("direct.raw", bytes), 0)?;
+    let buf = vec![0x5au8; CHUNK];
+    let started = Instant::now();
+    let stream = Stream::new(&conn, 0)?;
+    vol.upload(&stream, 0, bytes, 0)?;
+    let mut sent = 0u64;
+    while sent < bytes {
+        let want = usize::try_from(bytes - sent).unwrap_or(CHUNK).min(CHUNK);
+        let mut chunk = &buf[..want];
+        while !chunk.is_empty() {
+            let n = usize::try_from(stream.send(chunk)?).unwrap_or(0);
+            chunk = &chunk[n.min(chunk.len())..];
+        }
+        sent += want as u64;
+    }
+    stream.finish()?;
+    Ok(started.elapsed())
+}
+
+fn raw_ssh_throughput(sshd: &Sshd, bytes: u64) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut child = Command::new("ssh")
+        .args(sshd.ssh_client_args())
+        .arg("127.0.0.1")
+        .arg("cat >/dev/null")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let buf = vec![0x5au8; CHUNK];
+    let mut sent = 0u64;
+    while sent < bytes {
+        let want = usize::try_from(bytes - sent).unwrap_or(CHUNK).min(CHUNK);
+        stdin.write_all(&buf[..want])?;
+        sent += want as u64;
+    }
+    drop(stdin);
+    let status = child.wait()?;
+    anyhow::ensure!(status.success(), "ssh cat exited with {status}");
+    Ok(started.elapsed())
+}
+
+async fn calls_during_upload(
+    host: &Arc<HostPool>,
+    bytes: u64,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let baseline = agent_calls(host).await?;
+    create_volume(host, "concurrent.raw", bytes).await?;
+    let upload = {
+        let host = host.clone();
+        tokio::spawn(async move {
+            upload_volume(
+                &host,
+                "bench",
+                "concurrent.raw",
+                std::io::repeat(0x5a),
+                bytes,
+                deadline(),
+            )
+            .await
+        })
+    };
+    let mut during = Vec::new();
+    while !upload.is_finished() {
+        let started = Instant::now();
+        host.lib_version(deadline()).await?;
+        let took = started.elapsed();
+        if !upload.is_finished() {
+            during.push(took);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    upload.await??;
+    Ok((baseline, during))
+}
+
+fn sorted(samples: &[Duration]) -> Vec<Duration> {
+    let mut s = samples.to_vec();
+    s.sort();
+    s
+}
+
+fn percentile(samples: &[Duration], p: f64) -> Duration {
+    let s = sorted(samples);
+    if s.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((s.len() as f64 - 1.0) * p).round() as usize;
+    s[index]
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    percentile(samples, 0.5)
+}
+
+fn fmt_duration(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        format!("{} µs", d.as_micros())
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+    }
+}
+
+fn row(label: &str, samples: &[Duration]) {
+    println!(
+        "   {label:<44} {:>10} {:>10}",
+        fmt_duration(median(samples)),
+        fmt_duration(percentile(samples, 0.9))
+    );
+}
+
+fn throughput_row(label: &str, bytes: u64, took: Duration) {
+    let mib_s = bytes as f64 / (1024.0 * 1024.0) / took.as_secs_f64();
+    println!(
+        "   {label:<44} {mib_s:>8.0} MiB/s ({:.2} s)",
+        took.as_secs_f64()
+    );
+}
+
+fn verdict(what: &str, target: &str, ok: bool) {
+    println!(
+        "   => {what:<50} target {target:<9} {}",
+        if ok { "MET" } else { "MISSED" }
+    );
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
