@@ -8,6 +8,8 @@
 //!   when `OTEL_TRACES_EXPORTER=none`, or when `OTEL_SDK_DISABLED=true`.
 //! - The W3C trace-context propagator is installed globally.
 
+use std::io::IsTerminal;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -58,7 +60,9 @@ pub fn init(service_name: &'static str, verbosity: u8) -> anyhow::Result<Telemet
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(filter_for_verbosity(verbosity)));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
 
     let tracer_provider = if otlp_export_enabled(|name| std::env::var(name).ok()) {
         let exporter = opentelemetry_otlp::SpanExporter::builder()

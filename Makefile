@@ -1,0 +1,64 @@
+# One task runner for the project. `make ci` is what CI runs (.ci/run) and what the
+# README tells newcomers to run; `make demo` is the local end-to-end demo.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+TOOLS_DIR ?= $(or $(EGRESSPROXY_TOOLS_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/egressproxy/tools)
+TOOLS_BIN := $(TOOLS_DIR)/bin
+BUF := $(TOOLS_BIN)/buf
+
+.PHONY: ci setup setup-system setup-tools fmt fmt-check lint clippy buf-lint breaking generate generate-check test demo bench
+
+## ci: set up the machine, then every check and test (what .ci/run runs)
+ci: setup fmt-check lint breaking generate-check test
+
+## setup: install system packages (root) and build the pinned Go test tools
+setup: setup-system setup-tools
+
+setup-system:
+	@if [ "$$(id -u)" -eq 0 ]; then integration/tools/install-system-packages.sh; \
+	else echo "setup-system: not root, skipping apt packages (run as root on a fresh machine)"; fi
+
+setup-tools:
+	integration/tools/install-go-tools.sh
+
+## fmt: format Rust code and proto files
+fmt:
+	cargo fmt --all
+	$(BUF) format -w
+
+fmt-check:
+	cargo fmt --all --check
+	$(BUF) format --diff --exit-code
+
+## lint: clippy with warnings as errors, buf lint
+lint: clippy buf-lint
+
+clippy:
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+buf-lint:
+	$(BUF) lint
+
+## breaking: buf breaking against the previous commit of main
+breaking:
+	integration/tools/buf-breaking.sh "$(BUF)"
+
+## generate: regenerate checked-in generated files; generate-check fails on drift
+generate:
+	cargo build -p egressproxy-provider --locked
+
+generate-check: generate
+	git diff --exit-code -- proto
+
+## test: build every binary the tests spawn, then run every test
+test:
+	cargo build --workspace --bins --locked
+	cargo test --workspace --locked --no-fail-fast
+
+## demo: the reference provider driven by grpcurl (grows into the full stack)
+demo:
+	integration/tools/demo.sh
+
+## bench: benchmarks that print figures beside their baselines
+bench:
+	cargo bench --workspace --locked
