@@ -9,11 +9,14 @@
 //! 4. **Redial on transport failure only.** A dead relay, a transport error or a deadline
 //!    drops the connection and the next call dials anew; an error libvirt reports about the
 //!    operation (no such domain, bad XML) keeps it.
-//! 5. **Bulk on its own connection.** [`HostPool::bulk`] dials a dedicated connection for
-//!    a stream, so a long upload never queues cheap calls behind it.
-//! 6. **SSH sessions** are per host, reused by every connection's channel, re-established
-//!    when closed (peer gone or keepalives unanswered), with exponential backoff after
-//!    failures (OpenSSH penalises sources that fail repeatedly).
+//! 5. **Bulk on its own connection and session.** [`HostPool::bulk`] dials a dedicated
+//!    libvirt connection for a stream, over a second SSH session of the host. A channel of
+//!    its own is not enough: on a shared session (one TCP stream) a cheap call's packets
+//!    would queue behind megabytes of upload data in the send buffers.
+//! 6. **SSH sessions** (one for calls, one for bulk streams, per host) are reused by every
+//!    connection's channel, re-established when closed (peer gone or keepalives
+//!    unanswered), with exponential backoff after failures (OpenSSH penalises sources
+//!    that fail repeatedly).
 //!
 //! Every connection's relay socket lives in one private directory (0700), created at
 //! start-up under `$KVM_AGENT_RUNTIME_DIR` or the system temp dir (a writable mount on a
@@ -109,10 +112,23 @@ impl Pool {
 }
 
 #[derive(Debug, Default)]
-struct SessionState {
+struct SessionSlot {
     session: Option<Arc<SshSession>>,
     failures: u32,
     retry_at: Option<Instant>,
+}
+
+/// What a connection is for; bulk streams get their own SSH session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Calls,
+    Bulk,
+}
+
+#[derive(Debug, Default)]
+struct SessionState {
+    calls: SessionSlot,
+    bulk: SessionSlot,
 }
 
 /// Connections to one host. See the module docs.
@@ -174,7 +190,7 @@ impl HostPool {
     {
         let api = op.api;
         libvirt_call::traced(self.name(), &op, async move {
-            let connection = Arc::new(self.dial(deadline).await?);
+            let connection = Arc::new(self.dial(deadline, Purpose::Bulk).await?);
             libvirt_call::run(&connection, api, deadline, call)
                 .await
                 .result
@@ -192,7 +208,10 @@ impl HostPool {
         if let Some(connection) = self.usable_shared() {
             return Ok(connection);
         }
-        let connection = Arc::new(self.dial_locked(&mut state, deadline).await?);
+        let connection = Arc::new(
+            self.dial_locked(&mut state, deadline, Purpose::Calls)
+                .await?,
+        );
         *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
         Ok(connection)
     }
@@ -232,19 +251,24 @@ impl HostPool {
             })
     }
 
-    async fn dial(&self, deadline: Instant) -> Result<Connection, Error> {
+    async fn dial(&self, deadline: Instant, purpose: Purpose) -> Result<Connection, Error> {
         let mut state = self.lock_dial(deadline).await?;
-        self.dial_locked(&mut state, deadline).await
+        self.dial_locked(&mut state, deadline, purpose).await
     }
 
     async fn dial_locked(
         &self,
         state: &mut SessionState,
         deadline: Instant,
+        purpose: Purpose,
     ) -> Result<Connection, Error> {
+        let slot = match purpose {
+            Purpose::Calls => &mut state.calls,
+            Purpose::Bulk => &mut state.bulk,
+        };
         let upstream = match &self.config.ssh {
             Some(_) => Upstream::Ssh {
-                session: self.session(state, deadline).await?,
+                session: self.session(slot, purpose, deadline).await?,
                 remote_socket: self.config.libvirt_socket.clone(),
             },
             None => Upstream::Local {
@@ -265,7 +289,8 @@ impl HostPool {
     /// The host's SSH session, connected (with backoff after failures) if needed.
     async fn session(
         &self,
-        state: &mut SessionState,
+        state: &mut SessionSlot,
+        purpose: Purpose,
         deadline: Instant,
     ) -> Result<Arc<SshSession>, Error> {
         if let Some(session) = &state.session
@@ -295,6 +320,10 @@ impl HostPool {
             ssh.host = self.name(),
             ssh.address = %ssh.address,
             ssh.user = %ssh.user,
+            ssh.purpose = match purpose {
+                Purpose::Calls => "calls",
+                Purpose::Bulk => "bulk",
+            },
         );
         let connect = SshSession::connect(self.name(), ssh, &self.transport).instrument(span);
         let result = match tokio::time::timeout_at(deadline, connect).await {
@@ -308,7 +337,7 @@ impl HostPool {
         match result {
             Ok(session) => {
                 let session = Arc::new(session);
-                *state = SessionState {
+                *state = SessionSlot {
                     session: Some(session.clone()),
                     failures: 0,
                     retry_at: None,

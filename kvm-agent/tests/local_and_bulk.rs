@@ -200,4 +200,10 @@ async fn upload_streams_on_its_own_connection_while_cheap_calls_proceed() {
         attr(cheap, "libvirt.connection"),
         "the upload has its own connection"
     );
+    let mut purposes: Vec<_> = spans_named(trace_id, "ssh.connect")
+        .iter()
+        .filter_map(|s| attr(s, "ssh.purpose"))
+        .collect();
+    purposes.sort();
+    assert_eq!(purposes, ["bulk", "calls"], "the upload has its own SSH session");
 }
