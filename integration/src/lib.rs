@@ -1,10 +1,14 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
-//! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm).
+//! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm, kube-harness).
+//! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
+//! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
+pub mod kube_apiserver;
+pub mod kube_env;
 pub mod tools;
 pub mod libvirtd;
 pub mod process;

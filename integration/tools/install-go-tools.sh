@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pinned Go test tooling (grpcurl, buf, helm) from the Go module proxy into
+# Builds the pinned Go test tooling (grpcurl, buf, helm, kube-harness) from the Go module proxy into
 # one cache directory. A warm run finds every binary at its pinned version and builds
 # nothing. Test tooling only: the product is Rust.
 #
@@ -42,5 +42,33 @@ install() {
 install grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl "$GRPCURL_VERSION"
 install buf github.com/bufbuild/buf/cmd/buf "$BUF_VERSION"
 install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+
+
+# kube-harness: a real kube-apiserver with an embedded etcd, built from the Go module in
+# integration/kube-harness (see docs/testing/kube-apiserver.md). Keyed on a hash of that
+# module's go.mod, go.sum and sources: a warm run builds nothing, any change rebuilds.
+harness_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../kube-harness" && pwd)"
+harness_key="$(cd "$harness_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
+if ! [ -x "$bin/kube-harness" ] || [ "$(cat "$bin/kube-harness.version" 2>/dev/null)" != "$harness_key" ]; then
+  k8s_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$harness_src/go.mod")"
+  k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
+  echo "install-go-tools: building kube-harness (kube-apiserver $k8s_version + etcd; a cold build takes several minutes, later runs reuse it)" >&2
+  if ! (cd "$harness_src" && GOFLAGS=-mod=readonly go mod download >&2); then
+    echo "install-go-tools: downloading the kube-harness modules failed. Check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY)) and rerun." >&2
+    exit 1
+  fi
+  # The apiserver reports the version it was built as; without these it says v0.0.0-master,
+  # which clients and charts with a kubeVersion constraint reject.
+  ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
+  done
+  if ! (cd "$harness_src" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/kube-harness.tmp" . >&2); then
+    echo "install-go-tools: building kube-harness failed (see the compiler output above). It needs Go 1.26 or newer; 'go version' says: $(go version)" >&2
+    exit 1
+  fi
+  mv "$bin/kube-harness.tmp" "$bin/kube-harness"
+  echo "$harness_key" >"$bin/kube-harness.version"
+fi
 
 echo "$bin"
