@@ -5,11 +5,13 @@
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
+//! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
 pub mod kube_apiserver;
 pub mod kube_env;
-pub mod tools;
 pub mod libvirtd;
 pub mod process;
+pub mod reference_provider;
 pub mod sshd;
+pub mod tools;

@@ -1,6 +1,19 @@
 //! The egressproxy operator: reconciles `Proxy` resources through `Provider` services.
 //!
-//! The controller itself lands with the operator issue; until then this crate only
-//! re-exports the contract it is built on, so the workspace layout is in place.
+//! - [`crd`]: the `Proxy` resource.
+//! - [`providers`]: the configured providers, their clients and handshake.
+//! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
+//! - [`status`]: conditions and server-side-apply status writes.
+//! - [`health_check`]: does the proxy really proxy?
+//! - [`backoff`]: per-object exponential backoff with jitter.
+//! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
 
-pub use egressproxy_provider as contract;
+pub mod backoff;
+pub mod context;
+pub mod controller;
+pub mod crd;
+pub mod error;
+pub mod health_check;
+pub mod providers;
+pub mod reconcile;
+pub mod status;

@@ -1,0 +1,58 @@
+//! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
+//! updates (our own status writes) so a write never triggers a pointless reconcile.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+
+use crate::context::Context;
+use crate::crd::Proxy;
+use crate::reconcile::{ABANDON_ANNOTATION, error_policy, reconcile};
+
+/// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
+/// deletion, and the abandon annotation.
+fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    proxy.metadata.generation.hash(&mut hasher);
+    proxy.finalizers().hash(&mut hasher);
+    proxy
+        .metadata
+        .deletion_timestamp
+        .is_some()
+        .hash(&mut hasher);
+    proxy
+        .annotations()
+        .get(ABANDON_ANNOTATION)
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Runs the controller on the Proxies `proxies` sees (all namespaces, or one) until
+/// `shutdown` completes.
+pub async fn run(
+    ctx: Arc<Context>,
+    proxies: Api<Proxy>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(proxies, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(reconcile_trigger, PredicateConfig::default());
+    Controller::for_stream(stream, reader)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, action)) => {
+                    tracing::debug!(proxy = %object.name, ?action, "reconciled")
+                }
+                Err(error) => tracing::debug!(%error, "reconcile error"),
+            }
+        })
+        .await;
+}

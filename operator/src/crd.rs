@@ -1,0 +1,261 @@
+//! The `Proxy` custom resource (`egressproxy.dev/v1alpha1`).
+//!
+//! The schema validates what it can at admission, so users see mistakes from
+//! `kubectl apply`, not from a condition minutes later: required fields, port and
+//! interval ranges, exactly one cloud-init source, host and zone exclusive, and the
+//! placement immutable unless `placement.updatePolicy: Replace`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of an egress proxy: a VM running an HTTP proxy, made by a provider.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "egressproxy.dev",
+    version = "v1alpha1",
+    kind = "Proxy",
+    plural = "proxies",
+    shortname = "pxy",
+    namespaced,
+    status = "ProxyStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.addresses[0].address"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.placement.updatePolicy == 'Replace' || self.placement == oldSelf.placement",
+     "message": "spec.placement is immutable: set spec.placement.updatePolicy to Replace to replace the VM (it gets a new address) when the placement changes"},
+    {"rule": "self.provider == oldSelf.provider", "message": "spec.provider is immutable: create a new Proxy for another provider"},
+]))]
+pub struct ProxySpec {
+    /// Name of the provider that runs the VM: a key of the operator's provider
+    /// configuration (for example `kvm`).
+    #[schemars(length(min = 1, max = 63))]
+    pub provider: String,
+    /// Where and on what the VM runs.
+    pub placement: Placement,
+    /// cloud-init input for the VM (installs and configures the proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+    /// TCP port the proxy listens on inside the VM.
+    #[serde(default = "default_proxy_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub proxy_port: u16,
+    /// How the operator checks that the proxy really proxies. Default: TCP connect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+fn default_proxy_port() -> u16 {
+    3128
+}
+
+/// Where and on what the VM runs: names from the provider's configuration.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!(has(self.host) && has(self.zone))", "message": "set placement.host or placement.zone, not both"},
+]))]
+pub struct Placement {
+    /// A specific hypervisor or host. Unset with `zone` unset: the provider chooses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub host: Option<String>,
+    /// A zone or failure domain; the provider picks a host in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub zone: Option<String>,
+    /// Machine type (size), for example `small`.
+    #[schemars(length(min = 1, max = 253))]
+    pub machine_type: String,
+    /// Image, for example `debian-12`.
+    #[schemars(length(min = 1, max = 253))]
+    pub image: String,
+    /// What a change of placement does: `Immutable` (rejected at admission) or
+    /// `Replace` (a new VM replaces the old one, with a new address).
+    #[serde(default)]
+    pub update_policy: PlacementUpdatePolicy,
+}
+
+/// What a change of placement does.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PlacementUpdatePolicy {
+    /// The placement cannot change.
+    #[default]
+    Immutable,
+    /// A change replaces the VM.
+    Replace,
+}
+
+/// cloud-init input: inline, or from a Secret (recommended: user-data often holds
+/// secrets).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.userData) != has(self.userDataSecretRef)", "message": "set exactly one of cloudInit.userData and cloudInit.userDataSecretRef"},
+]))]
+pub struct CloudInit {
+    /// Inline user-data (`#cloud-config`, a script, or MIME multipart). Visible to
+    /// anyone who can read the Proxy: put secrets in a Secret instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub user_data: Option<String>,
+    /// User-data from a key of a Secret in the Proxy's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<SecretKeyRef>,
+    /// Inline vendor-data (for providers with the vendor-data capability).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub vendor_data: Option<String>,
+}
+
+/// A key of a Secret in the Proxy's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key in the Secret's data.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// How the operator checks the proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.type != 'Http' || has(self.url)", "message": "healthCheck.url is required when healthCheck.type is Http"},
+    {"rule": "self.timeoutSeconds <= self.periodSeconds", "message": "healthCheck.timeoutSeconds must not exceed healthCheck.periodSeconds"},
+]))]
+pub struct HealthCheck {
+    /// `Tcp`: connect to the proxy port. `Http`: send a GET for `url` through the proxy
+    /// and expect any HTTP response.
+    #[serde(rename = "type", default)]
+    pub kind: HealthCheckKind,
+    /// URL requested through the proxy (with `type: Http`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: Option<String>,
+    /// Seconds between checks.
+    #[serde(default = "default_period")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub period_seconds: u32,
+    /// Seconds before one check fails.
+    #[serde(default = "default_timeout")]
+    #[schemars(range(min = 1, max = 300))]
+    pub timeout_seconds: u32,
+    /// Consecutive failures before the proxy is reported unhealthy.
+    #[serde(default = "default_failure_threshold")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failure_threshold: u32,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        HealthCheck {
+            kind: HealthCheckKind::Tcp,
+            url: None,
+            period_seconds: default_period(),
+            timeout_seconds: default_timeout(),
+            failure_threshold: default_failure_threshold(),
+        }
+    }
+}
+
+fn default_period() -> u32 {
+    30
+}
+fn default_timeout() -> u32 {
+    5
+}
+fn default_failure_threshold() -> u32 {
+    3
+}
+
+/// The kind of health check.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HealthCheckKind {
+    /// TCP connect to the proxy port.
+    #[default]
+    Tcp,
+    /// An HTTP request sent through the proxy.
+    Http,
+}
+
+/// Observed state of a Proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Summary: Pending, Provisioning, Ready, Degraded, Failed, Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The provider's id of the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// The idempotency key the VM was created with (the Proxy's UID and a
+    /// replacement serial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_key: Option<String>,
+    /// The placement the current VM was created with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// Number of times the VM was replaced.
+    #[serde(default)]
+    pub replacements: u32,
+    /// Addresses the proxy is reachable at.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<ProxyAddress>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Provisioned`, `Healthy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The last error, for humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Summary of a Proxy's state.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Accepted; nothing created yet.
+    Pending,
+    /// The VM is being created or is booting.
+    Provisioning,
+    /// The VM runs and its proxy passes the health check.
+    Ready,
+    /// The VM runs but its proxy fails the health check.
+    Degraded,
+    /// A permanent error; the spec must change.
+    Failed,
+    /// The VM is being deleted.
+    Deleting,
+}
+
+/// One address of the proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyAddress {
+    /// The IP address.
+    pub address: String,
+    /// `Internal` or `External`.
+    pub scope: String,
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+}
+
+/// Condition types.
+pub mod condition {
+    /// Everything works: provisioned and healthy.
+    pub const READY: &str = "Ready";
+    /// The provider reports the VM running with an address.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// The proxy passes its health check.
+    pub const HEALTHY: &str = "Healthy";
+}

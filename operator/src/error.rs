@@ -1,0 +1,205 @@
+//! The operator's one error type, and what each error means for retrying.
+
+use std::time::Duration;
+
+use egressproxy_provider::{ErrorClass, ProviderError};
+
+/// Everything a reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API failed (network, conflict, permission).
+    #[error("Kubernetes API call failed")]
+    Kube(#[from] kube::Error),
+    /// A provider call failed.
+    #[error("provider {provider}: {op} failed: {source}")]
+    Provider {
+        /// The provider's configured name.
+        provider: String,
+        /// The call, for example `CreateInstance`.
+        op: &'static str,
+        /// The classified error (boxed: it carries details and is large).
+        source: Box<ProviderError>,
+    },
+    /// `spec.provider` names no configured provider.
+    #[error(
+        "provider {0:?} is not configured in the operator's provider config: fix spec.provider or add the provider"
+    )]
+    ProviderNotConfigured(String),
+    /// The Proxy is being deleted but its provider is no longer configured.
+    #[error(
+        "provider {0:?} is no longer configured, so its VM cannot be deleted: restore the provider, \
+         or annotate the Proxy egressproxy.dev/abandon-instance=true to delete it and leave the VM behind"
+    )]
+    ProviderGone(String),
+    /// The provider speaks another major version of the contract.
+    #[error(
+        "provider {provider} implements contract {found}, this operator needs {expected}.x: upgrade one of them"
+    )]
+    IncompatibleProvider {
+        /// The provider's configured name.
+        provider: String,
+        /// Its contract version.
+        found: String,
+        /// The major version this operator speaks.
+        expected: String,
+    },
+    /// The cloud-init Secret or key is missing.
+    #[error("cloud-init Secret {secret}: {problem}")]
+    CloudInitSecret {
+        /// `namespace/name`.
+        secret: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// The provider client could not be built (bad endpoint or TLS files).
+    #[error("provider {provider}: cannot connect")]
+    Connect {
+        /// The provider's configured name.
+        provider: String,
+        /// Why.
+        #[source]
+        source: egressproxy_provider::client::ConnectError,
+    },
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+/// What the controller does after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Retry with exponential backoff.
+    Backoff,
+    /// Retry after this delay (a provider's quota hint).
+    After(Duration),
+    /// Wait for the spec to change.
+    OnSpecChange,
+}
+
+impl Error {
+    /// How to retry after this error.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Error::Provider { source, .. } => match source.class {
+                ErrorClass::Transient | ErrorClass::DeadlineExceeded => Retry::Backoff,
+                ErrorClass::QuotaExhausted => {
+                    source.retry_after.map_or(Retry::Backoff, Retry::After)
+                }
+                ErrorClass::Permanent
+                | ErrorClass::InvalidArgument
+                | ErrorClass::AlreadyExists
+                | ErrorClass::Unimplemented => Retry::OnSpecChange,
+                ErrorClass::NotFound => Retry::Backoff,
+            },
+            Error::ProviderNotConfigured(_)
+            | Error::ProviderGone(_)
+            | Error::IncompatibleProvider { .. }
+            | Error::Connect { .. } => Retry::OnSpecChange,
+            Error::CloudInitSecret { .. } | Error::Kube(_) | Error::Finalizer(_) => Retry::Backoff,
+        }
+    }
+
+    /// The condition reason that tells a user what kind of failure this is.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Provider { source, .. } => match source.class {
+                ErrorClass::Transient | ErrorClass::DeadlineExceeded => "ProviderUnavailable",
+                ErrorClass::QuotaExhausted => "QuotaExhausted",
+                ErrorClass::InvalidArgument => "InvalidSpec",
+                ErrorClass::AlreadyExists => "InstanceKeyConflict",
+                ErrorClass::Permanent | ErrorClass::Unimplemented => "ProviderRejected",
+                ErrorClass::NotFound => "InstanceNotFound",
+            },
+            Error::ProviderNotConfigured(_) | Error::ProviderGone(_) => "ProviderNotConfigured",
+            Error::IncompatibleProvider { .. } => "IncompatibleProvider",
+            Error::Connect { .. } => "ProviderConfigInvalid",
+            Error::CloudInitSecret { .. } => "CloudInitSecretUnavailable",
+            Error::Kube(_) | Error::Finalizer(_) => "KubernetesApiError",
+        }
+    }
+
+    /// Whether retrying cannot help until the spec (or config) changes.
+    pub fn is_permanent(&self) -> bool {
+        self.retry() == Retry::OnSpecChange
+    }
+
+    /// The class label for metrics.
+    pub fn class_label(&self) -> &'static str {
+        match self.retry() {
+            Retry::Backoff => "transient",
+            Retry::After(_) => "quota",
+            Retry::OnSpecChange => "permanent",
+        }
+    }
+}
+
+/// Shorthand for operator results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider(error: ProviderError) -> Error {
+        Error::Provider {
+            provider: "p".into(),
+            op: "CreateInstance",
+            source: Box::new(error),
+        }
+    }
+
+    #[test]
+    fn provider_error_classes_map_to_retry_policies() {
+        let cases = [
+            (
+                ProviderError::transient("x"),
+                Retry::Backoff,
+                "ProviderUnavailable",
+            ),
+            (
+                ProviderError::deadline_exceeded("x"),
+                Retry::Backoff,
+                "ProviderUnavailable",
+            ),
+            (
+                ProviderError::permanent("x"),
+                Retry::OnSpecChange,
+                "ProviderRejected",
+            ),
+            (
+                ProviderError::invalid_argument("placement.image", "x"),
+                Retry::OnSpecChange,
+                "InvalidSpec",
+            ),
+            (
+                ProviderError::already_exists("x"),
+                Retry::OnSpecChange,
+                "InstanceKeyConflict",
+            ),
+            (
+                ProviderError::quota_exhausted("x", Some(Duration::from_secs(7))),
+                Retry::After(Duration::from_secs(7)),
+                "QuotaExhausted",
+            ),
+            (
+                ProviderError::quota_exhausted("x", None),
+                Retry::Backoff,
+                "QuotaExhausted",
+            ),
+        ];
+        for (error, retry, reason) in cases {
+            let error = provider(error);
+            assert_eq!((error.retry(), error.reason()), (retry, reason), "{error}");
+        }
+    }
+
+    #[test]
+    fn configuration_errors_wait_for_a_change() {
+        assert!(Error::ProviderNotConfigured("x".into()).is_permanent());
+        let secret = Error::CloudInitSecret {
+            secret: "ns/s".into(),
+            problem: "missing".into(),
+        };
+        assert!(!secret.is_permanent(), "a Secret may be created later");
+    }
+}

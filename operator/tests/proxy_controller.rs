@@ -1,0 +1,550 @@
+//! The Proxy controller against a real kube-apiserver and the reference provider
+//! running as a separate process. Each test has its own namespace, provider process
+//! and controller (watching only that namespace).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_integration::reference_provider::ReferenceProvider;
+use egressproxy_operator::context::Context;
+use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_provider::pb;
+use egressproxy_provider::pb::reference::v1::{
+    self as control, control_service_client::ControlServiceClient,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+const WAIT: Duration = Duration::from_secs(40);
+
+struct Harness {
+    env: KubeTestEnv,
+    provider: ReferenceProvider,
+    cluster: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Harness {
+    async fn start(test: &str) -> Harness {
+        let env = KubeTestEnv::new(test).await.unwrap();
+        apply_crds_yaml(&env.client, CRD).await.unwrap();
+        let provider = ReferenceProvider::start(&["--provisioning-delay", "300ms"]).unwrap();
+        let config = ProvidersConfig::parse(&format!(
+            "providers:\n  reference:\n    endpoint: {}\n    callTimeout: 5s\n",
+            provider.endpoint()
+        ))
+        .unwrap();
+        let cluster = format!("test-{}", env.namespace);
+        let ctx = Arc::new(Context::new(
+            env.client.clone(),
+            Providers::new(config),
+            cluster.clone(),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let proxies: Api<Proxy> = env.namespaced();
+        tokio::spawn(egressproxy_operator::controller::run(ctx, proxies, async {
+            let _ = stopped.await;
+        }));
+        Harness {
+            env,
+            provider,
+            cluster,
+            stop: Some(stop),
+        }
+    }
+
+    fn proxies(&self) -> Api<Proxy> {
+        self.env.namespaced()
+    }
+
+    async fn provider_client(&self) -> egressproxy_provider::client::Client {
+        egressproxy_provider::client::connect_lazy(
+            &egressproxy_provider::client::ClientOptions::new(self.provider.endpoint()),
+        )
+        .unwrap()
+    }
+
+    async fn control(&self) -> ControlServiceClient<tonic::transport::Channel> {
+        ControlServiceClient::connect(self.provider.endpoint().to_owned())
+            .await
+            .unwrap()
+    }
+
+    async fn instances(&self) -> Vec<pb::Instance> {
+        let request = pb::ListInstancesRequest {
+            tag_selector: [("egressproxy.dev/cluster".to_string(), self.cluster.clone())].into(),
+            ..Default::default()
+        };
+        self.provider_client()
+            .await
+            .list_instances(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .instances
+    }
+
+    /// Waits until `check` holds for the named Proxy, or panics with its last status.
+    async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Proxy) -> bool) -> Proxy {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let proxy = self.proxies().get(name).await.unwrap();
+            if check(&proxy) {
+                return proxy;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:#?}",
+                proxy.status
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_ready(&self, name: &str) -> Proxy {
+        self.wait_for(name, "Ready", |p| {
+            phase(p) == Some(Phase::Ready) && condition(p, "Ready") == Some("True".into())
+        })
+        .await
+    }
+
+    async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.env.client.clone(), &self.env.namespace);
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    async fn wait_event(&self, name: &str, reason: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.event_reasons(name).await.iter().any(|r| r == reason) {
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} event for {name}: {:?}",
+                self.event_reasons(name).await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn phase(proxy: &Proxy) -> Option<Phase> {
+    proxy.status.as_ref().and_then(|s| s.phase)
+}
+
+fn condition(proxy: &Proxy, type_: &str) -> Option<String> {
+    let status = proxy.status.as_ref()?;
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+fn reason(proxy: &Proxy, type_: &str) -> Option<String> {
+    let status = proxy.status.as_ref()?;
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.reason.clone())
+}
+
+/// A stand-in for the VM's proxy: the reference provider's instances report
+/// 127.0.0.1, so a listener there answers the health check.
+async fn proxy_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    port
+}
+
+fn proxy(name: &str, port: u16, extra_spec: serde_json::Value) -> Proxy {
+    let mut spec = serde_json::json!({
+        "provider": "reference",
+        "placement": {"machineType": "small", "image": "debian-12"},
+        "proxyPort": port,
+        "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 2},
+    });
+    merge(&mut spec, extra_spec);
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, patch) => *base = patch,
+    }
+}
+
+#[tokio::test]
+async fn a_proxy_becomes_ready_and_its_instance_goes_with_it() {
+    let h = Harness::start("ready").await;
+    let port = proxy_port().await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let ready = h.wait_ready("egress").await;
+    let status = ready.status.clone().unwrap();
+    assert_eq!(status.addresses[0].address, "127.0.0.1");
+    assert_eq!(
+        ready.metadata.finalizers.as_deref(),
+        Some(&["egressproxy.dev/instance".to_string()][..])
+    );
+    assert_eq!(status.observed_generation, ready.metadata.generation);
+    let instances = h.instances().await;
+    assert_eq!(instances.len(), 1);
+    let instance = &instances[0];
+    assert_eq!(Some(&instance.id), status.provider_id.as_ref());
+    assert_eq!(instance.tags["egressproxy.dev/namespace"], h.env.namespace);
+    assert_eq!(instance.tags["egressproxy.dev/name"], "egress");
+    assert_eq!(
+        Some(&instance.tags["egressproxy.dev/uid"]),
+        ready.metadata.uid.as_ref()
+    );
+    h.wait_event("egress", "Created").await;
+
+    h.proxies()
+        .delete("egress", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.proxies().get_opt("egress").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the finalizer was never removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        h.instances().await.is_empty(),
+        "the instance must be deleted with its Proxy"
+    );
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_by_the_api_server() {
+    let h = Harness::start("invalid").await;
+    let cases = [
+        (serde_json::json!({"proxyPort": 0}), "spec.proxyPort"),
+        (
+            serde_json::json!({"placement": {"host": "a", "zone": "b"}}),
+            "set placement.host or placement.zone, not both",
+        ),
+        (
+            serde_json::json!({"cloudInit": {"userData": "#cloud-config", "userDataSecretRef": {"name": "s", "key": "k"}}}),
+            "set exactly one of cloudInit.userData and cloudInit.userDataSecretRef",
+        ),
+        (
+            serde_json::json!({"healthCheck": {"type": "Http"}}),
+            "healthCheck.url is required when healthCheck.type is Http",
+        ),
+        (
+            serde_json::json!({"placement": {"machineType": ""}}),
+            "spec.placement.machineType",
+        ),
+    ];
+    for (i, (spec, message)) in cases.into_iter().enumerate() {
+        let error = h
+            .proxies()
+            .create(
+                &PostParams::default(),
+                &proxy(&format!("bad-{i}"), 3128, spec),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains(message),
+            "case {i}: {message:?} not in {error}"
+        );
+    }
+
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("fixed", 3128, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let change = serde_json::json!({"spec": {"placement": {"machineType": "medium"}}});
+    let error = h
+        .proxies()
+        .patch("fixed", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("spec.placement is immutable"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_error_waits_for_a_fixed_spec() {
+    let h = Harness::start("permanent").await;
+    let port = proxy_port().await;
+    let spec =
+        serde_json::json!({"placement": {"image": "no-such-image", "updatePolicy": "Replace"}});
+    h.proxies()
+        .create(&PostParams::default(), &proxy("egress", port, spec))
+        .await
+        .unwrap();
+    let failed = h
+        .wait_for("egress", "Failed", |p| phase(p) == Some(Phase::Failed))
+        .await;
+    assert_eq!(reason(&failed, "Ready").as_deref(), Some("InvalidSpec"));
+    let error = failed.status.unwrap().last_error.unwrap();
+    assert!(
+        error.contains("placement.image") && error.contains("debian-12"),
+        "{error}"
+    );
+    h.wait_event("egress", "InvalidSpec").await;
+    let creates = call_count(&h, "CreateInstance").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        call_count(&h, "CreateInstance").await,
+        creates,
+        "a permanent error must not be retried"
+    );
+
+    let fix = serde_json::json!({"spec": {"placement": {"image": "debian-12"}}});
+    h.proxies()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&fix))
+        .await
+        .unwrap();
+    let ready = h.wait_ready("egress").await;
+    assert_eq!(ready.status.unwrap().last_error, None);
+}
+
+async fn call_count(h: &Harness, method: &str) -> u64 {
+    let counts = h
+        .control()
+        .await
+        .get_call_counts(control::GetCallCountsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .counts;
+    counts.get(method).copied().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_unavailable_provider_is_retried_until_it_answers() {
+    let h = Harness::start("unavailable").await;
+    h.control()
+        .await
+        .inject_fault(control::InjectFaultRequest {
+            method: "CreateInstance".into(),
+            count: Some(3),
+            effect: Some(control::inject_fault_request::Effect::Fail(
+                control::ErrorClass::Transient.into(),
+            )),
+            message: "hypervisor unreachable".into(),
+        })
+        .await
+        .unwrap();
+    let port = proxy_port().await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let waiting = h
+        .wait_for("egress", "ProviderUnavailable", |p| {
+            reason(p, "Ready").as_deref() == Some("ProviderUnavailable")
+        })
+        .await;
+    assert!(
+        waiting
+            .status
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("hypervisor unreachable")
+    );
+    h.wait_ready("egress").await;
+    assert_eq!(
+        call_count(&h, "CreateInstance").await,
+        4,
+        "three failures, then one success"
+    );
+    assert_eq!(h.instances().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_stopped_instance_is_replaced() {
+    let h = Harness::start("stopped").await;
+    let port = proxy_port().await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let first = h
+        .wait_ready("egress")
+        .await
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    h.control()
+        .await
+        .set_instance_state(control::SetInstanceStateRequest {
+            id: first.clone(),
+            state: pb::InstanceState::Stopped.into(),
+        })
+        .await
+        .unwrap();
+    let replaced = h
+        .wait_for("egress", "a replacement", |p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.provider_id.as_ref().is_some_and(|id| *id != first))
+                && phase(p) == Some(Phase::Ready)
+        })
+        .await;
+    assert_eq!(replaced.status.unwrap().replacements, 1);
+    h.wait_event("egress", "InstanceStopped").await;
+    let instances = h.instances().await;
+    assert_eq!(
+        instances.len(),
+        1,
+        "the stopped instance is deleted: {instances:?}"
+    );
+    assert_ne!(instances[0].id, first);
+}
+
+#[tokio::test]
+async fn a_changed_placement_replaces_the_instance() {
+    let h = Harness::start("placement").await;
+    let port = proxy_port().await;
+    let spec = serde_json::json!({"placement": {"updatePolicy": "Replace"}});
+    h.proxies()
+        .create(&PostParams::default(), &proxy("egress", port, spec))
+        .await
+        .unwrap();
+    let first = h
+        .wait_ready("egress")
+        .await
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    let change = serde_json::json!({"spec": {"placement": {"machineType": "medium"}}});
+    h.proxies()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .unwrap();
+    let replaced = h
+        .wait_for("egress", "the new placement", |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.placement
+                    .as_ref()
+                    .is_some_and(|pl| pl.machine_type == "medium")
+            }) && phase(p) == Some(Phase::Ready)
+        })
+        .await;
+    assert_ne!(replaced.status.unwrap().provider_id.unwrap(), first);
+    let instances = h.instances().await;
+    assert_eq!(instances.len(), 1);
+    assert_eq!(
+        instances[0].placement.as_ref().unwrap().machine_type,
+        "medium"
+    );
+    h.wait_event("egress", "Replacing").await;
+}
+
+#[tokio::test]
+async fn cloud_init_comes_from_a_secret_once_it_exists() {
+    let h = Harness::start("secret").await;
+    let port = proxy_port().await;
+    let spec = serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "egress-user-data", "key": "user-data"}}});
+    h.proxies()
+        .create(&PostParams::default(), &proxy("egress", port, spec))
+        .await
+        .unwrap();
+    let waiting = h
+        .wait_for("egress", "CloudInitSecretUnavailable", |p| {
+            reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
+        })
+        .await;
+    assert!(
+        waiting
+            .status
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("egress-user-data")
+    );
+    assert!(
+        h.instances().await.is_empty(),
+        "nothing is created without its user-data"
+    );
+
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "egress-user-data"},
+        "stringData": {"user-data": "#cloud-config\npackages: [squid]\n"},
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = h.env.namespaced();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    h.wait_ready("egress").await;
+}
+
+#[tokio::test]
+async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
+    let h = Harness::start("degraded").await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    h.wait_ready("egress").await;
+    drop(listener);
+    let degraded = h
+        .wait_for("egress", "Degraded", |p| phase(p) == Some(Phase::Degraded))
+        .await;
+    assert_eq!(condition(&degraded, "Healthy").as_deref(), Some("False"));
+    assert_eq!(condition(&degraded, "Provisioned").as_deref(), Some("True"));
+    h.wait_event("egress", "Unhealthy").await;
+}
