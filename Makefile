@@ -43,12 +43,14 @@ buf-lint:
 breaking:
 	integration/tools/buf-breaking.sh "$(BUF)"
 
-## generate: regenerate checked-in generated files; generate-check fails on drift
+## generate: regenerate checked-in generated files (the CRD); generate-check fails on drift
+CRD := charts/egressproxy/crds/proxies.egressproxy.dev.yaml
 generate:
 	cargo build -p egressproxy-provider --locked
+	cargo run -q -p egressproxy-operator --bin crdgen --locked > $(CRD)
 
 generate-check: generate
-	git diff --exit-code -- proto
+	@git diff --exit-code -- proto $(CRD) || { echo "generated files drifted: run 'make generate' and commit the result"; exit 1; }
 
 ## test: build every binary the tests spawn, then run every test
 test:
