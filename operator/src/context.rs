@@ -1,7 +1,7 @@
 //! What every reconcile shares: clients, configured providers, backoff state.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -9,6 +9,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::backoff::Backoff;
 use crate::crd::Proxy;
+use crate::metrics::Metrics;
 use crate::providers::Providers;
 
 /// Shared state of the controller.
@@ -25,6 +26,8 @@ pub struct Context {
     pub poll_backoff: Backoff,
     /// Backoff between replacements of a stopped or vanished instance.
     pub replace_backoff: Backoff,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
     recorder: Recorder,
@@ -41,7 +44,12 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// A context with the default backoff settings.
-    pub fn new(client: kube::Client, providers: Providers, cluster_name: String) -> Self {
+    pub fn new(
+        client: kube::Client,
+        providers: Providers,
+        cluster_name: String,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let reporter = Reporter {
             controller: "egressproxy-operator".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -55,6 +63,7 @@ impl Context {
             poll_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
             replace_backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
             health_failures: Mutex::default(),
+            metrics,
         }
     }
 

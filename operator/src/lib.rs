@@ -5,6 +5,8 @@
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
 //! - [`status`]: conditions and server-side-apply status writes.
 //! - [`health_check`]: does the proxy really proxy?
+//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter.
 //! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
 
@@ -13,7 +15,11 @@ pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod gc;
 pub mod health_check;
+pub mod http;
+pub mod leader;
+pub mod metrics;
 pub mod providers;
 pub mod reconcile;
 pub mod status;

@@ -20,16 +20,18 @@
 //! 2. When a TLS file changes on disk (a renewed certificate), the next call builds a
 //!    new client with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use egressproxy_provider::client::{Client, ClientOptions, ClientTls, connect_lazy};
-use egressproxy_provider::{CONTRACT_VERSION, ProviderError, pb};
+use egressproxy_provider::{CONTRACT_VERSION, ErrorClass, ProviderError, pb};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 
 /// The provider config file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -147,6 +149,7 @@ pub struct Provider {
     name: String,
     config: ProviderConfig,
     state: Mutex<ClientState>,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Debug, Default)]
@@ -157,11 +160,12 @@ struct ClientState {
 }
 
 impl Provider {
-    fn new(name: String, config: ProviderConfig) -> Self {
+    fn new(name: String, config: ProviderConfig, metrics: Arc<Metrics>) -> Self {
         Provider {
             name,
             config,
             state: Mutex::default(),
+            metrics,
         }
     }
 
@@ -181,7 +185,7 @@ impl Provider {
     }
 
     /// A client, rebuilt when a TLS file changed since the last one was built.
-    pub fn client(&self) -> Result<Client> {
+    fn client(&self) -> Result<Client> {
         let mtimes: Vec<_> = self
             .tls_files()
             .iter()
@@ -215,12 +219,115 @@ impl Provider {
         Ok(client)
     }
 
-    /// Maps a failed call to the operator's error.
-    pub fn call_error(&self, op: &'static str) -> impl FnOnce(tonic::Status) -> Error + '_ {
-        move |status| Error::Provider {
-            provider: self.name.clone(),
-            op,
-            source: Box::new(ProviderError::from(status)),
+    /// Runs one call, timing it into the metrics and classifying its error.
+    async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client()?;
+        let started = Instant::now();
+        let result = call(client).await;
+        let code = result
+            .as_ref()
+            .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+        self.metrics
+            .provider_call(&self.name, op, code, started.elapsed());
+        result
+            .map(tonic::Response::into_inner)
+            .map_err(|status| Error::Provider {
+                provider: self.name.clone(),
+                op,
+                source: Box::new(ProviderError::from(status)),
+            })
+    }
+
+    /// CreateInstance.
+    pub async fn create(&self, request: pb::CreateInstanceRequest) -> Result<pb::Instance> {
+        let answer = self
+            .call("CreateInstance", |mut c| async move {
+                c.create_instance(request).await
+            })
+            .await?;
+        Ok(answer.instance.unwrap_or_default())
+    }
+
+    /// GetInstance; `None` when the instance does not exist.
+    pub async fn get(&self, id: &str) -> Result<Option<pb::Instance>> {
+        let request = pb::GetInstanceRequest { id: id.to_owned() };
+        match self
+            .call("GetInstance", |mut c| async move {
+                c.get_instance(request).await
+            })
+            .await
+        {
+            Ok(answer) => Ok(Some(answer.instance.unwrap_or_default())),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// DeleteInstance; a missing instance is success.
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let request = pb::DeleteInstanceRequest { id: id.to_owned() };
+        match self
+            .call("DeleteInstance", |mut c| async move {
+                c.delete_instance(request).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Every instance whose tags contain `selector`, across pages.
+    pub async fn list(&self, selector: &HashMap<String, String>) -> Result<Vec<pb::Instance>> {
+        let mut instances = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = pb::ListInstancesRequest {
+                tag_selector: selector.clone(),
+                page_size: None,
+                page_token,
+            };
+            let page = self
+                .call("ListInstances", |mut c| async move {
+                    c.list_instances(request).await
+                })
+                .await?;
+            instances.extend(page.instances);
+            if page.next_page_token.is_empty() {
+                return Ok(instances);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// ValidatePlacement when the provider supports it; `Ok(())` when it does not.
+    pub async fn validate_placement(&self, placement: pb::Placement) -> Result<()> {
+        let info = self.handshake().await?;
+        if !info
+            .capabilities
+            .contains(&pb::Capability::ValidatePlacement)
+        {
+            return Ok(());
+        }
+        let request = pb::ValidatePlacementRequest {
+            placement: Some(placement),
+        };
+        match self
+            .call("ValidatePlacement", |mut c| async move {
+                c.validate_placement(request).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {
+                Ok(())
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -236,12 +343,11 @@ impl Provider {
         {
             return Ok(info);
         }
-        let mut client = self.client()?;
-        let info = client
-            .get_plugin_info(pb::GetPluginInfoRequest {})
-            .await
-            .map_err(self.call_error("GetPluginInfo"))?;
-        let info = info.into_inner();
+        let info = self
+            .call("GetPluginInfo", |mut c| async move {
+                c.get_plugin_info(pb::GetPluginInfoRequest {}).await
+            })
+            .await?;
         let expected = major(CONTRACT_VERSION);
         if major(&info.contract_version) != expected {
             return Err(Error::IncompatibleProvider {
@@ -250,10 +356,17 @@ impl Provider {
                 expected: expected.to_owned(),
             });
         }
-        let capabilities = match client.get_capabilities(pb::GetCapabilitiesRequest {}).await {
-            Ok(answer) => answer.into_inner().capabilities().collect(),
-            Err(status) if status.code() == tonic::Code::Unimplemented => Vec::new(),
-            Err(status) => return Err(self.call_error("GetCapabilities")(status)),
+        let capabilities = match self
+            .call("GetCapabilities", |mut c| async move {
+                c.get_capabilities(pb::GetCapabilitiesRequest {}).await
+            })
+            .await
+        {
+            Ok(answer) => answer.capabilities().collect(),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {
+                Vec::new()
+            }
+            Err(error) => return Err(error),
         };
         let info = PluginInfo {
             name: info.name,
@@ -265,12 +378,6 @@ impl Provider {
             contract = %info.contract_version, "provider handshake done");
         self.state.lock().unwrap_or_else(|p| p.into_inner()).info = Some(info.clone());
         Ok(info)
-    }
-
-    /// Forgets the cached handshake (after the provider became unreachable, it may
-    /// come back as another version).
-    pub fn forget_handshake(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).info = None;
     }
 }
 
@@ -285,13 +392,12 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// Providers from a parsed config.
-    pub fn new(config: ProvidersConfig) -> Self {
+    /// Providers from a parsed config, reporting calls to `metrics`.
+    pub fn new(config: ProvidersConfig, metrics: Arc<Metrics>) -> Self {
+        let providers = config.providers.into_iter();
         Providers {
-            providers: config
-                .providers
-                .into_iter()
-                .map(|(name, c)| (name.clone(), Provider::new(name, c)))
+            providers: providers
+                .map(|(name, c)| (name.clone(), Provider::new(name, c, metrics.clone())))
                 .collect(),
         }
     }

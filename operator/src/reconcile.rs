@@ -59,6 +59,7 @@ pub mod tags {
 /// Reconciles one Proxy (the controller's entry point).
 #[tracing::instrument(skip_all, fields(proxy = %proxy.name_any(), namespace = proxy.namespace().unwrap_or_default()))]
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled();
     let namespace = proxy.namespace().unwrap_or_default();
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, proxy, |event| async {
@@ -92,14 +93,18 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// Writes status checkpoints, skipping writes that would change nothing.
 struct StatusWriter<'a> {
     api: &'a Api<Proxy>,
+    ctx: &'a Context,
     proxy: Proxy,
 }
 
 impl StatusWriter<'_> {
     async fn save(&mut self, status: &ProxyStatus) -> Result<()> {
         if status::apply_if_changed(self.api, &self.proxy, status).await? {
+            self.ctx.metrics.status_written();
             self.proxy.status = Some(status.clone());
         }
+        let uid = self.proxy.uid().unwrap_or_default();
+        self.ctx.metrics.set_phase(&uid, status.phase);
         Ok(())
     }
 }
@@ -108,6 +113,7 @@ async fn apply(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action>
     let uid = proxy.uid().unwrap_or_default();
     let mut writer = StatusWriter {
         api,
+        ctx,
         proxy: proxy.clone(),
     };
     let mut status = proxy.status.clone().unwrap_or_default();
@@ -123,6 +129,7 @@ async fn apply(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action>
         Err(error) => {
             let message = error_chain(&error);
             tracing::warn!(error = %message, "reconcile step failed");
+            ctx.metrics.failed(error.class_label());
             let generation = proxy.metadata.generation;
             set_condition(
                 &mut status.conditions,
@@ -167,7 +174,7 @@ async fn drive(
         let note = format!("placement changed: deleting instance {id} and creating a new one");
         ctx.publish(proxy, EventType::Normal, "Replacing", note)
             .await;
-        delete_instance(provider, &id).await?;
+        provider.delete(&id).await?;
         forget_instance(status);
         writer.save(status).await?;
     }
@@ -190,23 +197,18 @@ async fn drive(
         }
     };
 
-    let request = pb::GetInstanceRequest { id: id.clone() };
-    let instance = match provider.client()?.get_instance(request).await {
-        Ok(answer) => answer.into_inner().instance.unwrap_or_default(),
-        Err(status_code) if status_code.code() == tonic::Code::NotFound => {
-            let note = format!(
-                "instance {id} no longer exists at provider {}: creating a new one",
-                provider.name()
-            );
-            return replace(proxy, ctx, status, "InstanceVanished", note).await;
-        }
-        Err(error) => return Err(provider.call_error("GetInstance")(error)),
+    let Some(instance) = provider.get(&id).await? else {
+        let note = format!(
+            "instance {id} no longer exists at provider {}: creating a new one",
+            provider.name()
+        );
+        return replace(proxy, ctx, status, "InstanceVanished", note).await;
     };
 
     let generation = proxy.metadata.generation;
     match instance.state() {
         pb::InstanceState::Stopped => {
-            delete_instance(provider, &id).await?;
+            provider.delete(&id).await?;
             let note = format!(
                 "instance {id} stopped ({}): replacing it",
                 instance.state_message
@@ -323,12 +325,7 @@ async fn create_instance(
         cloud_init: Some(cloud_init(proxy, ctx).await?),
         proxy_port: u32::from(proxy.spec.proxy_port),
     };
-    let answer = provider
-        .client()?
-        .create_instance(request)
-        .await
-        .map_err(provider.call_error("CreateInstance"))?;
-    Ok(answer.into_inner().instance.unwrap_or_default())
+    provider.create(request).await
 }
 
 fn placement(placement: &Placement) -> pb::Placement {
@@ -507,45 +504,10 @@ async fn fail_health(
     Action::requeue(Duration::from_secs(u64::from(check.period_seconds)))
 }
 
-async fn delete_instance(provider: &Provider, id: &str) -> Result<()> {
-    let request = pb::DeleteInstanceRequest { id: id.to_owned() };
-    match provider.client()?.delete_instance(request).await {
-        Ok(_) => Ok(()),
-        Err(status) if status.code() == tonic::Code::NotFound => Ok(()),
-        Err(status) => Err(provider.call_error("DeleteInstance")(status)),
-    }
-}
-
-/// Ids of every instance tagged with this cluster and `uid`.
-pub async fn instances_tagged(
-    provider: &Provider,
-    selector: HashMap<String, String>,
-) -> Result<Vec<pb::Instance>> {
-    let mut instances = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let request = pb::ListInstancesRequest {
-            tag_selector: selector.clone(),
-            page_size: None,
-            page_token,
-        };
-        let page = provider
-            .client()?
-            .list_instances(request)
-            .await
-            .map_err(provider.call_error("ListInstances"))?;
-        let page = page.into_inner();
-        instances.extend(page.instances);
-        if page.next_page_token.is_empty() {
-            return Ok(instances);
-        }
-        page_token = page.next_page_token;
-    }
-}
-
 async fn cleanup(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action> {
     let mut writer = StatusWriter {
         api,
+        ctx,
         proxy: proxy.clone(),
     };
     let mut status = proxy.status.clone().unwrap_or_default();
@@ -600,13 +562,13 @@ async fn delete_everything(proxy: &Proxy, ctx: &Context, status: &ProxyStatus) -
         (tags::CLUSTER.to_owned(), ctx.cluster_name.clone()),
         (tags::UID.to_owned(), proxy.uid().unwrap_or_default()),
     ]);
-    match instances_tagged(provider, selector).await {
+    match provider.list(&selector).await {
         Ok(instances) => ids.extend(instances.into_iter().map(|instance| instance.id)),
         Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {}
         Err(error) => return Err(error),
     }
     for id in &ids {
-        delete_instance(provider, id).await?;
+        provider.delete(id).await?;
     }
     if !ids.is_empty() {
         let note = format!(
@@ -619,5 +581,7 @@ async fn delete_everything(proxy: &Proxy, ctx: &Context, status: &ProxyStatus) -
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&proxy.uid().unwrap_or_default());
+    ctx.metrics
+        .set_phase(&proxy.uid().unwrap_or_default(), None);
     Ok(Action::await_change())
 }

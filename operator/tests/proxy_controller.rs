@@ -9,6 +9,7 @@ use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
@@ -25,6 +26,7 @@ struct Harness {
     env: KubeTestEnv,
     provider: ReferenceProvider,
     cluster: String,
+    ctx: Arc<Context>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -39,20 +41,28 @@ impl Harness {
         ))
         .unwrap();
         let cluster = format!("test-{}", env.namespace);
+        let metrics = Arc::new(Metrics::default());
+        let providers = Providers::new(config, metrics.clone());
         let ctx = Arc::new(Context::new(
             env.client.clone(),
-            Providers::new(config),
+            providers,
             cluster.clone(),
+            metrics,
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let proxies: Api<Proxy> = env.namespaced();
-        tokio::spawn(egressproxy_operator::controller::run(ctx, proxies, async {
-            let _ = stopped.await;
-        }));
+        tokio::spawn(egressproxy_operator::controller::run(
+            ctx.clone(),
+            proxies,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Harness {
             env,
             provider,
             cluster,
+            ctx,
             stop: Some(stop),
         }
     }
@@ -547,4 +557,172 @@ async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
     assert_eq!(condition(&degraded, "Healthy").as_deref(), Some("False"));
     assert_eq!(condition(&degraded, "Provisioned").as_deref(), Some("True"));
     h.wait_event("egress", "Unhealthy").await;
+}
+
+#[tokio::test]
+async fn status_is_not_rewritten_when_nothing_changes() {
+    let h = Harness::start("steady").await;
+    let port = proxy_port().await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let ready = h.wait_ready("egress").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = status_writes(&h);
+    let gets = call_count(&h, "GetInstance").await;
+    // Three health-check periods (2 s each) of a steady Proxy.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        status_writes(&h),
+        writes,
+        "a steady Proxy must not be rewritten"
+    );
+    let after = h.proxies().get("egress").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        ready.metadata.resource_version
+    );
+    let polls = call_count(&h, "GetInstance").await - gets;
+    assert!(
+        (2..=5).contains(&polls),
+        "one GetInstance per health period, got {polls}"
+    );
+    let text = h.ctx.metrics.encode();
+    assert!(
+        text.contains("egressproxy_proxies{phase=\"Ready\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("method=\"CreateInstance\",code=\"Ok\"} 1"),
+        "{text}"
+    );
+}
+
+fn status_writes(h: &Harness) -> u64 {
+    let text = h.ctx.metrics.encode();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("egressproxy_status_writes_total "))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn garbage_collection_deletes_only_our_orphans() {
+    let h = Harness::start("gc").await;
+    let port = proxy_port().await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("live", port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let live = h
+        .wait_ready("live")
+        .await
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    let mut client = h.provider_client().await;
+    let create = |key: &str, tags: Vec<(&str, &str)>| {
+        let request = pb::CreateInstanceRequest {
+            key: key.into(),
+            tags: tags
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            placement: Some(pb::Placement {
+                location: None,
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+            }),
+            proxy_port: 3128,
+            ..Default::default()
+        };
+        let mut client = client.clone();
+        async move {
+            client
+                .create_instance(request)
+                .await
+                .unwrap()
+                .into_inner()
+                .instance
+                .unwrap()
+                .id
+        }
+    };
+    let orphan = create(
+        "orphan",
+        vec![
+            ("egressproxy.dev/cluster", &h.cluster),
+            ("egressproxy.dev/uid", "gone-uid"),
+        ],
+    )
+    .await;
+    let untagged = create("untagged", vec![]).await;
+    let foreign = create(
+        "foreign",
+        vec![
+            ("egressproxy.dev/cluster", "another-cluster"),
+            ("egressproxy.dev/uid", "x"),
+        ],
+    )
+    .await;
+
+    let report = egressproxy_operator::gc::sweep(&h.ctx, &h.proxies(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(
+        report.deleted.is_empty(),
+        "the grace period protects young instances: {report:?}"
+    );
+    let report = egressproxy_operator::gc::sweep(&h.ctx, &h.proxies(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, vec![orphan.clone()]);
+    for kept in [&live, &untagged, &foreign] {
+        let request = pb::GetInstanceRequest { id: kept.clone() };
+        client
+            .get_instance(request)
+            .await
+            .unwrap_or_else(|e| panic!("{kept} must survive: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn only_one_replica_holds_the_lease() {
+    use egressproxy_operator::leader::{LeaseConfig, acquire};
+    let env = KubeTestEnv::new("lease").await.unwrap();
+    let config = |identity: &str| LeaseConfig {
+        name: "egressproxy-operator".into(),
+        namespace: env.namespace.clone(),
+        identity: identity.into(),
+        duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(300),
+    };
+    let first = acquire(env.client.clone(), config("replica-a")).await;
+    let second = tokio::spawn(acquire(env.client.clone(), config("replica-b")));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !second.is_finished(),
+        "a second replica must not lead while the first renews"
+    );
+    drop(first);
+    let mut second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("takes over after expiry")
+        .unwrap();
+    let lease: k8s_openapi::api::coordination::v1::Lease =
+        env.namespaced().get("egressproxy-operator").await.unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+    let lost = tokio::time::timeout(Duration::from_secs(1), second.lost()).await;
+    assert!(lost.is_err(), "the new leader keeps its lease");
 }

@@ -1,0 +1,90 @@
+//! Garbage collection of orphaned instances.
+//!
+//! Every `interval`, for each provider: list the instances tagged with this cluster's
+//! `egressproxy.dev/cluster` tag, and delete those whose `egressproxy.dev/uid` names no
+//! existing Proxy and that are older than `grace` (which covers a Create whose Proxy is
+//! not yet visible in the list). Instances without our cluster tag are never listed,
+//! so never touched. A provider that fails is skipped until the next sweep.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use kube::api::{Api, ListParams};
+
+use crate::context::Context;
+use crate::crd::Proxy;
+use crate::reconcile::tags;
+
+/// What one sweep did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Instances deleted.
+    pub deleted: Vec<String>,
+    /// Providers whose sweep failed.
+    pub failed_providers: Vec<String>,
+}
+
+/// One sweep over every provider.
+pub async fn sweep(
+    ctx: &Context,
+    proxies: &Api<Proxy>,
+    grace: Duration,
+) -> Result<SweepReport, kube::Error> {
+    let live: HashSet<String> = proxies
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|proxy| proxy.metadata.uid)
+        .collect();
+    let selector = HashMap::from([(tags::CLUSTER.to_owned(), ctx.cluster_name.clone())]);
+    let now = std::time::SystemTime::now();
+    let mut report = SweepReport::default();
+    for provider in ctx.providers.iter() {
+        let instances = match provider.list(&selector).await {
+            Ok(instances) => instances,
+            Err(error) => {
+                tracing::warn!(provider = provider.name(), %error, "garbage collection: cannot list instances");
+                report.failed_providers.push(provider.name().to_owned());
+                continue;
+            }
+        };
+        for instance in instances {
+            let Some(uid) = instance.tags.get(tags::UID) else {
+                continue;
+            };
+            if live.contains(uid) {
+                continue;
+            }
+            let created = instance
+                .create_time
+                .and_then(|t| std::time::SystemTime::try_from(t).ok());
+            let age = created
+                .and_then(|created| now.duration_since(created).ok())
+                .unwrap_or_default();
+            if age < grace {
+                continue;
+            }
+            match provider.delete(&instance.id).await {
+                Ok(()) => {
+                    tracing::info!(provider = provider.name(), instance = %instance.id, %uid, "deleted orphaned instance");
+                    report.deleted.push(instance.id);
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %instance.id, %error, "garbage collection: delete failed")
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Sweeps every `interval` forever.
+pub async fn run(ctx: &Context, proxies: Api<Proxy>, interval: Duration, grace: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Err(error) = sweep(ctx, &proxies, grace).await {
+            tracing::warn!(%error, "garbage collection: cannot list Proxies");
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Prometheus metrics of the operator, served on `/metrics`:
+//!
+//! - `egressproxy_reconciles_total`: reconciles run;
+//! - `egressproxy_reconcile_errors_total{class}`: failed reconcile steps by class
+//!   (transient, quota, permanent);
+//! - `egressproxy_provider_call_duration_seconds{provider,method,code}`: provider calls;
+//! - `egressproxy_proxies{phase}`: Proxies by phase;
+//! - `egressproxy_status_writes_total`: status patches (stays flat when nothing changes);
+//! - `egressproxy_is_leader`: 1 on the replica that acts.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::crd::Phase;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    provider: String,
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+fn call_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Every metric, and the registry that encodes them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    errors: Family<ClassLabels, Counter>,
+    provider_calls: Family<CallLabels, Histogram, fn() -> Histogram>,
+    proxies: Family<PhaseLabels, Gauge>,
+    status_writes: Counter,
+    is_leader: Gauge,
+    phases: Mutex<HashMap<String, Phase>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("egressproxy");
+        let metrics = Metrics {
+            reconciles: Counter::default(),
+            errors: Family::default(),
+            provider_calls: Family::new_with_constructor(call_histogram),
+            proxies: Family::default(),
+            status_writes: Counter::default(),
+            is_leader: Gauge::default(),
+            phases: Mutex::default(),
+            registry: Registry::default(),
+        };
+        registry.register("reconciles", "Reconciles run", metrics.reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Failed reconcile steps by class",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "provider_call_duration_seconds",
+            "Provider call latency by provider, method and gRPC code",
+            metrics.provider_calls.clone(),
+        );
+        registry.register("proxies", "Proxies by phase", metrics.proxies.clone());
+        registry.register(
+            "status_writes",
+            "Status patches written",
+            metrics.status_writes.clone(),
+        );
+        registry.register(
+            "is_leader",
+            "1 when this replica holds the leader lease",
+            metrics.is_leader.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one reconcile.
+    pub fn reconciled(&self) {
+        self.reconciles.inc();
+    }
+
+    /// Counts one failed reconcile step of `class`.
+    pub fn failed(&self, class: &str) {
+        self.errors
+            .get_or_create(&ClassLabels {
+                class: class.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records one provider call.
+    pub fn provider_call(&self, provider: &str, method: &str, code: tonic::Code, took: Duration) {
+        let labels = CallLabels {
+            provider: provider.to_owned(),
+            method: method.to_owned(),
+            code: format!("{code:?}"),
+        };
+        self.provider_calls
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts one status write.
+    pub fn status_written(&self) {
+        self.status_writes.inc();
+    }
+
+    /// Sets whether this replica leads.
+    pub fn set_leader(&self, leader: bool) {
+        self.is_leader.set(i64::from(leader));
+    }
+
+    /// Records a Proxy's phase (`None` once it is gone).
+    pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
+        let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        match phase {
+            Some(phase) => phases.insert(uid.to_owned(), phase),
+            None => phases.remove(uid),
+        };
+        let mut counts: HashMap<String, i64> = HashMap::new();
+        for phase in phases.values() {
+            *counts.entry(format!("{phase:?}")).or_default() += 1;
+        }
+        self.proxies.clear();
+        for (phase, count) in counts {
+            self.proxies
+                .get_or_create(&PhaseLabels { phase })
+                .set(count);
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_counted_and_forgotten() {
+        let metrics = Metrics::default();
+        metrics.set_phase("a", Some(Phase::Ready));
+        metrics.set_phase("b", Some(Phase::Ready));
+        metrics.set_phase("c", Some(Phase::Provisioning));
+        metrics.set_phase("c", None);
+        metrics.provider_call(
+            "kvm",
+            "CreateInstance",
+            tonic::Code::Ok,
+            Duration::from_millis(3),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("egressproxy_proxies{phase=\"Ready\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("phase=\"Provisioning\""), "{text}");
+        assert!(text.contains("egressproxy_provider_call_duration_seconds_count{provider=\"kvm\",method=\"CreateInstance\",code=\"Ok\"} 1"), "{text}");
+    }
+}
