@@ -4,7 +4,8 @@
 //! 1. The finalizer is added before anything is created, so a crash never leaks a VM.
 //! 2. The provider is looked up and its contract version checked.
 //! 3. A placement change (allowed only with `updatePolicy: Replace`) deletes the VM.
-//! 4. With no VM recorded, CreateInstance runs with key `<uid>-<replacements>` and the
+//! 4. With no VM recorded, the placement is checked (ValidatePlacement, when the
+//!    provider has it), then CreateInstance runs with key `<uid>-<replacements>` and the
 //!    cluster/namespace/name/uid tags; the provider id is written to status at once.
 //!    A crash before that write is harmless: the same key returns the same VM.
 //! 5. GetInstance: PROVISIONING polls with backoff; STOPPED or vanished VMs are
@@ -182,6 +183,9 @@ async fn drive(
     let id = match status.provider_id.clone() {
         Some(id) => id,
         None => {
+            provider
+                .validate_placement(placement(&proxy.spec.placement))
+                .await?;
             let instance = create_instance(proxy, ctx, provider, status).await?;
             let note = format!(
                 "created instance {} with provider {}",

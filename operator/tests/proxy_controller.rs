@@ -32,9 +32,14 @@ struct Harness {
 
 impl Harness {
     async fn start(test: &str) -> Harness {
+        Self::start_with(test, &[]).await
+    }
+
+    async fn start_with(test: &str, provider_args: &[&str]) -> Harness {
         let env = KubeTestEnv::new(test).await.unwrap();
         apply_crds_yaml(&env.client, CRD).await.unwrap();
-        let provider = ReferenceProvider::start(&["--provisioning-delay", "300ms"]).unwrap();
+        let args = [&["--provisioning-delay", "300ms"], provider_args].concat();
+        let provider = ReferenceProvider::start(&args).unwrap();
         let config = ProvidersConfig::parse(&format!(
             "providers:\n  reference:\n    endpoint: {}\n    callTimeout: 5s\n",
             provider.endpoint()
@@ -725,4 +730,30 @@ async fn only_one_replica_holds_the_lease() {
     assert_eq!(spec.lease_transitions, Some(1));
     let lost = tokio::time::timeout(Duration::from_secs(1), second.lost()).await;
     assert!(lost.is_err(), "the new leader keeps its lease");
+}
+
+#[tokio::test]
+async fn a_provider_on_another_contract_major_version_is_refused() {
+    let h = Harness::start_with("contract", &["--contract-version", "2.0.0"]).await;
+    h.proxies()
+        .create(
+            &PostParams::default(),
+            &proxy("egress", 3128, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let failed = h
+        .wait_for("egress", "Failed", |p| phase(p) == Some(Phase::Failed))
+        .await;
+    assert_eq!(
+        reason(&failed, "Ready").as_deref(),
+        Some("IncompatibleProvider")
+    );
+    let error = failed.status.unwrap().last_error.unwrap();
+    assert!(error.contains("2.0.0") && error.contains("1.x"), "{error}");
+    assert_eq!(
+        call_count(&h, "CreateInstance").await,
+        0,
+        "nothing is created on an incompatible provider"
+    );
 }

@@ -42,6 +42,9 @@ struct Args {
     /// Valid image names (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "debian-12")]
     images: Vec<String>,
+    /// Contract version to report (only to test callers' version checks).
+    #[arg(long, hide = true, default_value = egressproxy_provider::CONTRACT_VERSION)]
+    contract_version: String,
     /// PEM certificate to serve TLS with (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -67,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         zones: args.zones,
         machine_types: args.machine_types,
         images: args.images,
+        contract_version: args.contract_version,
     });
     let tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls {

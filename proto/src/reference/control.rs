@@ -68,6 +68,11 @@ impl control::control_service_server::ControlService for ControlService {
                     .map_err(|_| Status::invalid_argument("latency: must not be negative"))?,
             ),
             Some(Effect::Hang(true)) => FaultEffect::Hang,
+            Some(Effect::DelayResponse(delay)) => {
+                FaultEffect::DelayResponse(delay.try_into().map_err(|_| {
+                    Status::invalid_argument("delay_response: must not be negative")
+                })?)
+            }
             Some(Effect::Hang(false)) => {
                 return Err(Status::invalid_argument(
                     "hang: set to true, or choose another effect",

@@ -16,6 +16,8 @@ pub enum FaultEffect {
     Latency(Duration),
     /// The call never answers (until the caller gives up).
     Hang,
+    /// The call does its work, then holds its answer back this long.
+    DelayResponse(Duration),
 }
 
 /// One injected fault.
@@ -46,10 +48,11 @@ impl Faults {
         self.lock().clear();
     }
 
-    /// Applies the first fault matching `method`, using up one of its calls.
-    pub(crate) async fn apply(&self, method: &str) -> Result<(), ProviderError> {
+    /// Applies the first fault matching `method`, using up one of its calls. Returns
+    /// the delay to hold the answer back by, after the call's work is done.
+    pub(crate) async fn apply(&self, method: &str) -> Result<Option<Duration>, ProviderError> {
         let Some(effect) = self.take(method) else {
-            return Ok(());
+            return Ok(None);
         };
         match effect {
             (FaultEffect::Fail(class), message) => {
@@ -57,9 +60,10 @@ impl Faults {
             }
             (FaultEffect::Latency(delay), _) => {
                 tokio::time::sleep(delay).await;
-                Ok(())
+                Ok(None)
             }
             (FaultEffect::Hang, _) => std::future::pending().await,
+            (FaultEffect::DelayResponse(delay), _) => Ok(Some(delay)),
         }
     }
 

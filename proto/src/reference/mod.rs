@@ -49,6 +49,9 @@ pub struct ReferenceConfig {
     pub machine_types: Vec<String>,
     /// Valid `placement.image` names.
     pub images: Vec<String>,
+    /// The contract version GetPluginInfo reports (tests of callers' version checks
+    /// change it; normally [`CONTRACT_VERSION`]).
+    pub contract_version: String,
 }
 
 impl Default for ReferenceConfig {
@@ -60,6 +63,7 @@ impl Default for ReferenceConfig {
             zones: vec!["local-zone".into()],
             machine_types: vec!["small".into(), "medium".into()],
             images: vec!["debian-12".into()],
+            contract_version: CONTRACT_VERSION.into(),
         }
     }
 }
@@ -126,8 +130,9 @@ impl MemoryProvider {
         self.lock().calls.clone()
     }
 
-    /// Counts the call, then applies any injected fault.
-    async fn enter(&self, method: &str) -> Result<(), Status> {
+    /// Counts the call, then applies any injected fault; returns how long to hold the
+    /// answer back once the work is done.
+    async fn enter(&self, method: &str) -> Result<Option<Duration>, Status> {
         *self.lock().calls.entry(method.to_owned()).or_default() += 1;
         self.faults.apply(method).await.map_err(Status::from)
     }
@@ -211,146 +216,13 @@ impl MemoryProvider {
         };
         instance
     }
-}
 
-fn unknown(what: &str, name: &str, known: &[String]) -> String {
-    format!(
-        "unknown {what} {name:?}: this provider offers {}",
-        known.join(", ")
-    )
-}
-
-#[tonic::async_trait]
-impl pb::provider_server::Provider for MemoryProvider {
-    async fn get_plugin_info(
+    /// One page of ListInstances: instances after the token that match the selector.
+    fn list_page(
         &self,
-        _request: Request<pb::GetPluginInfoRequest>,
-    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
-        self.enter("GetPluginInfo").await?;
-        Ok(Response::new(pb::GetPluginInfoResponse {
-            name: PLUGIN_NAME.into(),
-            vendor_version: env!("CARGO_PKG_VERSION").into(),
-            contract_version: CONTRACT_VERSION.into(),
-            manifest: [("storage".to_string(), "memory".to_string())].into(),
-        }))
-    }
-
-    async fn get_capabilities(
-        &self,
-        _request: Request<pb::GetCapabilitiesRequest>,
-    ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        self.enter("GetCapabilities").await?;
-        let capabilities = [
-            pb::Capability::ValidatePlacement,
-            pb::Capability::VendorData,
-            pb::Capability::Ipv6,
-        ];
-        Ok(Response::new(pb::GetCapabilitiesResponse {
-            capabilities: capabilities.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    async fn create_instance(
-        &self,
-        request: Request<pb::CreateInstanceRequest>,
-    ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
-        self.enter("CreateInstance").await?;
-        let request = request.into_inner();
-        validation::check_create_request(&request)?;
-        let placement = request
-            .placement
-            .as_ref()
-            .expect("validated: placement is set");
-        let resolved = self.resolve(placement)?;
-        let spec = Spec {
-            placement: request.placement.clone(),
-            cloud_init: request.cloud_init.clone(),
-            proxy_port: request.proxy_port,
-        };
-
-        let mut state = self.lock();
-        if let Some(id) = state.ids_by_key.get(&request.key) {
-            let record = &state.instances[id];
-            if record.spec != spec {
-                return Err(ProviderError::already_exists(format!(
-                    "key {} belongs to instance {id}, created with a different placement, \
-                     cloud-init or proxy port: delete it first or use another key",
-                    request.key
-                ))
-                .into());
-            }
-            let instance = self.snapshot(record);
-            return Ok(Response::new(pb::CreateInstanceResponse {
-                instance: Some(instance),
-            }));
-        }
-        let id = format!("ref-{}", uuid::Uuid::new_v4());
-        let record = Record {
-            instance: pb::Instance {
-                id: id.clone(),
-                key: request.key.clone(),
-                name: request.name,
-                create_time: Some(SystemTime::now().into()),
-                tags: request.tags,
-                placement: Some(resolved),
-                proxy_port: request.proxy_port,
-                ..Default::default()
-            },
-            created: Instant::now(),
-            spec,
-            forced_state: None,
-        };
-        let instance = self.snapshot(&record);
-        tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
-        state.ids_by_key.insert(request.key, id.clone());
-        state.instances.insert(id, record);
-        Ok(Response::new(pb::CreateInstanceResponse {
-            instance: Some(instance),
-        }))
-    }
-
-    async fn get_instance(
-        &self,
-        request: Request<pb::GetInstanceRequest>,
-    ) -> Result<Response<pb::GetInstanceResponse>, Status> {
-        self.enter("GetInstance").await?;
-        let id = request.into_inner().id;
-        validation::check_id(&id)?;
-        let state = self.lock();
-        let record = state
-            .instances
-            .get(&id)
-            .ok_or_else(|| ProviderError::not_found(format!("instance {id} does not exist")))?;
-        Ok(Response::new(pb::GetInstanceResponse {
-            instance: Some(self.snapshot(record)),
-        }))
-    }
-
-    async fn delete_instance(
-        &self,
-        request: Request<pb::DeleteInstanceRequest>,
-    ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
-        self.enter("DeleteInstance").await?;
-        let id = request.into_inner().id;
-        validation::check_id(&id)?;
-        let mut state = self.lock();
-        if let Some(record) = state.instances.remove(&id) {
-            state.ids_by_key.remove(&record.instance.key);
-            tracing::info!(instance.id = %id, "deleted instance");
-        }
-        Ok(Response::new(pb::DeleteInstanceResponse {}))
-    }
-
-    async fn list_instances(
-        &self,
-        request: Request<pb::ListInstancesRequest>,
-    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
-        self.enter("ListInstances").await?;
-        let request = request.into_inner();
-        let page_size = match request.page_size {
-            None | Some(0) => DEFAULT_PAGE_SIZE,
-            Some(size) => (size as usize).min(MAX_PAGE_SIZE),
-        };
+        request: &pb::ListInstancesRequest,
+        page_size: usize,
+    ) -> (Vec<pb::Instance>, String) {
         let state = self.lock();
         let start = std::ops::Bound::Excluded(request.page_token.clone());
         let range = if request.page_token.is_empty() {
@@ -378,6 +250,169 @@ impl pb::provider_server::Provider for MemoryProvider {
         } else {
             String::new()
         };
+        (instances, next_page_token)
+    }
+
+    /// CreateInstance's work: validate, then return the key's instance or make one.
+    fn create(&self, request: pb::CreateInstanceRequest) -> Result<pb::Instance, Status> {
+        validation::check_create_request(&request)?;
+        let placement = request
+            .placement
+            .as_ref()
+            .expect("validated: placement is set");
+        let resolved = self.resolve(placement)?;
+        let spec = Spec {
+            placement: request.placement.clone(),
+            cloud_init: request.cloud_init.clone(),
+            proxy_port: request.proxy_port,
+        };
+
+        let mut state = self.lock();
+        if let Some(id) = state.ids_by_key.get(&request.key) {
+            let record = &state.instances[id];
+            if record.spec != spec {
+                return Err(ProviderError::already_exists(format!(
+                    "key {} belongs to instance {id}, created with a different placement, \
+                     cloud-init or proxy port: delete it first or use another key",
+                    request.key
+                ))
+                .into());
+            }
+            let instance = self.snapshot(record);
+            return Ok(instance);
+        }
+        let id = format!("ref-{}", uuid::Uuid::new_v4());
+        let record = Record {
+            instance: pb::Instance {
+                id: id.clone(),
+                key: request.key.clone(),
+                name: request.name,
+                create_time: Some(SystemTime::now().into()),
+                tags: request.tags,
+                placement: Some(resolved),
+                proxy_port: request.proxy_port,
+                ..Default::default()
+            },
+            created: Instant::now(),
+            spec,
+            forced_state: None,
+        };
+        let instance = self.snapshot(&record);
+        tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
+        state.ids_by_key.insert(request.key, id.clone());
+        state.instances.insert(id, record);
+        Ok(instance)
+    }
+}
+
+/// Holds an answer back (a `DelayResponse` fault): the work is done, the caller waits.
+async fn hold_answer(hold: Option<Duration>) {
+    if let Some(delay) = hold {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+fn unknown(what: &str, name: &str, known: &[String]) -> String {
+    format!(
+        "unknown {what} {name:?}: this provider offers {}",
+        known.join(", ")
+    )
+}
+
+#[tonic::async_trait]
+impl pb::provider_server::Provider for MemoryProvider {
+    async fn get_plugin_info(
+        &self,
+        _request: Request<pb::GetPluginInfoRequest>,
+    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
+        let hold = self.enter("GetPluginInfo").await?;
+        hold_answer(hold).await;
+        Ok(Response::new(pb::GetPluginInfoResponse {
+            name: PLUGIN_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            contract_version: self.config.contract_version.clone(),
+            manifest: [("storage".to_string(), "memory".to_string())].into(),
+        }))
+    }
+
+    async fn get_capabilities(
+        &self,
+        _request: Request<pb::GetCapabilitiesRequest>,
+    ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
+        let hold = self.enter("GetCapabilities").await?;
+        let capabilities = [
+            pb::Capability::ValidatePlacement,
+            pb::Capability::VendorData,
+            pb::Capability::Ipv6,
+        ];
+        hold_answer(hold).await;
+        Ok(Response::new(pb::GetCapabilitiesResponse {
+            capabilities: capabilities.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn create_instance(
+        &self,
+        request: Request<pb::CreateInstanceRequest>,
+    ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
+        let hold = self.enter("CreateInstance").await?;
+        let instance = self.create(request.into_inner())?;
+        hold_answer(hold).await;
+        Ok(Response::new(pb::CreateInstanceResponse {
+            instance: Some(instance),
+        }))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<pb::GetInstanceRequest>,
+    ) -> Result<Response<pb::GetInstanceResponse>, Status> {
+        let hold = self.enter("GetInstance").await?;
+        let id = request.into_inner().id;
+        validation::check_id(&id)?;
+        let instance = {
+            let state = self.lock();
+            let record = state.instances.get(&id);
+            record.map(|record| self.snapshot(record))
+        };
+        let instance = instance
+            .ok_or_else(|| ProviderError::not_found(format!("instance {id} does not exist")))?;
+        hold_answer(hold).await;
+        Ok(Response::new(pb::GetInstanceResponse {
+            instance: Some(instance),
+        }))
+    }
+
+    async fn delete_instance(
+        &self,
+        request: Request<pb::DeleteInstanceRequest>,
+    ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
+        let hold = self.enter("DeleteInstance").await?;
+        let id = request.into_inner().id;
+        validation::check_id(&id)?;
+        {
+            let mut state = self.lock();
+            if let Some(record) = state.instances.remove(&id) {
+                state.ids_by_key.remove(&record.instance.key);
+                tracing::info!(instance.id = %id, "deleted instance");
+            }
+        }
+        hold_answer(hold).await;
+        Ok(Response::new(pb::DeleteInstanceResponse {}))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<pb::ListInstancesRequest>,
+    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        let hold = self.enter("ListInstances").await?;
+        let request = request.into_inner();
+        let page_size = match request.page_size {
+            None | Some(0) => DEFAULT_PAGE_SIZE,
+            Some(size) => (size as usize).min(MAX_PAGE_SIZE),
+        };
+        let (instances, next_page_token) = self.list_page(&request, page_size);
+        hold_answer(hold).await;
         Ok(Response::new(pb::ListInstancesResponse {
             instances,
             next_page_token,
@@ -388,10 +423,11 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::ValidatePlacementRequest>,
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
-        self.enter("ValidatePlacement").await?;
+        let hold = self.enter("ValidatePlacement").await?;
         let placement = request.into_inner().placement;
         validation::check_placement_request(placement.as_ref())?;
         let resolved = self.resolve(placement.as_ref().expect("validated: placement is set"))?;
+        hold_answer(hold).await;
         Ok(Response::new(pb::ValidatePlacementResponse {
             resolved: Some(resolved),
             warnings: vec![],
