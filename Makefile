@@ -63,4 +63,5 @@ demo:
 
 ## bench: benchmarks that print figures beside their baselines
 bench:
+	cargo build --release --workspace --bins --locked
 	cargo bench --workspace --locked

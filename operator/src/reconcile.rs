@@ -57,10 +57,16 @@ pub mod tags {
     pub const UID: &str = "egressproxy.dev/uid";
 }
 
-/// Reconciles one Proxy (the controller's entry point).
-#[tracing::instrument(skip_all, fields(proxy = %proxy.name_any(), namespace = proxy.namespace().unwrap_or_default()))]
+/// Reconciles one Proxy (the controller's entry point). Its span carries the trace id,
+/// and every provider call made inside it continues the same trace.
+#[tracing::instrument(skip_all, fields(
+    proxy = %proxy.name_any(),
+    namespace = proxy.namespace().unwrap_or_default(),
+    trace_id = tracing::field::Empty,
+))]
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciled();
+    record_trace_id();
     let namespace = proxy.namespace().unwrap_or_default();
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, proxy, |event| async {
@@ -71,6 +77,18 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     })
     .await
     .map_err(|error| Error::Finalizer(Box::new(error)))
+}
+
+/// Records the current OpenTelemetry trace id on the reconcile span (when tracing is
+/// exported), so logs can be matched with traces.
+fn record_trace_id() {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    let trace_id = span.context().span().span_context().trace_id();
+    if trace_id != opentelemetry::trace::TraceId::INVALID {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
 }
 
 /// What the controller does when [`reconcile`] fails: back off per object.

@@ -1,0 +1,104 @@
+//! One trace runs from a reconcile through the provider: the provider's request span
+//! is a child of the operator's reconcile span (in-memory span exporter, real
+//! kube-apiserver, reference provider served in-process so its spans are visible).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_operator::context::Context;
+use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig};
+use egressproxy_provider::server::ProviderServer;
+use kube::api::{Api, PostParams};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use tracing_subscriber::layer::SubscriberExt;
+
+const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+
+#[tokio::test(flavor = "current_thread")]
+async fn provider_spans_are_children_of_the_reconcile_span() {
+    let exporter = InMemorySpanExporter::default();
+    let tracer_provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("test")));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let env = KubeTestEnv::new("trace").await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let provider = MemoryProvider::new(ReferenceConfig {
+        provisioning_delay: Duration::ZERO,
+        ..ReferenceConfig::default()
+    });
+    tokio::spawn(ProviderServer::new(provider).serve(listener, std::future::pending()));
+
+    let config = ProvidersConfig::parse(&format!(
+        "providers:\n  reference:\n    endpoint: {endpoint}\n"
+    ))
+    .unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        Providers::new(config, metrics.clone()),
+        "trace".into(),
+        metrics,
+    ));
+    let proxies: Api<Proxy> = env.namespaced();
+    tokio::spawn(egressproxy_operator::controller::run(
+        ctx,
+        proxies.clone(),
+        std::future::pending(),
+    ));
+
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = health.local_addr().unwrap().port();
+    let proxy: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "traced"},
+        "spec": {"provider": "reference", "placement": {"machineType": "small", "image": "debian-12"}, "proxyPort": port},
+    }))
+    .unwrap();
+    proxies
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let proxy = proxies.get("traced").await.unwrap();
+        if proxy.status.and_then(|s| s.phase) == Some(Phase::Ready) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never Ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    tracer_provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    let reconciles: Vec<_> = spans.iter().filter(|s| s.name == "reconcile").collect();
+    assert!(!reconciles.is_empty(), "no reconcile span exported");
+    let create = spans
+        .iter()
+        .find(|s| {
+            s.name == "grpc.request"
+                && s.attributes
+                    .iter()
+                    .any(|kv| kv.value.as_str().ends_with("/CreateInstance"))
+        })
+        .expect("the provider's CreateInstance span");
+    let parent = reconciles
+        .iter()
+        .find(|r| r.span_context.span_id() == create.parent_span_id)
+        .expect("CreateInstance's parent is a reconcile span");
+    assert_eq!(
+        create.span_context.trace_id(),
+        parent.span_context.trace_id()
+    );
+}
