@@ -128,10 +128,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "scale benchmark: {count} Proxies, reference provider with zero provisioning delay, 2 cores"
     );
-    println!(
-        "{:<44} {:>12}   {}",
-        "figure", "measured", "baseline / target"
-    );
+    println!("{:<44} {:>12}   baseline / target", "figure", "measured");
     println!(
         "{:<44} {:>10.1} s   target <= {} s",
         "time until all Ready",
