@@ -89,21 +89,56 @@ fn main() -> anyhow::Result<()> {
         num_cpus()
     );
     println!();
-    println!("1. cheap call virConnectGetLibVersion, {CALLS} calls        median        p90");
-    let agent_ssh = runtime.block_on(agent_calls(&ssh_host))?;
-    let qemu_ssh_calls = direct_calls(&qemu_ssh)?;
-    let libssh_calls = direct_calls(&qemu_libssh);
-    let local_direct = direct_calls(&local_uri)?;
-    let agent_local = runtime.block_on(agent_calls(&local_host))?;
-    row("agent, SSH forward (russh)", &agent_ssh);
-    row("libvirt qemu+ssh:// (OpenSSH client)", &qemu_ssh_calls);
-    match &libssh_calls {
-        Ok(samples) => row("libvirt qemu+libssh://", samples),
-        Err(e) => println!("   {:<44} failed: {e}", "libvirt qemu+libssh://"),
+    println!(
+        "1. cheap call virConnectGetLibVersion, {CALLS} calls, interleaved    median        p90"
+    );
+    let _enter = runtime.enter();
+    let relay = kvm_agent::forward::Forward::listen(
+        work.path().join("diag.sock"),
+        kvm_agent::forward::Upstream::Local {
+            host: "diag".into(),
+            socket: socket.clone(),
+        },
+    )?;
+    let libssh = Connect::open(Some(&qemu_libssh));
+    if let Err(e) = &libssh {
+        println!("   qemu+libssh:// unavailable: {e}");
     }
-    row("local socket, direct", &local_direct);
-    row("agent, local mode (relay)", &agent_local);
-    let ratio = median(&agent_ssh).as_secs_f64() / median(&qemu_ssh_calls).as_secs_f64();
+    let mut transports = vec![
+        (
+            "agent, SSH forward (russh)",
+            Transport::Agent(ssh_host.clone()),
+        ),
+        (
+            "libvirt qemu+ssh:// (OpenSSH client)",
+            Transport::Direct(Arc::new(Connect::open(Some(&qemu_ssh))?)),
+        ),
+    ];
+    if let Ok(conn) = libssh {
+        transports.push(("libvirt qemu+libssh://", Transport::Direct(Arc::new(conn))));
+    }
+    let local_direct = Arc::new(Connect::open(Some(&local_uri))?);
+    transports.extend([
+        (
+            "local socket, direct",
+            Transport::Direct(local_direct.clone()),
+        ),
+        ("agent, local mode", Transport::Agent(local_host.clone())),
+        (
+            "  diagnostic: agent relay, caller's thread",
+            Transport::Direct(Arc::new(Connect::open(Some(&relay.uri()))?)),
+        ),
+        (
+            "  diagnostic: local socket via spawn_blocking",
+            Transport::SpawnBlocking(local_direct),
+        ),
+    ]);
+    let samples = interleaved(&runtime, &transports)?;
+    for ((label, _), s) in transports.iter().zip(&samples) {
+        row(label, s);
+    }
+    let (agent_ssh, qemu_ssh_calls) = (&samples[0], &samples[1]);
+    let ratio = median(agent_ssh).as_secs_f64() / median(qemu_ssh_calls).as_secs_f64();
     verdict(
         &format!("agent SSH / qemu+ssh:// median = {ratio:.2}x"),
         "<= 1.10x",
@@ -146,7 +181,13 @@ fn main() -> anyhow::Result<()> {
     delete_volume(&local_uri, "concurrent.raw")?;
     let base = median(&baseline);
     let added = |d: Duration| d.saturating_sub(base);
-    println!("   {:<44} {:>10}", "idle median", fmt_duration(base));
+    println!(
+        "   {:<44} {:>10} {:>10} {:>10}",
+        format!("idle ({} calls): p50 / p99 / max", baseline.len()),
+        fmt_duration(base),
+        fmt_duration(percentile(&baseline, 0.99)),
+        fmt_duration(*baseline.iter().max().unwrap_or(&Duration::ZERO)),
+    );
     println!(
         "   {:<44} {:>10} {:>10} {:>10}",
         format!("during upload ({} calls): p50 / p99 / max", during.len()),
@@ -223,18 +264,6 @@ async fn agent_calls(host: &HostPool) -> anyhow::Result<Vec<Duration>> {
     for _ in 0..CALLS {
         let started = Instant::now();
         host.lib_version(deadline()).await?;
-        samples.push(started.elapsed());
-    }
-    Ok(samples)
-}
-
-fn direct_calls(uri: &str) -> anyhow::Result<Vec<Duration>> {
-    let conn = Connect::open(Some(uri))?;
-    conn.lib_version()?;
-    let mut samples = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
-        let started = Instant::now();
-        conn.lib_version()?;
         samples.push(started.elapsed());
     }
     Ok(samples)
@@ -439,4 +468,53 @@ fn verdict(what: &str, target: &str, ok: bool) {
 
 fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// A way to make the cheap call.
+enum Transport {
+    /// Through the agent's pool (spawn_blocking + relay + SSH or local socket).
+    Agent(Arc<HostPool>),
+    /// On the calling thread, on a connection libvirt opened itself.
+    Direct(Arc<Connect>),
+    /// On a direct connection, but handed to tokio's blocking pool like the agent does.
+    SpawnBlocking(Arc<Connect>),
+}
+
+/// `CALLS` calls per transport in rounds of 20, transports interleaved, so that load from
+/// other processes on a shared machine affects every transport alike.
+fn interleaved(
+    runtime: &tokio::runtime::Runtime,
+    transports: &[(&str, Transport)],
+) -> anyhow::Result<Vec<Vec<Duration>>> {
+    const ROUND: usize = 20;
+    let mut samples = vec![Vec::with_capacity(CALLS); transports.len()];
+    // Warm up: dial, first-call effects.
+    for (_, transport) in transports {
+        one_call(runtime, transport)?;
+    }
+    for _ in 0..CALLS / ROUND {
+        for ((_, transport), out) in transports.iter().zip(samples.iter_mut()) {
+            for _ in 0..ROUND {
+                out.push(one_call(runtime, transport)?);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+fn one_call(runtime: &tokio::runtime::Runtime, transport: &Transport) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    match transport {
+        Transport::Agent(host) => {
+            runtime.block_on(host.lib_version(deadline()))?;
+        }
+        Transport::Direct(conn) => {
+            conn.lib_version()?;
+        }
+        Transport::SpawnBlocking(conn) => {
+            let conn = conn.clone();
+            runtime.block_on(tokio::task::spawn_blocking(move || conn.lib_version()))??;
+        }
+    }
+    Ok(started.elapsed())
 }

@@ -205,5 +205,9 @@ async fn upload_streams_on_its_own_connection_while_cheap_calls_proceed() {
         .filter_map(|s| attr(s, "ssh.purpose"))
         .collect();
     purposes.sort();
-    assert_eq!(purposes, ["bulk", "calls"], "the upload has its own SSH session");
+    assert_eq!(
+        purposes,
+        ["bulk", "calls"],
+        "the upload has its own SSH session"
+    );
 }
