@@ -6,7 +6,7 @@ TOOLS_DIR ?= $(or $(EGRESSPROXY_TOOLS_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache
 TOOLS_BIN := $(TOOLS_DIR)/bin
 BUF := $(TOOLS_BIN)/buf
 
-.PHONY: ci setup setup-system setup-tools fmt fmt-check lint clippy buf-lint breaking generate generate-check test demo bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy buf-lint breaking generate generate-check test demo bench
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -60,6 +60,10 @@ test:
 ## demo: the reference provider driven by grpcurl (grows into the full stack)
 demo:
 	integration/tools/demo.sh
+
+## kube-up: a real kube-apiserver to poke at by hand (prints the kubeconfig path)
+kube-up: setup-tools
+	integration/tools/kube-up.sh
 
 ## bench: benchmarks that print figures beside their baselines
 bench:
