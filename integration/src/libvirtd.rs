@@ -12,6 +12,11 @@
 //!    execs `libvirtd`. `tini -s` reaps the short-lived QEMU capability probes;
 //! 4. waits until `socket()` accepts connections.
 //!
+//! [`Libvirtd::start_in_new_netns`] also runs the daemon (and so its NAT networks, dnsmasq
+//! and guests) in a network namespace of its own, `ip netns add`ed for the test, with only
+//! `lo` up; [`Libvirtd::netns_command`] runs a client in it. Test traffic to guests stays
+//! inside that namespace. It is deleted on drop.
+//!
 //! Clients reach it only through `qemu+unix:///system?socket=<socket()>` ([`Libvirtd::uri`]).
 //! The socket lives on the shared filesystem, so processes outside the namespace (sshd, the
 //! agent) reach it. [`Libvirtd::pause`]/[`Libvirtd::resume`] SIGSTOP/SIGCONT the daemon and
@@ -39,14 +44,68 @@ const MOUNTS: [(&str, &str); 5] = [
 /// A running private libvirtd. See the module docs.
 #[derive(Debug)]
 pub struct Libvirtd {
-    // Declared before `dir` so the daemon stops before its directory is removed.
+    // Declared first so the daemon stops before its namespace and directory go.
     daemon: Option<Daemon>,
+    netns: Option<NetNs>,
     dir: tempfile::TempDir,
+}
+
+/// A named network namespace, deleted on drop.
+#[derive(Debug)]
+struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    fn create() -> anyhow::Result<Self> {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "eptest-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        run("ip", &["netns", "add", &name])?;
+        let netns = Self { name };
+        run("ip", &["-n", &netns.name, "link", "set", "lo", "up"])?;
+        Ok(netns)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 impl Libvirtd {
     /// Starts libvirtd and waits (up to 30 s) until its socket accepts connections.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Like [`Libvirtd::start`], inside a new network namespace (for guest networking).
+    pub fn start_in_new_netns() -> anyhow::Result<Self> {
+        Self::start_with(Some(NetNs::create()?))
+    }
+
+    fn start_with(netns: Option<NetNs>) -> anyhow::Result<Self> {
         for tool in ["/usr/sbin/libvirtd", "/usr/bin/tini", "/usr/bin/unshare"] {
             if !Path::new(tool).exists() {
                 bail!("{tool} not found: run integration/tools/install-system-packages.sh");
@@ -80,7 +139,11 @@ impl Libvirtd {
         std::fs::write(&masked_kvm, "")?;
         std::fs::set_permissions(&masked_kvm, std::fs::Permissions::from_mode(0o000))?;
 
-        let mut libvirtd = Self { daemon: None, dir };
+        let mut libvirtd = Self {
+            daemon: None,
+            netns,
+            dir,
+        };
         libvirtd.spawn()?;
         Ok(libvirtd)
     }
@@ -102,7 +165,14 @@ impl Libvirtd {
             d.join("kvm-masked").display(),
             self.pid_file().display(),
         ));
-        let mut command = Command::new("/usr/bin/unshare");
+        let mut command = match &self.netns {
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &netns.name, "/usr/bin/unshare"]);
+                c
+            }
+            None => Command::new("/usr/bin/unshare"),
+        };
         command
             .args(["--mount", "--propagation", "private", "--"])
             .args(["/usr/bin/tini", "-s", "-g", "--", "/bin/sh", "-c"])
@@ -139,6 +209,23 @@ impl Libvirtd {
     /// libvirtd's stderr log.
     pub fn log(&self) -> PathBuf {
         self.dir.path().join("libvirtd.log")
+    }
+
+    /// The network namespace's name, when started with [`Libvirtd::start_in_new_netns`].
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_ref().map(|n| n.name.as_str())
+    }
+
+    /// `program` to run inside the daemon's network namespace (or as is without one).
+    pub fn netns_command(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &netns.name, program]);
+                c
+            }
+            None => Command::new(program),
+        }
     }
 
     /// The pid of libvirtd itself (not of its tini/unshare parents).
