@@ -9,12 +9,14 @@
 //! - [`pool`]: per-host connection reuse, serialized dials, redial on transport failure.
 //! - [`libvirt_call`]: the one traced, deadline-bounded wrapper of every libvirt call.
 //! - [`volume_upload`]: streaming a volume's content on a dedicated connection.
+//! - [`bulk_runtime`]: the low-priority runtime bulk streams run on.
 //! - [`error`]: the crate's error type and the classification of libvirt and SSH errors.
 //!
 //! The Provider methods build on [`pool::HostPool::call`].
 
 pub use egressproxy_provider as contract;
 
+pub mod bulk_runtime;
 pub mod config;
 pub mod connection;
 pub mod error;

@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::bulk_runtime;
 use crate::config::{Config, HostConfig, TransportConfig};
 use crate::connection::Connection;
 use crate::error::Error;
@@ -183,17 +184,41 @@ impl HostPool {
     }
 
     /// Runs a call on a dedicated connection that is closed afterwards (streams, uploads).
-    pub async fn bulk<T, F>(&self, op: LibvirtOp, deadline: Instant, call: F) -> Result<T, Error>
+    ///
+    /// The dial, the relay and the call run on the low-priority [`bulk_runtime`]; dropping
+    /// the returned future aborts them (the relay is cut, so the libvirt call returns).
+    pub async fn bulk<T, F>(
+        self: &Arc<Self>,
+        op: LibvirtOp,
+        deadline: Instant,
+        call: F,
+    ) -> Result<T, Error>
     where
         F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
         T: Send + 'static,
     {
         let api = op.api;
+        let this = self.clone();
         libvirt_call::traced(self.name(), &op, async move {
-            let connection = Arc::new(self.dial(deadline, Purpose::Bulk).await?);
-            libvirt_call::run(&connection, api, deadline, call)
-                .await
-                .result
+            let host = this.name().to_owned();
+            let work = async move {
+                let connection = Arc::new(this.dial(deadline, Purpose::Bulk).await?);
+                libvirt_call::run(&connection, api, deadline, call)
+                    .await
+                    .result
+            }
+            .in_current_span();
+            let Some(runtime) = bulk_runtime::handle() else {
+                return work.await;
+            };
+            let mut task = AbortOnDrop(runtime.spawn(work));
+            (&mut task.0).await.unwrap_or_else(|join| {
+                Err(Error::Worker {
+                    host,
+                    op: api,
+                    reason: join.to_string(),
+                })
+            })
         })
         .await
     }
@@ -362,5 +387,14 @@ impl HostPool {
             Ok(c.lib_version()?)
         })
         .await
+    }
+}
+
+/// Aborts a spawned task when the future awaiting it is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -1,12 +1,13 @@
 //! Streaming bytes into a storage volume (`virStorageVolUpload`).
 //!
-//! The upload runs on its own libvirt connection ([`HostPool::bulk`]) so cheap calls on the
-//! host's shared connection never wait behind it, and under the caller's deadline like any
+//! The upload runs on its own libvirt connection and SSH session, at low CPU priority
+//! ([`HostPool::bulk`]), so cheap calls on the host's shared connection never wait behind it, and under the caller's deadline like any
 //! call: on expiry the dedicated connection's relay is cut and the stream ends at once.
 //! Data goes in 256 KiB chunks (the fastest size measured over the SSH relay); `send`
 //! may accept less than offered, so each chunk is sent until it is consumed.
 
 use std::io::Read;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use virt::stream::Stream;
@@ -20,7 +21,7 @@ const CHUNK: usize = 256 * 1024;
 /// Writes `length` bytes from `source` into volume `volume` of pool `pool` on `host`,
 /// starting at offset 0. Returns the bytes sent.
 pub async fn upload_volume(
-    host: &HostPool,
+    host: &Arc<HostPool>,
     pool: &str,
     volume: &str,
     mut source: impl Read + Send + 'static,
