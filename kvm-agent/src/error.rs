@@ -164,6 +164,22 @@ pub enum Error {
         key_fingerprint: String,
     },
 
+    /// Recent SSH connects to the host failed; the next attempt is not due before the
+    /// caller's deadline.
+    #[error(
+        "host {host}: not reconnecting for another {retry_in:?} after SSH failures (last: {last_error})"
+    )]
+    SshBackingOff {
+        /// Host name from the configuration.
+        host: String,
+        /// Time until the next attempt.
+        retry_in: Duration,
+        /// The last failure, as text.
+        last_error: String,
+        /// The last failure's class (a rejected host key stays permanent).
+        last_class: ErrorClass,
+    },
+
     /// The SSH session closed under an open connection: the peer went away or stopped
     /// answering keepalives.
     #[error("host {host}: SSH session closed (hypervisor unreachable or not answering keepalives)")]
@@ -288,6 +304,7 @@ impl Error {
             | Error::Io { .. }
             | Error::Worker { .. } => ErrorClass::Transient,
             Error::Libvirt { failure, .. } => failure.class,
+            Error::SshBackingOff { last_class, .. } => *last_class,
             Error::DeadlineExceeded { .. } => ErrorClass::DeadlineExceeded,
         }
     }

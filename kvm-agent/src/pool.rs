@@ -35,7 +35,7 @@ use tracing::Instrument;
 use crate::bulk_runtime;
 use crate::config::{Config, HostConfig, TransportConfig};
 use crate::connection::Connection;
-use crate::error::Error;
+use crate::error::{Error, ErrorClass};
 use crate::forward::Upstream;
 use crate::libvirt_call::{self, CallFailure, LibvirtOp};
 use crate::ssh::SshSession;
@@ -117,6 +117,7 @@ struct SessionSlot {
     session: Option<Arc<SshSession>>,
     failures: u32,
     retry_at: Option<Instant>,
+    last_error: Option<(String, ErrorClass)>,
 }
 
 /// What a connection is for; bulk streams get their own SSH session.
@@ -329,12 +330,17 @@ impl HostPool {
         })?;
         let started = Instant::now();
         if let Some(retry_at) = state.retry_at {
+            // Fail fast rather than spend the caller's whole deadline waiting.
             if retry_at > deadline {
-                tokio::time::sleep_until(deadline).await;
-                return Err(Error::DeadlineExceeded {
+                let last = state
+                    .last_error
+                    .clone()
+                    .unwrap_or((String::new(), ErrorClass::Transient));
+                return Err(Error::SshBackingOff {
                     host: self.name().to_owned(),
-                    op: "ssh connect (backing off after failures)",
-                    after: deadline.saturating_duration_since(started),
+                    retry_in: retry_at.saturating_duration_since(started),
+                    last_error: last.0,
+                    last_class: last.1,
                 });
             }
             tokio::time::sleep_until(retry_at).await;
@@ -366,6 +372,7 @@ impl HostPool {
                     session: Some(session.clone()),
                     failures: 0,
                     retry_at: None,
+                    last_error: None,
                 };
                 Ok(session)
             }
@@ -375,6 +382,7 @@ impl HostPool {
                     .saturating_mul(1 << state.failures.min(16).saturating_sub(1))
                     .min(BACKOFF_MAX);
                 state.retry_at = Some(Instant::now() + backoff);
+                state.last_error = Some((e.to_string(), e.class()));
                 tracing::warn!(host = self.name(), error = %e, retry_in = ?backoff, "SSH connect failed");
                 Err(e)
             }

@@ -141,6 +141,16 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         message.contains("hv-unknown") && message.contains(&fingerprint),
         "{message}"
     );
+    // Retried at once: the agent backs off, and the rejection stays permanent.
+    let again = pool
+        .host("hv-unknown")
+        .unwrap()
+        .lib_version(deadline_in(Duration::from_millis(50)))
+        .await
+        .unwrap_err();
+    assert!(matches!(again, Error::SshBackingOff { .. }), "{again:?}");
+    assert_eq!(again.class(), ErrorClass::Permanent);
+    assert!(again.to_string().contains(&fingerprint), "{again}");
 
     let err = pool
         .host("hv-changed")
