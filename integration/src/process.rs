@@ -6,7 +6,9 @@
 //!
 //! Guarantees:
 //! 1. Dropping a [`Daemon`] (also while unwinding from a panic) resumes the tree if it was
-//!    paused, sends SIGTERM, waits up to 5 s, then SIGKILLs what is left and reaps the child.
+//!    paused, sends SIGTERM to the descendants and lets their parents reap them, then to
+//!    the daemon, waits up to 5 s, SIGKILLs what is left and reaps the child. No zombies
+//!    are left behind (PID 1 here does not reap orphans).
 //! 2. [`Daemon::pause`] stops every process of the tree (SIGSTOP); [`Daemon::resume`] continues
 //!    them. A paused daemon accepts TCP or unix connections in the kernel's backlog but never
 //!    answers: exactly what a hung host looks like to a client.
@@ -109,7 +111,16 @@ impl Daemon {
         if self.paused {
             send_all(&tree, Signal::SIGCONT);
         }
-        send_all(&tree, Signal::SIGTERM);
+        // Descendants first, deepest first, and wait until their parents have reaped them:
+        // PID 1 on these machines does not reap orphans, so a child that outlives its
+        // parent stays a zombie for good.
+        let descendants: Vec<u32> = tree[1..].iter().rev().copied().collect();
+        send_all(&descendants, Signal::SIGTERM);
+        let reaped_by = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < reaped_by && descendants.iter().any(|p| exists(*p)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        send_all(&tree[..1], Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if matches!(child.try_wait(), Ok(Some(_))) && tree.iter().all(|p| !is_alive(*p)) {
@@ -167,6 +178,10 @@ fn parent_pid(pid: u32) -> Option<u32> {
     // The command name (field 2) is parenthesised and may contain spaces or ')'.
     let after_name = &stat[stat.rfind(')')? + 2..];
     after_name.split(' ').nth(1)?.parse().ok()
+}
+
+fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn is_alive(pid: u32) -> bool {
