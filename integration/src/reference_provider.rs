@@ -43,9 +43,14 @@ impl ReferenceProvider {
     /// Starts the provider with extra command-line `args` (for example
     /// `["--provisioning-delay", "0s"]`) and waits until it listens.
     pub fn start(args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_at("127.0.0.1:0", args)
+    }
+
+    /// Like [`ReferenceProvider::start`], on a given `listen` address.
+    pub fn start_at(listen: &str, args: &[&str]) -> anyhow::Result<Self> {
         let binary = workspace_binary("reference-provider")?;
         let mut child = Command::new(&binary)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -757,3 +757,77 @@ async fn a_provider_on_another_contract_major_version_is_refused() {
         "nothing is created on an incompatible provider"
     );
 }
+
+#[tokio::test]
+async fn a_provider_that_is_down_is_retried_until_it_starts() {
+    let env = KubeTestEnv::new("down").await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = ProvidersConfig::parse(&format!(
+        "providers:\n  reference:\n    endpoint: http://127.0.0.1:{port}\n    callTimeout: 2s\n"
+    ))
+    .unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        Providers::new(config, metrics.clone()),
+        "down".into(),
+        metrics,
+    ));
+    let proxies: Api<Proxy> = env.namespaced();
+    tokio::spawn(egressproxy_operator::controller::run(
+        ctx,
+        proxies.clone(),
+        std::future::pending(),
+    ));
+    let proxy_port = proxy_port().await;
+    proxies
+        .create(
+            &PostParams::default(),
+            &proxy("egress", proxy_port, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+
+    let deadline = Instant::now() + WAIT;
+    let waiting = loop {
+        let current = proxies.get("egress").await.unwrap();
+        if reason(&current, "Ready").as_deref() == Some("ProviderUnavailable") {
+            break current;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never reported the provider unavailable: {:#?}",
+            current.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(
+        phase(&waiting),
+        Some(Phase::Failed),
+        "an unreachable provider is not a permanent failure"
+    );
+
+    let _provider = ReferenceProvider::start_at(
+        &format!("127.0.0.1:{port}"),
+        &["--provisioning-delay", "0s"],
+    )
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let current = proxies.get("egress").await.unwrap();
+        if phase(&current) == Some(Phase::Ready) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never Ready once the provider started: {:#?}",
+            current.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
