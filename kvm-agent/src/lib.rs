@@ -19,6 +19,7 @@ pub use egressproxy_provider as contract;
 pub mod bulk_runtime;
 pub mod config;
 pub mod connection;
+pub mod domain_xml;
 pub mod error;
 pub mod event_loop;
 pub mod forward;
