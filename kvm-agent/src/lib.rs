@@ -17,6 +17,7 @@
 pub use egressproxy_provider as contract;
 
 pub mod bulk_runtime;
+pub mod cloud_init;
 pub mod config;
 pub mod connection;
 pub mod domain_xml;
