@@ -25,9 +25,11 @@ pub mod error;
 pub mod event_loop;
 pub mod forward;
 pub mod instance_state;
+pub mod iso9660;
 pub mod libvirt_call;
 pub mod naming;
 pub mod pool;
+pub mod seed;
 pub mod ssh;
 pub mod volume_upload;
 

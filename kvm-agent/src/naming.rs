@@ -71,6 +71,24 @@ impl InstanceNames {
     }
 }
 
+/// The guest's hostname for instance `key`: a valid DNS label (lowercase letters,
+/// digits and `-`, at most 63 characters). Not unique (case and punctuation fold, long
+/// keys are cut), which is fine for a hostname.
+pub fn hostname_for_key(key: &str) -> String {
+    let mut name: String = format!("{INSTANCE_PREFIX}{key}")
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .take(63)
+        .collect();
+    while name.ends_with('-') {
+        name.pop();
+    }
+    name
+}
+
 /// The base volume of an image whose content has SHA-256 `sha256_hex` (lowercase hex).
 ///
 /// Named by content, so a changed URL or checksum fetches a new base beside the old one
@@ -184,6 +202,23 @@ mod tests {
         assert_ne!(lookalike.seed_volume, base);
         assert_eq!(base_volume("AB"), Err(InvalidDigest));
         assert_eq!(base_volume(&"AB".repeat(32)), Err(InvalidDigest));
+    }
+
+    #[test]
+    fn hostnames_are_dns_labels() {
+        assert_eq!(hostname_for_key("UID_1.a"), "egressproxy-uid-1-a");
+        assert_eq!(hostname_for_key("a-"), "egressproxy-a");
+        let long = hostname_for_key(&"k".repeat(MAX_KEY_LEN));
+        assert_eq!(long.len(), 63);
+        for key in ["..", "-", "A.B_C", &"x-".repeat(64)] {
+            let h = hostname_for_key(key);
+            assert!(h.len() <= 63 && !h.ends_with('-'), "{h}");
+            assert!(
+                h.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{h}"
+            );
+        }
     }
 
     #[test]
