@@ -68,4 +68,4 @@ kube-up: setup-tools
 ## bench: benchmarks that print figures beside their baselines
 bench:
 	cargo build --release --workspace --bins --locked
-	cargo bench --workspace --locked
+	RUST_LOG=warn cargo bench --workspace --locked
