@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use egressproxy_provider::ProviderError;
 use virt::error::{ErrorDomain, ErrorNumber};
 
 /// What a caller should do about an error.
@@ -333,6 +334,61 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The error as the Provider contract carries it: class, a stable reason, the message,
+    /// and a retry hint when the agent knows one. The table test below lists every case.
+    ///
+    /// A libvirt object that does not exist (pool, network, volume) maps to
+    /// FAILED_PRECONDITION, not NOT_FOUND: the contract's NOT_FOUND means *the instance*
+    /// is gone (the operator then forgets it), which only Get and Delete decide, from the
+    /// domain lookup. A host missing from the configuration is permanent (lesson 10): an
+    /// endless retry would pin the operator's finalizer.
+    pub fn to_provider_error(&self) -> ProviderError {
+        use egressproxy_provider::ErrorClass as C;
+        let (class, reason) = match self {
+            Error::Config { .. } => (C::Permanent, "AGENT_CONFIG_INVALID"),
+            Error::UnknownHost { .. } => (C::Permanent, "HOST_NOT_CONFIGURED"),
+            Error::SshConnect { .. }
+            | Error::SshHandshakeTimeout { .. }
+            | Error::SshSessionClosed { .. }
+            | Error::LocalSocket { .. } => (C::Transient, "HOST_UNREACHABLE"),
+            Error::Ssh { .. } => (C::Transient, "SSH_FAILED"),
+            Error::HostKeyUnknown { .. } => (C::Permanent, "SSH_HOST_KEY_UNKNOWN"),
+            Error::HostKeyChanged { .. } => (C::Permanent, "SSH_HOST_KEY_CHANGED"),
+            Error::SshAuthRejected { .. } => (C::Permanent, "SSH_AUTH_REJECTED"),
+            Error::SshBackingOff { last_class, .. } => match last_class {
+                ErrorClass::Permanent => (C::Permanent, "SSH_BACKING_OFF"),
+                _ => (C::Transient, "SSH_BACKING_OFF"),
+            },
+            Error::ForwardRefused { .. } => (C::Transient, "LIBVIRT_FORWARD_REFUSED"),
+            Error::Libvirt { failure, .. } => match failure.class {
+                _ if failure.transport => (C::Transient, "LIBVIRT_CONNECTION_FAILED"),
+                ErrorClass::NotFound => (C::Permanent, "LIBVIRT_OBJECT_MISSING"),
+                ErrorClass::Permanent => (C::Permanent, "LIBVIRT_REJECTED"),
+                ErrorClass::DeadlineExceeded => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
+                ErrorClass::Transient => (C::Transient, "LIBVIRT_FAILED"),
+            },
+            Error::DeadlineExceeded { .. } => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
+            Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
+            Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
+            Error::Worker { .. } => (C::Transient, "AGENT_WORKER_FAILED"),
+        };
+        let retry_after = match self {
+            Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
+            _ => None,
+        };
+        ProviderError::new(class, self.to_string())
+            .with_reason(reason)
+            .with_retry_after(retry_after)
+    }
+}
+
+impl From<Error> for ProviderError {
+    fn from(error: Error) -> Self {
+        error.to_provider_error()
+    }
+}
+
 /// Classifies a libvirt error. `connection_alive` is `virConnectIsAlive` after the failure.
 pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> LibvirtFailure {
     use ErrorNumber as N;
@@ -402,6 +458,202 @@ mod tests {
         assert!(text.contains("  - hosts[0].name: is empty"), "{text}");
         assert!(text.contains("  - hosts[1].ssh.user: is empty"), "{text}");
         assert_eq!(err.class(), ErrorClass::Permanent);
+    }
+
+    fn libvirt(class: ErrorClass, transport: bool) -> Error {
+        Error::Libvirt {
+            host: "hv".into(),
+            op: "virStoragePoolLookupByName",
+            failure: LibvirtFailure {
+                code: 49,
+                code_name: "NoStoragePool".into(),
+                message: "no pool".into(),
+                transport,
+                class,
+            },
+        }
+    }
+
+    #[test]
+    fn every_error_maps_to_one_contract_class_and_reason() {
+        use egressproxy_provider::ErrorClass as C;
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let backing_off = |last_class| Error::SshBackingOff {
+            host: "hv".into(),
+            retry_in: Duration::from_secs(3),
+            last_error: "refused".into(),
+            last_class,
+        };
+        let table: Vec<(Error, C, &str)> = vec![
+            (Error::config(vec![]), C::Permanent, "AGENT_CONFIG_INVALID"),
+            (
+                Error::UnknownHost {
+                    host: "gone".into(),
+                },
+                C::Permanent,
+                "HOST_NOT_CONFIGURED",
+            ),
+            (
+                Error::SshConnect {
+                    host: "hv".into(),
+                    address: "hv:22".into(),
+                    source: io(),
+                },
+                C::Transient,
+                "HOST_UNREACHABLE",
+            ),
+            (
+                Error::SshHandshakeTimeout {
+                    host: "hv".into(),
+                    after: Duration::from_secs(10),
+                },
+                C::Transient,
+                "HOST_UNREACHABLE",
+            ),
+            (
+                Error::SshSessionClosed { host: "hv".into() },
+                C::Transient,
+                "HOST_UNREACHABLE",
+            ),
+            (
+                Error::LocalSocket {
+                    host: "hv".into(),
+                    socket: "/s".into(),
+                    source: io(),
+                },
+                C::Transient,
+                "HOST_UNREACHABLE",
+            ),
+            (
+                Error::Ssh {
+                    host: "hv".into(),
+                    source: russh::Error::Disconnect,
+                },
+                C::Transient,
+                "SSH_FAILED",
+            ),
+            (
+                Error::HostKeyUnknown {
+                    host: "hv".into(),
+                    fingerprint: "SHA256:x".into(),
+                    known_hosts: "/kh".into(),
+                },
+                C::Permanent,
+                "SSH_HOST_KEY_UNKNOWN",
+            ),
+            (
+                Error::HostKeyChanged {
+                    host: "hv".into(),
+                    fingerprint: "SHA256:x".into(),
+                    known_hosts: "/kh".into(),
+                    line: 3,
+                },
+                C::Permanent,
+                "SSH_HOST_KEY_CHANGED",
+            ),
+            (
+                Error::SshAuthRejected {
+                    host: "hv".into(),
+                    user: "u".into(),
+                    key_fingerprint: "SHA256:k".into(),
+                },
+                C::Permanent,
+                "SSH_AUTH_REJECTED",
+            ),
+            (
+                backing_off(ErrorClass::Transient),
+                C::Transient,
+                "SSH_BACKING_OFF",
+            ),
+            (
+                backing_off(ErrorClass::Permanent),
+                C::Permanent,
+                "SSH_BACKING_OFF",
+            ),
+            (
+                Error::ForwardRefused {
+                    host: "hv".into(),
+                    socket: "/s".into(),
+                    reason: "denied".into(),
+                },
+                C::Transient,
+                "LIBVIRT_FORWARD_REFUSED",
+            ),
+            (
+                libvirt(ErrorClass::Transient, true),
+                C::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                libvirt(ErrorClass::NotFound, false),
+                C::Permanent,
+                "LIBVIRT_OBJECT_MISSING",
+            ),
+            (
+                libvirt(ErrorClass::Permanent, false),
+                C::Permanent,
+                "LIBVIRT_REJECTED",
+            ),
+            (
+                libvirt(ErrorClass::Transient, false),
+                C::Transient,
+                "LIBVIRT_FAILED",
+            ),
+            (
+                Error::DeadlineExceeded {
+                    host: "hv".into(),
+                    op: "virDomainCreate",
+                    after: Duration::from_secs(1),
+                },
+                C::DeadlineExceeded,
+                "LIBVIRT_DEADLINE",
+            ),
+            (
+                Error::ConnectionCut {
+                    host: "hv".into(),
+                    op: "virDomainCreate",
+                    cause: "x".into(),
+                },
+                C::Transient,
+                "LIBVIRT_CONNECTION_CUT",
+            ),
+            (Error::io("relay", io()), C::Transient, "AGENT_IO_FAILED"),
+            (
+                Error::Worker {
+                    host: "hv".into(),
+                    op: "virDomainCreate",
+                    reason: "panic".into(),
+                },
+                C::Transient,
+                "AGENT_WORKER_FAILED",
+            ),
+        ];
+        for (error, class, reason) in table {
+            let mapped = error.to_provider_error();
+            assert_eq!(
+                (mapped.class, mapped.reason.as_str()),
+                (class, reason),
+                "{error}"
+            );
+            assert_eq!(mapped.message, error.to_string());
+            // The agent's own class agrees wherever the contract has the same notion.
+            match error.class() {
+                ErrorClass::Transient => assert_eq!(class, C::Transient, "{error}"),
+                ErrorClass::Permanent | ErrorClass::NotFound => {
+                    assert_eq!(class, C::Permanent, "{error}")
+                }
+                ErrorClass::DeadlineExceeded => assert_eq!(class, C::DeadlineExceeded),
+            }
+            // Round trip through the wire mapping.
+            let status = mapped.to_status();
+            assert_eq!(ProviderError::from_status(&status), mapped, "{error}");
+        }
+        assert_eq!(
+            backing_off(ErrorClass::Transient)
+                .to_provider_error()
+                .retry_after,
+            Some(Duration::from_secs(3))
+        );
     }
 
     #[test]
