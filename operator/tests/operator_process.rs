@@ -19,10 +19,17 @@ use kube::api::{Api, ListParams, PostParams};
 const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Operator(Child);
+struct Operator {
+    child: Child,
+    http: std::net::SocketAddr,
+}
 
 impl Operator {
     fn start(env: &KubeTestEnv, providers: &std::path::Path, identity: &str) -> Operator {
+        let http = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let child = Command::new(workspace_binary("egressproxy-operator").unwrap())
             .env("KUBECONFIG", env.apiserver().kubeconfig_path())
             .env("POD_NAME", identity)
@@ -38,7 +45,7 @@ impl Operator {
             .arg(providers)
             .args([
                 "--http-listen",
-                "127.0.0.1:0",
+                &http.to_string(),
                 "--lease-duration",
                 "3s",
                 "--gc-interval",
@@ -47,19 +54,45 @@ impl Operator {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        Operator(child)
+        Operator { child, http }
     }
 
     fn kill(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// GET `path` from the operator's HTTP endpoints: status code and body.
+    async fn get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let deadline = Instant::now() + WAIT;
+        let mut stream = loop {
+            match tokio::net::TcpStream::connect(self.http).await {
+                Ok(stream) => break stream,
+                Err(error) => assert!(
+                    Instant::now() < deadline,
+                    "operator HTTP never came up: {error}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let code = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (code, body)
     }
 }
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -217,7 +250,27 @@ async fn of_two_replicas_only_the_leader_acts_and_the_other_takes_over() {
         assert!(Instant::now() < deadline, "replica-a never took the lease");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _b = Operator::start(&s.env, s.providers_file.path(), "replica-b");
+    let b = Operator::start(&s.env, s.providers_file.path(), "replica-b");
+    for replica in [&a, &b] {
+        assert_eq!(replica.get("/healthz").await.0, 200);
+        assert_eq!(
+            replica.get("/readyz").await.0,
+            200,
+            "a standby replica is ready too"
+        );
+    }
+    assert!(
+        a.get("/metrics")
+            .await
+            .1
+            .contains("egressproxy_is_leader 1")
+    );
+    assert!(
+        b.get("/metrics")
+            .await
+            .1
+            .contains("egressproxy_is_leader 0")
+    );
     let (_listener, port) = proxy_port();
     let proxies: Api<Proxy> = s.env.namespaced();
     proxies

@@ -831,3 +831,55 @@ async fn a_provider_that_is_down_is_retried_until_it_starts() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
+    let h = Harness::start("gone").await;
+    let spec = serde_json::json!({"provider": "retired"});
+    h.proxies()
+        .create(&PostParams::default(), &proxy("orphaned", 3128, spec))
+        .await
+        .unwrap();
+    let failed = h
+        .wait_for("orphaned", "Failed", |p| phase(p) == Some(Phase::Failed))
+        .await;
+    assert_eq!(
+        reason(&failed, "Ready").as_deref(),
+        Some("ProviderNotConfigured")
+    );
+
+    h.proxies()
+        .delete("orphaned", &DeleteParams::default())
+        .await
+        .unwrap();
+    let stuck = h
+        .wait_for("orphaned", "the deletion to be refused", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.last_error.as_deref())
+                .is_some_and(|e| e.contains("abandon-instance"))
+        })
+        .await;
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert_eq!(phase(&stuck), Some(Phase::Deleting));
+    h.wait_event("orphaned", "DeleteFailed").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        h.proxies().get_opt("orphaned").await.unwrap().is_some(),
+        "the finalizer must hold without the annotation"
+    );
+
+    let abandon = serde_json::json!({"metadata": {"annotations": {"egressproxy.dev/abandon-instance": "true"}}});
+    h.proxies()
+        .patch("orphaned", &PatchParams::default(), &Patch::Merge(&abandon))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.proxies().get_opt("orphaned").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the annotation did not release the finalizer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
