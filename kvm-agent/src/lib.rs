@@ -24,6 +24,7 @@ pub mod domain_xml;
 pub mod error;
 pub mod event_loop;
 pub mod forward;
+pub mod instance_ops;
 pub mod instance_state;
 pub mod iso9660;
 pub mod libvirt_call;

@@ -11,6 +11,7 @@ use kvm_agent::domain_xml::{
     DomainFacts, DomainSpec, InstanceMetadata, METADATA_NAMESPACE, PlacementRecord, VirtType,
 };
 use kvm_agent::error::{ErrorClass, classify_libvirt};
+use kvm_agent::instance_ops::{Deleted, NicKind, delete_instance, list_instances, read_instance};
 use kvm_agent::instance_state::instance_state;
 use kvm_agent::naming::InstanceNames;
 use virt::connect::Connect;
@@ -141,4 +142,141 @@ fn libvirt_errors_are_classified() {
     let failure = classify_libvirt(&not_found[0], false);
     assert!(failure.transport);
     assert_eq!(failure.class, ErrorClass::Transient);
+}
+
+fn define(conn: &Connect, key: &str, tags: &[(&str, &str)]) -> DomainSpec {
+    let mut spec = spec(key, Firmware::Uefi);
+    spec.metadata.tags = tags
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    conn.define_domain_xml(&spec.to_xml().unwrap()).unwrap();
+    spec
+}
+
+fn create_volume(conn: &Connect, name: &str) {
+    let pool = conn.lookup_storage_pool_by_name(TEST_POOL).unwrap();
+    let xml = format!("<volume><name>{name}</name><capacity unit='KiB'>64</capacity></volume>");
+    virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0).unwrap();
+}
+
+/// The pool test:///default comes with.
+const TEST_POOL: &str = "default-pool";
+
+#[test]
+fn read_instance_reports_state_metadata_and_addresses() {
+    let conn = connect();
+    let names = InstanceNames::for_key("td-read").unwrap();
+    assert_eq!(
+        read_instance(&conn, &names, NicKind::Network).unwrap(),
+        None
+    );
+    let spec = define(&conn, "td-read", &[("cluster", "a")]);
+    let stopped = read_instance(&conn, &names, NicKind::Network)
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped.metadata, spec.metadata);
+    assert_eq!(stopped.state, sys::VIR_DOMAIN_SHUTOFF);
+    assert!(stopped.addresses.is_empty());
+
+    let domain = conn.lookup_domain_by_name(&names.domain).unwrap();
+    domain.create().unwrap();
+    let running = read_instance(&conn, &names, NicKind::Network)
+        .unwrap()
+        .unwrap();
+    assert_eq!(running.state, sys::VIR_DOMAIN_RUNNING);
+    // The test driver makes up addresses for the NIC (from the lease source).
+    assert!(!running.addresses.is_empty(), "{running:?}");
+    for address in &running.addresses {
+        assert!(
+            kvm_agent::instance_state::is_usable_address(*address),
+            "{address}"
+        );
+    }
+    delete_instance(&conn, &names, TEST_POOL).unwrap();
+}
+
+#[test]
+fn a_domain_with_our_prefix_but_no_metadata_is_not_ours() {
+    let conn = connect();
+    let names = InstanceNames::for_key("td-foreign").unwrap();
+    let xml = format!(
+        "<domain type='test'><name>{}</name><memory>65536</memory><os><type>hvm</type></os></domain>",
+        names.domain
+    );
+    conn.define_domain_xml(&xml).unwrap();
+    assert_eq!(read_instance(&conn, &names, NicKind::Bridge).unwrap(), None);
+    let listed = list_instances(&conn, &[]).unwrap();
+    assert!(listed.iter().all(|s| s.domain != names.domain));
+    conn.lookup_domain_by_name(&names.domain)
+        .unwrap()
+        .undefine()
+        .unwrap();
+}
+
+#[test]
+fn list_filters_by_every_tag_of_the_selector() {
+    let conn = connect();
+    define(&conn, "td-list-1", &[("cluster", "td-list"), ("ns", "a")]);
+    define(&conn, "td-list-2", &[("cluster", "td-list"), ("ns", "b")]);
+    define(&conn, "td-list-3", &[("cluster", "other"), ("ns", "a")]);
+    let select = |pairs: &[(&str, &str)]| -> Vec<String> {
+        let selector: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        list_instances(&conn, &selector)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.metadata.key)
+            .collect()
+    };
+    assert_eq!(
+        select(&[("cluster", "td-list")]),
+        ["td-list-1", "td-list-2"]
+    );
+    assert_eq!(
+        select(&[("cluster", "td-list"), ("ns", "a")]),
+        ["td-list-1"]
+    );
+    assert!(select(&[("cluster", "none")]).is_empty());
+    for key in ["td-list-1", "td-list-2", "td-list-3"] {
+        let names = InstanceNames::for_key(key).unwrap();
+        delete_instance(&conn, &names, TEST_POOL).unwrap();
+    }
+}
+
+#[test]
+fn delete_removes_domain_and_volumes_and_is_idempotent() {
+    let conn = connect();
+    let names = InstanceNames::for_key("td-delete").unwrap();
+    define(&conn, "td-delete", &[]);
+    conn.lookup_domain_by_name(&names.domain)
+        .unwrap()
+        .create()
+        .unwrap();
+    create_volume(&conn, &names.overlay_volume);
+    create_volume(&conn, &names.seed_volume);
+
+    let deleted = delete_instance(&conn, &names, TEST_POOL).unwrap();
+    assert!(deleted.domain);
+    assert_eq!(
+        deleted.volumes,
+        [names.overlay_volume.clone(), names.seed_volume.clone()]
+    );
+    assert_eq!(
+        delete_instance(&conn, &names, TEST_POOL).unwrap(),
+        Deleted::default()
+    );
+    // A pool that does not exist means nothing to clean (lesson 12).
+    assert_eq!(
+        delete_instance(&conn, &names, "td-no-such-pool").unwrap(),
+        Deleted::default()
+    );
+
+    // Half-created: volumes but no domain.
+    create_volume(&conn, &names.seed_volume);
+    let deleted = delete_instance(&conn, &names, TEST_POOL).unwrap();
+    assert!(!deleted.domain);
+    assert_eq!(deleted.volumes, std::slice::from_ref(&names.seed_volume));
 }

@@ -1,0 +1,267 @@
+//! What Get, Delete and List do on a hypervisor, as blocking functions of one libvirt
+//! connection.
+//!
+//! They run inside [`crate::pool::HostPool::call`] (off the runtime, traced, bounded by
+//! the caller's deadline) in the agent, and directly against libvirt's `test:///default`
+//! driver in tests. They return plain data, never libvirt objects (whose `Drop` calls
+//! into libvirt).
+//!
+//! Guarantees:
+//! - **Read.** A domain is the agent's when it has the agent's name prefix *and* its
+//!   metadata element; a domain without it is not reported (never deleted by the GC).
+//!   Addresses come from the guest agent, then the DHCP lease, then ARP (lesson 8);
+//!   a source that cannot answer (agent not running yet, no lease on a bridge) is skipped.
+//! - **Delete** is idempotent: it destroys (already off is fine), undefines with the
+//!   managed-save, snapshot-metadata and NVRAM flags, and deletes the overlay and seed.
+//!   A missing domain, volume or pool is success (lesson 12).
+//! - **List** reads each domain's metadata once and skips a domain that vanishes or
+//!   cannot be read (never delete what you cannot see, lesson 10); failing to list at all
+//!   fails the call.
+
+use std::net::IpAddr;
+
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::error::ErrorNumber;
+use virt::sys;
+
+use crate::domain_xml::{DomainFacts, InstanceMetadata, METADATA_NAMESPACE};
+use crate::error::classify_libvirt;
+use crate::instance_state::{ADDRESS_SOURCES, AddressSource, usable_addresses};
+use crate::libvirt_call::CallFailure;
+use crate::naming::InstanceNames;
+
+/// What the agent knows about one of its domains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainSnapshot {
+    /// The domain's name.
+    pub domain: String,
+    /// The agent's metadata element.
+    pub metadata: InstanceMetadata,
+    /// libvirt's `virDomainState`.
+    pub state: sys::virDomainState,
+    /// Usable guest addresses, from the first source that had any.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// Whether the NIC sits on a host bridge (no DHCP leases there) or a libvirt network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NicKind {
+    /// A libvirt network: leases are worth asking for.
+    Network,
+    /// A host bridge.
+    Bridge,
+}
+
+fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
+    error.code().is(code)
+}
+
+/// The domain `name`, or `None` when it does not exist.
+fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>, CallFailure> {
+    match conn.lookup_domain_by_name(name) {
+        Ok(domain) => Ok(Some(domain)),
+        Err(e) if is(&e, ErrorNumber::NoDomain) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The agent's metadata of `domain`, or `None` when it has none.
+fn read_metadata(domain: &Domain) -> Result<Option<InstanceMetadata>, CallFailure> {
+    let element = match domain.metadata(
+        sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+        Some(METADATA_NAMESPACE),
+        0,
+    ) {
+        Ok(element) => element,
+        Err(e) if is(&e, ErrorNumber::NoDomainMetadata) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    // Unparseable metadata is treated like none: the domain is not provably ours.
+    Ok(InstanceMetadata::parse(&element).ok())
+}
+
+/// Reads the instance `names` with its state and addresses; `None` when its domain does
+/// not exist or is not the agent's.
+pub fn read_instance(
+    conn: &Connect,
+    names: &InstanceNames,
+    nic: NicKind,
+) -> Result<Option<DomainSnapshot>, CallFailure> {
+    let Some(domain) = lookup_domain(conn, &names.domain)? else {
+        return Ok(None);
+    };
+    let Some(metadata) = read_metadata(&domain)? else {
+        return Ok(None);
+    };
+    let state = domain.state()?.0.to_raw();
+    let addresses = if matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED) {
+        let facts = DomainFacts::parse(&domain.xml_desc(0)?).map_err(|e| {
+            CallFailure::Agent(crate::Error::io(
+                format!("domain {}: {e}", names.domain),
+                std::io::Error::from(std::io::ErrorKind::InvalidData),
+            ))
+        })?;
+        discover_addresses(&domain, facts.macs.first().map(String::as_str), nic)?
+    } else {
+        Vec::new()
+    };
+    Ok(Some(DomainSnapshot {
+        domain: names.domain.clone(),
+        metadata,
+        state,
+        addresses,
+    }))
+}
+
+/// Guest addresses from the first source that has any (lesson 8).
+pub fn discover_addresses(
+    domain: &Domain,
+    mac: Option<&str>,
+    nic: NicKind,
+) -> Result<Vec<IpAddr>, CallFailure> {
+    for source in ADDRESS_SOURCES {
+        if nic == NicKind::Bridge && !source.works_on_bridge() {
+            continue;
+        }
+        match domain.interface_addresses(source.libvirt_source(), 0) {
+            Ok(interfaces) => {
+                let found = usable_addresses(&interfaces, mac);
+                if !found.is_empty() {
+                    return Ok(found);
+                }
+            }
+            // The agent is not installed or not running yet, or the source does not
+            // apply to this domain: try the next one.
+            Err(e) if source_cannot_answer(&e, source) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Vec::new())
+}
+
+fn source_cannot_answer(error: &virt::error::Error, source: AddressSource) -> bool {
+    let general = error.code().is_any(vec![
+        ErrorNumber::OperationInvalid,
+        ErrorNumber::OperationUnsupported,
+        ErrorNumber::NoSupport,
+        ErrorNumber::ArgumentUnsupported,
+        ErrorNumber::NoNetwork,
+    ]);
+    let agent = source == AddressSource::Agent
+        && error.code().is_any(vec![
+            ErrorNumber::AgentUnresponsive,
+            ErrorNumber::AgentUnsynced,
+            ErrorNumber::AgentCommandTimeout,
+            ErrorNumber::AgentCommandFailed,
+        ]);
+    general || agent
+}
+
+/// Lists the agent's domains whose tags contain every `(key, value)` of `selector`,
+/// sorted by domain name. State only: addresses are for Get (the guest agent can take
+/// seconds per domain to answer).
+pub fn list_instances(
+    conn: &Connect,
+    selector: &[(String, String)],
+) -> Result<Vec<DomainSnapshot>, CallFailure> {
+    let mut found = Vec::new();
+    for domain in conn.list_all_domains(0)? {
+        let Ok(name) = domain.name() else { continue };
+        if InstanceNames::key_of_domain(&name).is_none() {
+            continue;
+        }
+        // A domain that vanished since the listing, or whose metadata cannot be read
+        // now, is skipped: never report (and so never collect) what cannot be seen. A
+        // dead connection fails the whole listing instead of making it look short.
+        let metadata = match read_metadata(&domain) {
+            Ok(Some(metadata)) => metadata,
+            Ok(None) => continue,
+            Err(CallFailure::Libvirt(e)) if connection_lost(conn, &e) => {
+                return Err(e.into());
+            }
+            Err(_) => continue,
+        };
+        if !selector
+            .iter()
+            .all(|(k, v)| metadata.tags.get(k) == Some(v))
+        {
+            continue;
+        }
+        let state = match domain.state() {
+            Ok((state, _)) => state,
+            Err(e) if connection_lost(conn, &e) => return Err(e.into()),
+            Err(_) => continue,
+        };
+        found.push(DomainSnapshot {
+            domain: name,
+            metadata,
+            state: state.to_raw(),
+            addresses: Vec::new(),
+        });
+    }
+    found.sort_by(|a, b| a.domain.cmp(&b.domain));
+    Ok(found)
+}
+
+fn connection_lost(conn: &Connect, error: &virt::error::Error) -> bool {
+    classify_libvirt(error, conn.is_alive().unwrap_or(false)).transport
+}
+
+/// What [`delete_instance`] found and removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// The domain existed and was undefined.
+    pub domain: bool,
+    /// Volumes deleted.
+    pub volumes: Vec<String>,
+}
+
+/// Deletes the instance `names`: domain, overlay and seed in `storage_pool`. Idempotent;
+/// see the module docs.
+pub fn delete_instance(
+    conn: &Connect,
+    names: &InstanceNames,
+    storage_pool: &str,
+) -> Result<Deleted, CallFailure> {
+    let mut deleted = Deleted::default();
+    if let Some(domain) = lookup_domain(conn, &names.domain)? {
+        match domain.destroy() {
+            Ok(()) => {}
+            Err(e) if is(&e, ErrorNumber::OperationInvalid) || is(&e, ErrorNumber::NoDomain) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let flags =
+            sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | sys::VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA;
+        // The NVRAM flag is needed for UEFI domains (lesson 3). A driver without NVRAM
+        // support (libvirt's test driver) rejects the flag as an invalid argument and
+        // has no NVRAM to delete, so the undefine is repeated without it.
+        let undefined = match domain.undefine_flags(flags | sys::VIR_DOMAIN_UNDEFINE_NVRAM) {
+            Err(e) if is(&e, ErrorNumber::InvalidArg) => domain.undefine_flags(flags),
+            other => other,
+        };
+        match undefined {
+            Ok(()) => deleted.domain = true,
+            Err(e) if is(&e, ErrorNumber::NoDomain) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let pool = match conn.lookup_storage_pool_by_name(storage_pool) {
+        Ok(pool) => pool,
+        Err(e) if is(&e, ErrorNumber::NoStoragePool) => return Ok(deleted),
+        Err(e) => return Err(e.into()),
+    };
+    for volume in [&names.overlay_volume, &names.seed_volume] {
+        let vol = match pool.lookup_storage_vol_by_name(volume) {
+            Ok(vol) => vol,
+            Err(e) if is(&e, ErrorNumber::NoStorageVolume) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        match vol.delete(0) {
+            Ok(()) => deleted.volumes.push(volume.clone()),
+            Err(e) if is(&e, ErrorNumber::NoStorageVolume) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
+}
