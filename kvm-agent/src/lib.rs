@@ -33,5 +33,6 @@ pub mod pool;
 pub mod seed;
 pub mod ssh;
 pub mod volume_upload;
+pub mod volume_xml;
 
 pub use error::{Error, ErrorClass};
