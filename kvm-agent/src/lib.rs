@@ -26,6 +26,7 @@ pub mod event_loop;
 pub mod forward;
 pub mod instance_ops;
 pub mod instance_state;
+pub mod instances;
 pub mod iso9660;
 pub mod libvirt_call;
 pub mod naming;
