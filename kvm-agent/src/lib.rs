@@ -20,6 +20,7 @@ pub mod bulk_runtime;
 pub mod cloud_init;
 pub mod config;
 pub mod connection;
+pub mod create_plan;
 pub mod domain_xml;
 pub mod error;
 pub mod event_loop;
