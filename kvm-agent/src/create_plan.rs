@@ -287,15 +287,13 @@ mod tests {
         same.name = "other/name".into();
         same.tags.clear();
         assert_eq!(spec_sha256(&same), base, "name and tags are not the spec");
-        let variants: Vec<Box<dyn Fn(&mut pb::CreateInstanceRequest)>> = vec![
-            Box::new(|r| r.proxy_port = 8080),
-            Box::new(|r| r.placement.as_mut().unwrap().image = "debian-13".into()),
-            Box::new(|r| r.placement.as_mut().unwrap().machine_type = "big".into()),
-            Box::new(|r| {
-                r.placement.as_mut().unwrap().location = Some(Location::Host("hv1".into()))
-            }),
-            Box::new(|r| r.cloud_init.as_mut().unwrap().user_data.push(b'\n')),
-            Box::new(|r| r.cloud_init.as_mut().unwrap().vendor_data = Some(Vec::new())),
+        let variants: [fn(&mut pb::CreateInstanceRequest); 6] = [
+            |r| r.proxy_port = 8080,
+            |r| r.placement.as_mut().unwrap().image = "debian-13".into(),
+            |r| r.placement.as_mut().unwrap().machine_type = "big".into(),
+            |r| r.placement.as_mut().unwrap().location = Some(Location::Host("hv1".into())),
+            |r| r.cloud_init.as_mut().unwrap().user_data.push(b'\n'),
+            |r| r.cloud_init.as_mut().unwrap().vendor_data = Some(Vec::new()),
         ];
         let mut seen = std::collections::BTreeSet::from([base]);
         for change in variants {
