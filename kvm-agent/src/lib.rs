@@ -12,7 +12,15 @@
 //! - [`bulk_runtime`]: the low-priority runtime bulk streams run on.
 //! - [`error`]: the crate's error type and the classification of libvirt and SSH errors.
 //!
-//! The Provider methods build on [`pool::HostPool::call`].
+//! The Provider on top (issue 5, in progress):
+//! - [`naming`]: domain, volume and host names and instance ids from keys.
+//! - [`create_plan`]: Create's request checked and resolved against the config.
+//! - [`cloud_init`]: the guest-agent bootstrap merged into the user's cloud-init.
+//! - [`iso9660`] and [`seed`]: the NoCloud seed image, built in memory.
+//! - [`domain_xml`] and [`volume_xml`]: libvirt XML from serde structs; metadata parsed back.
+//! - [`instance_state`]: libvirt states and guest addresses in the contract's terms.
+//! - [`instance_ops`]: read, list and delete on one libvirt connection (blocking).
+//! - [`instances`]: Get, List and Delete across hosts, through [`pool::HostPool::call`].
 
 pub use egressproxy_provider as contract;
 
