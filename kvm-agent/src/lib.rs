@@ -33,6 +33,7 @@ pub mod domain_xml;
 pub mod error;
 pub mod event_loop;
 pub mod forward;
+pub mod host_capabilities;
 pub mod instance_ops;
 pub mod instance_state;
 pub mod instances;

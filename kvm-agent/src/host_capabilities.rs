@@ -1,0 +1,366 @@
+//! What a hypervisor can run: UEFI firmware, and whether KVM really works.
+//!
+//! `domainType: auto` must not trust `/dev/kvm`: under nested virtualisation it can exist,
+//! pass libvirt's checks, and still hang every guest. So [`detect_virt_type`]:
+//! 1. asks libvirt's domain capabilities for `kvm` (x86_64, q35); when libvirt does not
+//!    offer it, the answer is `qemu` (TCG);
+//! 2. otherwise starts a tiny transient **probe domain** of type `kvm`: SeaBIOS with no
+//!    boot device and `rebootTimeout='0'`, so a working vCPU reaches "no bootable device"
+//!    within a second and reboots, and `on_reboot='destroy'` ends the domain. If it is
+//!    still there after [`PROBE_TIMEOUT`], KVM hangs: the probe is destroyed and the
+//!    answer is `qemu`, with the reason.
+//!
+//! [`DomainCapabilities::parse`] also tells whether UEFI firmware (OVMF) is available,
+//! which UEFI images need.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use virt::connect::Connect;
+use virt::error::ErrorNumber;
+
+use crate::domain_xml::{VirtType, XmlError};
+use crate::libvirt_call::CallFailure;
+
+/// How long a probe domain may take to run its firmware and reboot.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The parts of `virConnectGetDomainCapabilities` the agent uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DomainCapabilities {
+    /// The domain type the capabilities are for (`kvm`, `qemu`).
+    pub domain: String,
+    /// The firmware kinds libvirt can select automatically (`bios`, `efi`).
+    pub firmware: Vec<String>,
+    /// Firmware images (loader paths) found.
+    pub loaders: Vec<String>,
+}
+
+impl DomainCapabilities {
+    /// Parses a `<domainCapabilities>` document; elements it does not need are ignored.
+    pub fn parse(xml: &str) -> Result<Self, XmlError> {
+        #[derive(Deserialize)]
+        struct Caps {
+            #[serde(default)]
+            domain: String,
+            #[serde(default)]
+            os: Option<Os>,
+        }
+        #[derive(Deserialize)]
+        struct Os {
+            #[serde(rename = "@supported", default)]
+            supported: String,
+            #[serde(rename = "enum", default)]
+            enums: Vec<Enum>,
+            #[serde(default)]
+            loader: Option<Loader>,
+        }
+        #[derive(Deserialize)]
+        struct Enum {
+            #[serde(rename = "@name")]
+            name: String,
+            #[serde(default)]
+            value: Vec<String>,
+        }
+        #[derive(Deserialize)]
+        struct Loader {
+            #[serde(rename = "@supported", default)]
+            supported: String,
+            #[serde(default)]
+            value: Vec<String>,
+        }
+        let caps: Caps = quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {
+            what: "domain capabilities",
+            source,
+        })?;
+        let os = caps.os.filter(|os| os.supported == "yes");
+        Ok(Self {
+            domain: caps.domain,
+            firmware: os
+                .as_ref()
+                .and_then(|os| os.enums.iter().find(|e| e.name == "firmware"))
+                .map(|e| e.value.clone())
+                .unwrap_or_default(),
+            loaders: os
+                .and_then(|os| os.loader)
+                .filter(|l| l.supported == "yes")
+                .map(|l| l.value)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Whether libvirt can pick UEFI firmware (`<os firmware='efi'>`).
+    pub fn supports_uefi(&self) -> bool {
+        self.firmware.iter().any(|f| f == "efi")
+    }
+}
+
+/// The domain type chosen for `domainType: auto`, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtTypeChoice {
+    /// The type new domains get.
+    pub virt_type: VirtType,
+    /// Why, for the host check's report and the logs.
+    pub reason: String,
+}
+
+/// Domain capabilities of `virt_type` for q35 on x86_64; `None` when libvirt does not
+/// offer that type on this host.
+pub fn domain_capabilities(
+    conn: &Connect,
+    virt_type: VirtType,
+) -> Result<Option<DomainCapabilities>, CallFailure> {
+    let kind = match virt_type {
+        VirtType::Kvm => "kvm",
+        VirtType::Qemu => "qemu",
+    };
+    match conn.domain_capabilities(None, Some("x86_64"), Some("q35"), Some(kind), 0) {
+        Ok(xml) => DomainCapabilities::parse(&xml).map(Some).map_err(|e| {
+            CallFailure::Agent(crate::Error::io(
+                e.to_string(),
+                std::io::Error::from(std::io::ErrorKind::InvalidData),
+            ))
+        }),
+        Err(e)
+            if e.code().is_any(vec![
+                ErrorNumber::InvalidArg,
+                ErrorNumber::ConfigUnsupported,
+                ErrorNumber::OperationUnsupported,
+                ErrorNumber::NoSupport,
+            ]) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Chooses `kvm` or `qemu` for `domainType: auto`. See the module docs. Blocks up to
+/// [`PROBE_TIMEOUT`] (run it on a blocking thread, with a deadline longer than that).
+pub fn detect_virt_type(conn: &Connect, probe_name: &str) -> Result<VirtTypeChoice, CallFailure> {
+    if domain_capabilities(conn, VirtType::Kvm)?.is_none() {
+        return Ok(VirtTypeChoice {
+            virt_type: VirtType::Qemu,
+            reason: "libvirt offers no KVM on this host; using software emulation (TCG)".into(),
+        });
+    }
+    Ok(
+        match probe(conn, VirtType::Kvm, probe_name, PROBE_TIMEOUT)? {
+            ProbeOutcome::Ran(after) => VirtTypeChoice {
+                virt_type: VirtType::Kvm,
+                reason: format!("a KVM probe guest ran its firmware in {after:?}"),
+            },
+            ProbeOutcome::Hung => VirtTypeChoice {
+                virt_type: VirtType::Qemu,
+                reason: format!(
+                    "KVM is offered but a probe guest made no progress in {PROBE_TIMEOUT:?} \
+                 (nested KVM?); using software emulation (TCG). Set domainType: kvm or qemu \
+                 to skip the probe"
+                ),
+            },
+            ProbeOutcome::Failed(message) => VirtTypeChoice {
+                virt_type: VirtType::Qemu,
+                reason: format!(
+                    "KVM is offered but a probe guest did not start ({message}); using software \
+                 emulation (TCG)"
+                ),
+            },
+        },
+    )
+}
+
+/// What became of a probe domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// It ran its firmware and ended, after this long.
+    Ran(Duration),
+    /// It was still running at the timeout (and was destroyed).
+    Hung,
+    /// libvirt refused to start it.
+    Failed(String),
+}
+
+/// Runs a probe domain of `virt_type` named `name` for at most `timeout`.
+pub fn probe(
+    conn: &Connect,
+    virt_type: VirtType,
+    name: &str,
+    timeout: Duration,
+) -> Result<ProbeOutcome, CallFailure> {
+    let xml = probe_domain_xml(name, virt_type).map_err(|e| {
+        CallFailure::Agent(crate::Error::io(
+            e.to_string(),
+            std::io::Error::from(std::io::ErrorKind::InvalidData),
+        ))
+    })?;
+    let started = Instant::now();
+    let domain = match conn.create_domain_xml(&xml, 0) {
+        Ok(domain) => domain,
+        Err(e) if !e.code().is(ErrorNumber::SystemError) && !e.code().is(ErrorNumber::Rpc) => {
+            return Ok(ProbeOutcome::Failed(e.message().to_owned()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    while started.elapsed() < timeout {
+        match domain.is_active() {
+            Ok(false) => return Ok(ProbeOutcome::Ran(started.elapsed())),
+            Err(e) if e.code().is(ErrorNumber::NoDomain) => {
+                return Ok(ProbeOutcome::Ran(started.elapsed()));
+            }
+            Ok(true) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match domain.destroy() {
+        Ok(()) => Ok(ProbeOutcome::Hung),
+        // It ended between the last look and the destroy.
+        Err(e)
+            if e.code()
+                .is_any(vec![ErrorNumber::NoDomain, ErrorNumber::OperationInvalid]) =>
+        {
+            Ok(ProbeOutcome::Ran(started.elapsed()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A transient domain that boots SeaBIOS with nothing to boot and ends on the reboot
+/// that follows.
+pub fn probe_domain_xml(name: &str, virt_type: VirtType) -> Result<String, XmlError> {
+    #[derive(Serialize)]
+    #[serde(rename = "domain")]
+    struct Probe<'a> {
+        #[serde(rename = "@type")]
+        kind: &'static str,
+        name: &'a str,
+        memory: Memory,
+        vcpu: u32,
+        os: ProbeOs,
+        on_poweroff: &'static str,
+        on_reboot: &'static str,
+        on_crash: &'static str,
+        devices: ProbeDevices,
+    }
+    #[derive(Serialize)]
+    struct Memory {
+        #[serde(rename = "@unit")]
+        unit: &'static str,
+        #[serde(rename = "$text")]
+        value: u32,
+    }
+    #[derive(Serialize)]
+    struct ProbeOs {
+        #[serde(rename = "type")]
+        os_type: OsType,
+        bios: Bios,
+    }
+    #[derive(Serialize)]
+    struct OsType {
+        #[serde(rename = "@arch")]
+        arch: &'static str,
+        #[serde(rename = "@machine")]
+        machine: &'static str,
+        #[serde(rename = "$text")]
+        value: &'static str,
+    }
+    #[derive(Serialize)]
+    struct Bios {
+        #[serde(rename = "@rebootTimeout")]
+        reboot_timeout: u32,
+    }
+    #[derive(Serialize)]
+    struct ProbeDevices {
+        memballoon: Model,
+    }
+    #[derive(Serialize)]
+    struct Model {
+        #[serde(rename = "@model")]
+        model: &'static str,
+    }
+    Ok(quick_xml::se::to_string(&Probe {
+        kind: match virt_type {
+            VirtType::Kvm => "kvm",
+            VirtType::Qemu => "qemu",
+        },
+        name,
+        memory: Memory {
+            unit: "MiB",
+            value: 32,
+        },
+        vcpu: 1,
+        os: ProbeOs {
+            os_type: OsType {
+                arch: "x86_64",
+                machine: "q35",
+                value: "hvm",
+            },
+            bios: Bios { reboot_timeout: 0 },
+        },
+        on_poweroff: "destroy",
+        on_reboot: "destroy",
+        on_crash: "destroy",
+        devices: ProbeDevices {
+            memballoon: Model { model: "none" },
+        },
+    })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uefi_and_loaders_come_from_the_os_element() {
+        let xml = r#"<domainCapabilities>
+  <path>/usr/bin/qemu-system-x86_64</path>
+  <domain>qemu</domain>
+  <machine>pc-q35-10.0</machine>
+  <arch>x86_64</arch>
+  <vcpu max='288'/>
+  <os supported='yes'>
+    <enum name='firmware'>
+      <value>bios</value>
+      <value>efi</value>
+    </enum>
+    <loader supported='yes'>
+      <value>/usr/share/OVMF/OVMF_CODE_4M.fd</value>
+      <enum name='type'><value>rom</value><value>pflash</value></enum>
+    </loader>
+  </os>
+  <devices><disk supported='yes'/></devices>
+</domainCapabilities>"#;
+        let caps = DomainCapabilities::parse(xml).unwrap();
+        assert_eq!(caps.domain, "qemu");
+        assert!(caps.supports_uefi());
+        assert_eq!(caps.loaders, ["/usr/share/OVMF/OVMF_CODE_4M.fd"]);
+
+        let no_efi = xml.replace("<value>efi</value>", "");
+        assert!(!DomainCapabilities::parse(&no_efi).unwrap().supports_uefi());
+        let unsupported = xml.replace("<os supported='yes'>", "<os supported='no'>");
+        assert_eq!(
+            DomainCapabilities::parse(&unsupported).unwrap().firmware,
+            Vec::<String>::new()
+        );
+    }
+
+    /// libvirt's own schema accepts the probe domain.
+    #[test]
+    fn probe_domain_validates() {
+        let xml = probe_domain_xml("egressproxy-probe-<x>", VirtType::Kvm).unwrap();
+        assert!(xml.contains(r#"<bios rebootTimeout="0"/>"#), "{xml}");
+        assert!(xml.contains("<on_reboot>destroy</on_reboot>"), "{xml}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("probe.xml");
+        std::fs::write(&path, &xml).unwrap();
+        let out = std::process::Command::new("virt-xml-validate")
+            .arg(&path)
+            .arg("domain")
+            .output()
+            .expect("virt-xml-validate (libvirt-clients) is installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
