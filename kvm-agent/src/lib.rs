@@ -34,6 +34,7 @@ pub mod error;
 pub mod event_loop;
 pub mod forward;
 pub mod host_capabilities;
+pub mod host_check;
 pub mod instance_ops;
 pub mod instance_state;
 pub mod instances;

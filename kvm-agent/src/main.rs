@@ -18,6 +18,8 @@ struct Cli {
     command: Command,
 }
 
+// The variants are the subcommands' names (`check-config`, `check-host`, ...).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Parse and validate the configuration file (keys and known_hosts included).
@@ -25,6 +27,16 @@ enum Command {
         /// The agent's YAML configuration.
         #[arg(long, env = "KVM_AGENT_CONFIG")]
         config: PathBuf,
+    },
+    /// Verify hypervisors before anything is created: libvirt, storage pool, network or
+    /// bridge, UEFI firmware, KVM (or TCG), confinement. Exits non-zero when one is not
+    /// ready.
+    CheckHost {
+        /// The agent's YAML configuration.
+        #[arg(long, env = "KVM_AGENT_CONFIG")]
+        config: PathBuf,
+        /// Only this host (default: every configured host).
+        host: Option<String>,
     },
     /// Validate the configuration, then make one libvirt call on every host.
     CheckHosts {
@@ -47,6 +59,11 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { config } => check_config(&config),
         Command::CheckHosts { config } => check_hosts(&config).await,
+        Command::CheckHost { config, host } => match check_host(&config, host.as_deref()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,4 +108,52 @@ async fn check_hosts(path: &Path) -> Result<(), kvm_agent::Error> {
         }
     }
     failed.map_or(Ok(()), Err)
+}
+
+/// Prints each host's report; `Ok(false)` when a host is not ready.
+async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::Error> {
+    use kvm_agent::config::Firmware;
+    use kvm_agent::host_capabilities::PROBE_TIMEOUT;
+    use kvm_agent::libvirt_call::LibvirtOp;
+
+    let config = Config::load(path)?;
+    let pool = Pool::new(&config)?;
+    let needs_uefi = config.images.values().any(|i| i.firmware == Firmware::Uefi);
+    let hosts: Vec<_> = match only {
+        Some(name) => {
+            vec![
+                config
+                    .host(name)
+                    .cloned()
+                    .ok_or_else(|| kvm_agent::Error::UnknownHost {
+                        host: name.to_owned(),
+                    })?,
+            ]
+        }
+        None => config.hosts.clone(),
+    };
+    let mut ready = true;
+    for host in hosts {
+        let name = host.name.clone();
+        let deadline = pool.default_deadline() + PROBE_TIMEOUT;
+        let checked = pool
+            .host(&name)?
+            .call(
+                LibvirtOp::new("virConnectGetCapabilities"),
+                deadline,
+                move |c| kvm_agent::host_check::check_host(c, &host, needs_uefi),
+            )
+            .await;
+        match checked {
+            Ok(report) => {
+                print!("{report}");
+                ready &= !report.failed();
+            }
+            Err(e) => {
+                println!("{name}: NOT READY\n  [FAIL] libvirt: {e}");
+                ready = false;
+            }
+        }
+    }
+    Ok(ready)
 }
