@@ -3,7 +3,7 @@
 //! The schema validates what it can at admission, so users see mistakes from
 //! `kubectl apply`, not from a condition minutes later: required fields, port and
 //! interval ranges, exactly one cloud-init source, host and zone exclusive, and the
-//! placement immutable unless `placement.updatePolicy: Replace`.
+//! placement immutable unless `placementUpdatePolicy: Replace`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "self.placement.updatePolicy == 'Replace' || self.placement == oldSelf.placement",
-     "message": "spec.placement is immutable: set spec.placement.updatePolicy to Replace to replace the VM (it gets a new address) when the placement changes"},
+    {"rule": "self.placementUpdatePolicy == 'Replace' || self.placement == oldSelf.placement",
+     "message": "spec.placement is immutable: set spec.placementUpdatePolicy to Replace to replace the VM (it gets a new address) when the placement changes"},
     {"rule": "self.provider == oldSelf.provider", "message": "spec.provider is immutable: create a new Proxy for another provider"},
 ]))]
 pub struct ProxySpec {
@@ -39,6 +39,10 @@ pub struct ProxySpec {
     pub provider: String,
     /// Where and on what the VM runs.
     pub placement: Placement,
+    /// What a change of `placement` does: `Immutable` (rejected at admission) or
+    /// `Replace` (a new VM replaces the old one, with a new address).
+    #[serde(default)]
+    pub placement_update_policy: PlacementUpdatePolicy,
     /// cloud-init input for the VM (installs and configures the proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<CloudInit>,
@@ -76,10 +80,6 @@ pub struct Placement {
     /// Image, for example `debian-12`.
     #[schemars(length(min = 1, max = 253))]
     pub image: String,
-    /// What a change of placement does: `Immutable` (rejected at admission) or
-    /// `Replace` (a new VM replaces the old one, with a new address).
-    #[serde(default)]
-    pub update_policy: PlacementUpdatePolicy,
 }
 
 /// What a change of placement does.

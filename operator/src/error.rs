@@ -11,7 +11,7 @@ pub enum Error {
     #[error("Kubernetes API call failed")]
     Kube(#[from] kube::Error),
     /// A provider call failed.
-    #[error("provider {provider}: {op} failed: {source}")]
+    #[error("provider {provider}: {op} failed")]
     Provider {
         /// The provider's configured name.
         provider: String,
@@ -61,7 +61,7 @@ pub enum Error {
         source: egressproxy_provider::client::ConnectError,
     },
     /// The finalizer helper failed.
-    #[error("finalizer: {0}")]
+    #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
@@ -91,10 +91,12 @@ impl Error {
                 | ErrorClass::Unimplemented => Retry::OnSpecChange,
                 ErrorClass::NotFound => Retry::Backoff,
             },
+            // A config or provider fix does not change the Proxy, so these retry
+            // (slowly, as the backoff grows) instead of waiting for a spec change.
             Error::ProviderNotConfigured(_)
             | Error::ProviderGone(_)
             | Error::IncompatibleProvider { .. }
-            | Error::Connect { .. } => Retry::OnSpecChange,
+            | Error::Connect { .. } => Retry::Backoff,
             Error::CloudInitSecret { .. } | Error::Kube(_) | Error::Finalizer(_) => Retry::Backoff,
         }
     }
@@ -118,17 +120,24 @@ impl Error {
         }
     }
 
-    /// Whether retrying cannot help until the spec (or config) changes.
+    /// Whether a person must act (fix the spec, the config or the provider): the
+    /// Proxy is then Failed and an Event says why.
     pub fn is_permanent(&self) -> bool {
-        self.retry() == Retry::OnSpecChange
+        matches!(
+            self,
+            Error::ProviderNotConfigured(_)
+                | Error::ProviderGone(_)
+                | Error::IncompatibleProvider { .. }
+                | Error::Connect { .. }
+        ) || self.retry() == Retry::OnSpecChange
     }
 
     /// The class label for metrics.
     pub fn class_label(&self) -> &'static str {
         match self.retry() {
-            Retry::Backoff => "transient",
+            _ if self.is_permanent() => "permanent",
             Retry::After(_) => "quota",
-            Retry::OnSpecChange => "permanent",
+            _ => "transient",
         }
     }
 }

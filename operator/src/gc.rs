@@ -24,10 +24,13 @@ pub struct SweepReport {
     pub failed_providers: Vec<String>,
 }
 
-/// One sweep over every provider.
+/// One sweep over every provider. `namespace` is the one namespace this operator
+/// watches, if any: it then only judges instances tagged with that namespace, since
+/// Proxies elsewhere are invisible to it.
 pub async fn sweep(
     ctx: &Context,
     proxies: &Api<Proxy>,
+    namespace: Option<&str>,
     grace: Duration,
 ) -> Result<SweepReport, kube::Error> {
     let live: HashSet<String> = proxies
@@ -37,7 +40,10 @@ pub async fn sweep(
         .into_iter()
         .filter_map(|proxy| proxy.metadata.uid)
         .collect();
-    let selector = HashMap::from([(tags::CLUSTER.to_owned(), ctx.cluster_name.clone())]);
+    let mut selector = HashMap::from([(tags::CLUSTER.to_owned(), ctx.cluster_name.clone())]);
+    if let Some(namespace) = namespace {
+        selector.insert(tags::NAMESPACE.to_owned(), namespace.to_owned());
+    }
     let now = std::time::SystemTime::now();
     let mut report = SweepReport::default();
     for provider in ctx.providers.iter() {
@@ -80,10 +86,16 @@ pub async fn sweep(
 }
 
 /// Sweeps every `interval` forever.
-pub async fn run(ctx: &Context, proxies: Api<Proxy>, interval: Duration, grace: Duration) {
+pub async fn run(
+    ctx: &Context,
+    proxies: Api<Proxy>,
+    namespace: Option<&str>,
+    interval: Duration,
+    grace: Duration,
+) {
     loop {
         tokio::time::sleep(interval).await;
-        if let Err(error) = sweep(ctx, &proxies, grace).await {
+        if let Err(error) = sweep(ctx, &proxies, namespace, grace).await {
             tracing::warn!(%error, "garbage collection: cannot list Proxies");
         }
     }

@@ -69,19 +69,20 @@ pub async fn acquire(client: kube::Client, config: LeaseConfig) -> Leadership {
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(config.renew_every).await;
-            match try_acquire(&api, &config).await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => {
+            // A renewal that hangs must not outlive the lease: another replica may
+            // take it meanwhile, and two leaders would act.
+            match tokio::time::timeout(config.renew_every, try_acquire(&api, &config)).await {
+                Ok(Ok(true)) => last_renewal = tokio::time::Instant::now(),
+                Ok(Ok(false)) => {
                     tracing::error!(identity = %config.identity, "another replica took the leader lease");
                     break;
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "renewing the leader lease failed");
-                    if last_renewal.elapsed() >= config.duration {
-                        tracing::error!("leader lease expired without renewal");
-                        break;
-                    }
-                }
+                Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed"),
+                Err(_) => tracing::warn!("renewing the leader lease timed out"),
+            }
+            if last_renewal.elapsed() + config.renew_every >= config.duration {
+                tracing::error!("leader lease about to expire without renewal");
+                break;
             }
         }
         let _ = tell.send(true);

@@ -112,7 +112,13 @@ async fn main() -> anyhow::Result<()> {
         namespace = args.namespace.as_deref().unwrap_or("(all)"),
         "egressproxy operator started"
     );
-    let collector = gc::run(&ctx, proxies.clone(), args.gc_interval, args.gc_grace);
+    let collector = gc::run(
+        &ctx,
+        proxies.clone(),
+        args.namespace.as_deref(),
+        args.gc_interval,
+        args.gc_grace,
+    );
     tokio::select! {
         () = controller::run(ctx.clone(), proxies, shutdown_signal()) => Ok(()),
         () = collector => Ok(()),

@@ -15,8 +15,9 @@
 //!
 //! Guarantees:
 //! 1. Before first use, a provider is asked for `GetPluginInfo` and `GetCapabilities`;
-//!    a different contract major version is refused with a clear error, and the
-//!    answer is cached until it fails.
+//!    a different contract major version is refused with a clear error. The answer
+//!    is cached until a call finds the provider unavailable (it may come back as
+//!    another version).
 //! 2. When a TLS file changes on disk (a renewed certificate), the next call builds a
 //!    new client with it.
 
@@ -261,9 +262,31 @@ impl Provider {
             })
             .await
         {
-            Ok(answer) => Ok(Some(answer.instance.unwrap_or_default())),
+            Ok(answer) => self.instance_in(answer.instance, "GetInstance").map(Some),
             Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(None),
             Err(error) => Err(error),
+        }
+    }
+
+    /// The instance an answer must carry; a provider that omits it (or its id) is
+    /// broken, which is reported and retried rather than recorded as an empty id.
+    fn instance_in(
+        &self,
+        instance: Option<pb::Instance>,
+        op: &'static str,
+    ) -> Result<pb::Instance> {
+        match instance {
+            Some(instance) if !instance.id.is_empty() => Ok(instance),
+            _ => Err(Error::Provider {
+                provider: self.name.clone(),
+                op,
+                source: Box::new(
+                    ProviderError::transient(
+                        "the provider answered without an instance id (a provider bug)",
+                    )
+                    .with_reason("MALFORMED_RESPONSE"),
+                ),
+            }),
         }
     }
 
@@ -290,7 +313,7 @@ impl Provider {
             let request = pb::ListInstancesRequest {
                 tag_selector: selector.clone(),
                 page_size: None,
-                page_token,
+                page_token: page_token.clone(),
             };
             let page = self
                 .call("ListInstances", |mut c| async move {
@@ -300,6 +323,16 @@ impl Provider {
             instances.extend(page.instances);
             if page.next_page_token.is_empty() {
                 return Ok(instances);
+            }
+            if page.next_page_token == page_token {
+                let error = ProviderError::transient(
+                    "ListInstances returned the same page token again (a provider bug)",
+                );
+                return Err(Error::Provider {
+                    provider: self.name.clone(),
+                    op: "ListInstances",
+                    source: Box::new(error),
+                });
             }
             page_token = page.next_page_token;
         }

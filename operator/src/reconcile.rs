@@ -26,7 +26,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use egressproxy_provider::{ErrorClass, pb};
+use egressproxy_provider::pb;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -40,6 +40,9 @@ use crate::error::{Error, Result, Retry};
 use crate::health_check;
 use crate::providers::Provider;
 use crate::status::{self, set_condition};
+
+/// Longest wait a provider's quota hint can impose.
+const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
 
 /// The finalizer that guards every Proxy's VM.
 pub const FINALIZER: &str = "egressproxy.dev/instance";
@@ -149,15 +152,20 @@ async fn apply(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action>
             let message = error_chain(&error);
             tracing::warn!(error = %message, "reconcile step failed");
             ctx.metrics.failed(error.class_label());
-            let generation = proxy.metadata.generation;
-            set_condition(
-                &mut status.conditions,
-                condition::READY,
-                false,
-                error.reason(),
-                &message,
-                generation,
-            );
+            // A transient blip while the proxy serves does not make it unready: the VM
+            // and its proxy still work; lastError says what failed.
+            let serving = status.phase == Some(Phase::Ready) && !error.is_permanent();
+            if !serving {
+                let generation = proxy.metadata.generation;
+                set_condition(
+                    &mut status.conditions,
+                    condition::READY,
+                    false,
+                    error.reason(),
+                    &message,
+                    generation,
+                );
+            }
             if error.is_permanent() {
                 status.phase = Some(Phase::Failed);
                 if status.last_error.as_deref() != Some(&message) {
@@ -168,7 +176,10 @@ async fn apply(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action>
             status.last_error = Some(message);
             match error.retry() {
                 Retry::Backoff => Action::requeue(ctx.retry_backoff.next(&uid)),
-                Retry::After(delay) => Action::requeue(delay),
+                // A provider's hint, kept within what our own backoff would allow.
+                Retry::After(hint) => {
+                    Action::requeue(hint.clamp(ctx.retry_backoff.next(&uid), MAX_QUOTA_WAIT))
+                }
                 Retry::OnSpecChange => Action::await_change(),
             }
         }
@@ -194,7 +205,7 @@ async fn drive(
         ctx.publish(proxy, EventType::Normal, "Replacing", note)
             .await;
         provider.delete(&id).await?;
-        forget_instance(status);
+        forget_instance(ctx, &proxy.uid().unwrap_or_default(), status);
         writer.save(status).await?;
     }
 
@@ -240,6 +251,9 @@ async fn drive(
         pb::InstanceState::Running if !instance.addresses.is_empty() => {
             ctx.poll_backoff.reset(&uid);
             status.addresses = instance.addresses.iter().map(proxy_address).collect();
+            status.addresses.sort_by(|a, b| {
+                (&a.scope, &a.family, &a.address).cmp(&(&b.scope, &b.family, &b.address))
+            });
             set_condition(
                 &mut status.conditions,
                 condition::PROVISIONED,
@@ -281,14 +295,20 @@ async fn drive(
     }
 }
 
-/// Forgets the current instance so the next step creates a replacement.
-fn forget_instance(status: &mut ProxyStatus) {
+/// Forgets the current instance (and its health) so the next step creates a
+/// replacement.
+fn forget_instance(ctx: &Context, uid: &str, status: &mut ProxyStatus) {
     status.provider_id = None;
     status.instance_key = None;
     status.placement = None;
     status.addresses.clear();
     status.replacements += 1;
     status.phase = Some(Phase::Provisioning);
+    status.conditions.retain(|c| c.type_ != condition::HEALTHY);
+    ctx.health_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(uid);
 }
 
 async fn replace(
@@ -300,7 +320,7 @@ async fn replace(
 ) -> Result<Action> {
     ctx.publish(proxy, EventType::Warning, reason, note.clone())
         .await;
-    forget_instance(status);
+    forget_instance(ctx, &proxy.uid().unwrap_or_default(), status);
     let generation = proxy.metadata.generation;
     set_condition(
         &mut status.conditions,
@@ -481,28 +501,32 @@ async fn fail_health(
     problem: String,
 ) -> Action {
     let generation = proxy.metadata.generation;
-    let was_healthy = status::is_true(&status.conditions, condition::HEALTHY);
-    if failures < check.failure_threshold {
-        let message = format!(
-            "health check failed {failures} of {} times: {problem}",
-            check.failure_threshold
+    let soon = Action::requeue(Duration::from_secs(u64::from(check.period_seconds.min(5))));
+    // The Healthy condition exists once this VM's proxy has answered (a replacement
+    // starts without it): until then the proxy is still being installed, not broken.
+    let ever_healthy = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::HEALTHY);
+    if !ever_healthy {
+        status.phase = Some(Phase::Provisioning);
+        let message = format!("waiting for the proxy to answer: {problem}");
+        set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            "WaitingForProxy",
+            &message,
+            generation,
         );
-        if !was_healthy {
-            status.phase = Some(Phase::Provisioning);
-            set_condition(
-                &mut status.conditions,
-                condition::READY,
-                false,
-                "WaitingForProxy",
-                &message,
-                generation,
-            );
-        }
-        let retry = Duration::from_secs(u64::from(check.period_seconds.min(5)));
-        return Action::requeue(retry);
+        return soon;
     }
-    let message = format!("health check failed {failures} times in a row: {problem}");
-    if was_healthy || status.phase != Some(Phase::Degraded) {
+    if failures < check.failure_threshold {
+        return soon;
+    }
+    let threshold = check.failure_threshold;
+    let message = format!("health check failed {threshold} times in a row: {problem}");
+    if status.phase != Some(Phase::Degraded) {
         ctx.publish(proxy, EventType::Warning, "Unhealthy", message.clone())
             .await;
     }
@@ -584,11 +608,10 @@ async fn delete_everything(proxy: &Proxy, ctx: &Context, status: &ProxyStatus) -
         (tags::CLUSTER.to_owned(), ctx.cluster_name.clone()),
         (tags::UID.to_owned(), proxy.uid().unwrap_or_default()),
     ]);
-    match provider.list(&selector).await {
-        Ok(instances) => ids.extend(instances.into_iter().map(|instance| instance.id)),
-        Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {}
-        Err(error) => return Err(error),
-    }
+    // ListInstances is required: without it an instance created just before a crash
+    // (its id never recorded) could not be found, and the finalizer must not go then.
+    let tagged = provider.list(&selector).await?;
+    ids.extend(tagged.into_iter().map(|instance| instance.id));
     for id in &ids {
         provider.delete(id).await?;
     }

@@ -327,8 +327,7 @@ async fn invalid_specs_are_rejected_by_the_api_server() {
 async fn a_permanent_error_waits_for_a_fixed_spec() {
     let h = Harness::start("permanent").await;
     let port = proxy_port().await;
-    let spec =
-        serde_json::json!({"placement": {"image": "no-such-image", "updatePolicy": "Replace"}});
+    let spec = serde_json::json!({"placement": {"image": "no-such-image"}, "placementUpdatePolicy": "Replace"});
     h.proxies()
         .create(&PostParams::default(), &proxy("egress", port, spec))
         .await
@@ -343,11 +342,11 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
         "{error}"
     );
     h.wait_event("egress", "InvalidSpec").await;
-    let creates = call_count(&h, "CreateInstance").await;
+    let calls = total_calls(&h).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        call_count(&h, "CreateInstance").await,
-        creates,
+        total_calls(&h).await,
+        calls,
         "a permanent error must not be retried"
     );
 
@@ -358,6 +357,18 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
         .unwrap();
     let ready = h.wait_ready("egress").await;
     assert_eq!(ready.status.unwrap().last_error, None);
+}
+
+async fn total_calls(h: &Harness) -> u64 {
+    let counts = h
+        .control()
+        .await
+        .get_call_counts(control::GetCallCountsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .counts;
+    counts.values().sum()
 }
 
 async fn call_count(h: &Harness, method: &str) -> u64 {
@@ -466,7 +477,7 @@ async fn a_stopped_instance_is_replaced() {
 async fn a_changed_placement_replaces_the_instance() {
     let h = Harness::start("placement").await;
     let port = proxy_port().await;
-    let spec = serde_json::json!({"placement": {"updatePolicy": "Replace"}});
+    let spec = serde_json::json!({"placementUpdatePolicy": "Replace"});
     h.proxies()
         .create(&PostParams::default(), &proxy("egress", port, spec))
         .await
@@ -562,6 +573,15 @@ async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
     assert_eq!(condition(&degraded, "Healthy").as_deref(), Some("False"));
     assert_eq!(condition(&degraded, "Provisioned").as_deref(), Some("True"));
     h.wait_event("egress", "Unhealthy").await;
+    // A Proxy that stays Degraded is not rewritten at every failed check.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = status_writes(&h);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        status_writes(&h),
+        writes,
+        "a steady Degraded Proxy must not be rewritten"
+    );
 }
 
 #[tokio::test]
@@ -662,11 +682,22 @@ async fn garbage_collection_deletes_only_our_orphans() {
                 .id
         }
     };
+    let ns = h.env.namespace.clone();
     let orphan = create(
         "orphan",
         vec![
             ("egressproxy.dev/cluster", &h.cluster),
-            ("egressproxy.dev/uid", "gone-uid"),
+            ("egressproxy.dev/namespace", &ns),
+            ("egressproxy.dev/uid", "gone"),
+        ],
+    )
+    .await;
+    let elsewhere = create(
+        "elsewhere",
+        vec![
+            ("egressproxy.dev/cluster", &h.cluster),
+            ("egressproxy.dev/namespace", "other"),
+            ("egressproxy.dev/uid", "x"),
         ],
     )
     .await;
@@ -680,17 +711,25 @@ async fn garbage_collection_deletes_only_our_orphans() {
     )
     .await;
 
-    let report = egressproxy_operator::gc::sweep(&h.ctx, &h.proxies(), Duration::from_secs(3600))
-        .await
-        .unwrap();
+    let sweep = |namespace: Option<String>, grace: Duration| {
+        let (ctx, proxies) = (h.ctx.clone(), h.proxies());
+        async move {
+            egressproxy_operator::gc::sweep(&ctx, &proxies, namespace.as_deref(), grace)
+                .await
+                .unwrap()
+        }
+    };
+    let report = sweep(None, Duration::from_secs(3600)).await;
     assert!(
         report.deleted.is_empty(),
         "the grace period protects young instances: {report:?}"
     );
-    let report = egressproxy_operator::gc::sweep(&h.ctx, &h.proxies(), Duration::ZERO)
-        .await
-        .unwrap();
+    // An operator watching one namespace cannot see Proxies elsewhere: it only judges
+    // its own namespace's instances.
+    let report = sweep(Some(ns.clone()), Duration::ZERO).await;
     assert_eq!(report.deleted, vec![orphan.clone()]);
+    let report = sweep(None, Duration::ZERO).await;
+    assert_eq!(report.deleted, vec![elsewhere.clone()]);
     for kept in [&live, &untagged, &foreign] {
         let request = pb::GetInstanceRequest { id: kept.clone() };
         client
