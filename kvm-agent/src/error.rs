@@ -251,6 +251,56 @@ pub enum Error {
         cause: String,
     },
 
+    /// An image server answered with an HTTP error.
+    #[error("image {url}: the server answered HTTP {status}")]
+    ImageHttp {
+        /// The image's URL.
+        url: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+
+    /// An image could not be requested (network, TLS, bad URL).
+    #[error("image {url}: cannot fetch: {reason}")]
+    ImageFetch {
+        /// The image's URL.
+        url: String,
+        /// What went wrong, with its causes.
+        reason: String,
+        /// Whether retrying cannot help (an invalid URL).
+        permanent: bool,
+    },
+
+    /// An image download ended before all its bytes arrived.
+    #[error(
+        "image {url}: download ended after {received} bytes{}: {reason}",
+        expected.map(|e| format!(" of {e}")).unwrap_or_default()
+    )]
+    ImageTruncated {
+        /// The image's URL.
+        url: String,
+        /// Bytes received.
+        received: u64,
+        /// Bytes announced, if the server said.
+        expected: Option<u64>,
+        /// Why it ended.
+        reason: String,
+    },
+
+    /// A downloaded image does not have the configured SHA-256.
+    #[error(
+        "image {url}: SHA-256 is {actual}, the configuration expects {expected}; fix the \
+         image's url or sha256"
+    )]
+    ImageChecksum {
+        /// The image's URL.
+        url: String,
+        /// The configured digest.
+        expected: String,
+        /// The digest of what was downloaded.
+        actual: String,
+    },
+
     /// Local I/O of the agent itself failed (private socket directory, relay).
     #[error("{context}")]
     Io {
@@ -271,6 +321,14 @@ pub enum Error {
         /// Panic or cancellation message.
         reason: String,
     },
+}
+
+/// 5xx, 429 (too many requests) and 408 (timeout) may pass; other statuses will not.
+fn http_status_class(status: u16) -> ErrorClass {
+    match status {
+        500..=599 | 429 | 408 => ErrorClass::Transient,
+        _ => ErrorClass::Permanent,
+    }
 }
 
 fn list(problems: &[ConfigProblem]) -> String {
@@ -307,6 +365,16 @@ impl Error {
             Error::Libvirt { failure, .. } => failure.class,
             Error::SshBackingOff { last_class, .. } => *last_class,
             Error::DeadlineExceeded { .. } => ErrorClass::DeadlineExceeded,
+            Error::ImageHttp { status, .. } => http_status_class(*status),
+            Error::ImageFetch { permanent, .. } => {
+                if *permanent {
+                    ErrorClass::Permanent
+                } else {
+                    ErrorClass::Transient
+                }
+            }
+            Error::ImageTruncated { .. } => ErrorClass::Transient,
+            Error::ImageChecksum { .. } => ErrorClass::Permanent,
         }
     }
 
@@ -372,6 +440,18 @@ impl Error {
             Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
             Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
             Error::Worker { .. } => (C::Transient, "AGENT_WORKER_FAILED"),
+            Error::ImageHttp { status, .. } => match (status, http_status_class(*status)) {
+                (404 | 410, _) => (C::Permanent, "IMAGE_NOT_FOUND"),
+                (401 | 403, _) => (C::Permanent, "IMAGE_FORBIDDEN"),
+                (_, ErrorClass::Transient) => (C::Transient, "IMAGE_SERVER_ERROR"),
+                _ => (C::Permanent, "IMAGE_HTTP_ERROR"),
+            },
+            Error::ImageFetch {
+                permanent: true, ..
+            } => (C::Permanent, "IMAGE_URL_INVALID"),
+            Error::ImageFetch { .. } => (C::Transient, "IMAGE_UNREACHABLE"),
+            Error::ImageTruncated { .. } => (C::Transient, "IMAGE_TRUNCATED"),
+            Error::ImageChecksum { .. } => (C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
         };
         let retry_after = match self {
             Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
@@ -471,6 +551,13 @@ mod tests {
                 transport,
                 class,
             },
+        }
+    }
+
+    fn image_http(status: u16) -> Error {
+        Error::ImageHttp {
+            url: "https://example.org/i.qcow2".into(),
+            status,
         }
     }
 
@@ -626,6 +713,53 @@ mod tests {
                 },
                 C::Transient,
                 "AGENT_WORKER_FAILED",
+            ),
+            (image_http(404), C::Permanent, "IMAGE_NOT_FOUND"),
+            (image_http(410), C::Permanent, "IMAGE_NOT_FOUND"),
+            (image_http(403), C::Permanent, "IMAGE_FORBIDDEN"),
+            (image_http(401), C::Permanent, "IMAGE_FORBIDDEN"),
+            (image_http(500), C::Transient, "IMAGE_SERVER_ERROR"),
+            (image_http(503), C::Transient, "IMAGE_SERVER_ERROR"),
+            (image_http(429), C::Transient, "IMAGE_SERVER_ERROR"),
+            (image_http(408), C::Transient, "IMAGE_SERVER_ERROR"),
+            (image_http(400), C::Permanent, "IMAGE_HTTP_ERROR"),
+            (image_http(304), C::Permanent, "IMAGE_HTTP_ERROR"),
+            (
+                Error::ImageFetch {
+                    url: "u".into(),
+                    reason: "refused".into(),
+                    permanent: false,
+                },
+                C::Transient,
+                "IMAGE_UNREACHABLE",
+            ),
+            (
+                Error::ImageFetch {
+                    url: "u".into(),
+                    reason: "bad url".into(),
+                    permanent: true,
+                },
+                C::Permanent,
+                "IMAGE_URL_INVALID",
+            ),
+            (
+                Error::ImageTruncated {
+                    url: "u".into(),
+                    received: 1,
+                    expected: Some(2),
+                    reason: "eof".into(),
+                },
+                C::Transient,
+                "IMAGE_TRUNCATED",
+            ),
+            (
+                Error::ImageChecksum {
+                    url: "u".into(),
+                    expected: "a".into(),
+                    actual: "b".into(),
+                },
+                C::Permanent,
+                "IMAGE_CHECKSUM_MISMATCH",
             ),
         ];
         for (error, class, reason) in table {

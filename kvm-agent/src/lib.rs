@@ -35,6 +35,7 @@ pub mod event_loop;
 pub mod forward;
 pub mod host_capabilities;
 pub mod host_check;
+pub mod image_fetch;
 pub mod instance_ops;
 pub mod instance_state;
 pub mod instances;

@@ -1,0 +1,271 @@
+//! Downloading a base image over HTTP(S), streamed through SHA-256, never held in memory.
+//!
+//! [`fetch`] sends the GET (following up to 5 redirects) and classifies the answer: 404,
+//! 410, 403 and 401 are permanent
+//! (the URL is wrong or forbidden: fix the image's configuration), 5xx, 429 and 408
+//! transient, as are network errors. On success it returns a [`Download`]: a blocking
+//! [`Read`] over the body, fed by a task through a bounded channel (at most
+//! [`BUFFERED_CHUNKS`] chunks in flight), so it can be the source of a libvirt volume
+//! upload on a blocking thread while memory stays bounded whatever the image's size.
+//!
+//! The bytes are hashed as they pass. The check is made before the **last** byte is
+//! handed out: when the announced length is reached (or the body ends, when the server
+//! sent no `Content-Length`), a wrong digest or a short body fails that read instead of
+//! returning the final chunk, so an upload never completes with wrong content. The
+//! classified failure ([`Error::ImageChecksum`] permanent, [`Error::ImageTruncated`]
+//! transient) is kept for the caller ([`Download::failure`]), since `Read` can only return
+//! an `io::Error`.
+
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::error::Error;
+
+/// Body chunks buffered between the network and the reader.
+pub const BUFFERED_CHUNKS: usize = 16;
+
+/// An image download in progress. See the module docs.
+#[derive(Debug)]
+pub struct Download {
+    url: String,
+    length: Option<u64>,
+    expected_sha256: Option<String>,
+    body: mpsc::Receiver<Result<Bytes, String>>,
+    pending: Bytes,
+    hasher: Sha256,
+    received: u64,
+    finished: bool,
+    failure: Arc<Mutex<Option<Error>>>,
+}
+
+impl Download {
+    /// The length the server announced (`Content-Length`), if any.
+    pub fn length(&self) -> Option<u64> {
+        self.length
+    }
+
+    /// Where the classified failure of a read is kept; take it after a failed upload.
+    pub fn failure(&self) -> Arc<Mutex<Option<Error>>> {
+        self.failure.clone()
+    }
+
+    fn fail(&mut self, error: Error) -> std::io::Error {
+        let io = std::io::Error::other(error.to_string());
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+        self.finished = true;
+        io
+    }
+
+    /// Checks the digest once all bytes have been hashed.
+    fn verify(&mut self) -> Result<String, Error> {
+        let actual: String = std::mem::take(&mut self.hasher)
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        match &self.expected_sha256 {
+            Some(expected) if !expected.eq_ignore_ascii_case(&actual) => {
+                Err(Error::ImageChecksum {
+                    url: self.url.clone(),
+                    expected: expected.clone(),
+                    actual,
+                })
+            }
+            _ => Ok(actual),
+        }
+    }
+}
+
+impl Read for Download {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.finished {
+            return Ok(0);
+        }
+        while self.pending.is_empty() {
+            match self.body.blocking_recv() {
+                Some(Ok(chunk)) => self.pending = chunk,
+                Some(Err(reason)) => {
+                    let error = Error::ImageTruncated {
+                        url: self.url.clone(),
+                        received: self.received,
+                        expected: self.length,
+                        reason,
+                    };
+                    return Err(self.fail(error));
+                }
+                None => {
+                    // End of body.
+                    if let Some(expected) = self.length
+                        && self.received < expected
+                    {
+                        let error = Error::ImageTruncated {
+                            url: self.url.clone(),
+                            received: self.received,
+                            expected: Some(expected),
+                            reason: "the connection ended early".into(),
+                        };
+                        return Err(self.fail(error));
+                    }
+                    self.finished = true;
+                    // With a known length the digest was checked with the last chunk.
+                    if matches!(self.length, None | Some(0))
+                        && let Err(error) = self.verify()
+                    {
+                        return Err(self.fail(error));
+                    }
+                    return Ok(0);
+                }
+            }
+        }
+        let mut n = buf.len().min(self.pending.len());
+        if let Some(expected) = self.length {
+            let left = expected - self.received;
+            if left == 0 {
+                let error = Error::ImageTruncated {
+                    url: self.url.clone(),
+                    received: self.received,
+                    expected: Some(expected),
+                    reason: "the server sent more than its Content-Length".into(),
+                };
+                return Err(self.fail(error));
+            }
+            n = n.min(usize::try_from(left).unwrap_or(usize::MAX));
+        }
+        self.hasher.update(&self.pending[..n]);
+        self.received += n as u64;
+        if self.length == Some(self.received)
+            && let Err(error) = self.verify()
+        {
+            // Withhold the last bytes: the upload must not complete.
+            return Err(self.fail(error));
+        }
+        buf[..n].copy_from_slice(&self.pending[..n]);
+        self.pending = self.pending.slice(n..);
+        Ok(n)
+    }
+}
+
+/// Starts downloading `url`; `expected_sha256` (hex) is verified as the bytes pass.
+///
+/// Must be called inside a tokio runtime; the returned reader is read on a blocking
+/// thread.
+pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download, Error> {
+    let uri: hyper::Uri = url.parse().map_err(|e| Error::ImageFetch {
+        url: url.to_owned(),
+        reason: format!("not a valid URL: {e}"),
+        permanent: true,
+    })?;
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_native_roots()
+        .map_err(|e| Error::ImageFetch {
+            url: url.to_owned(),
+            reason: format!("cannot load the system's CA certificates: {e}"),
+            permanent: true,
+        })?
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, http_body_util::Empty<Bytes>>(connector);
+    let mut uri = uri;
+    let mut redirects = 0;
+    let response = loop {
+        let response = client
+            .get(uri.clone())
+            .await
+            .map_err(|e| Error::ImageFetch {
+                url: url.to_owned(),
+                reason: error_chain(&e),
+                permanent: false,
+            })?;
+        if !response.status().is_redirection() || redirects == MAX_REDIRECTS {
+            break response;
+        }
+        let location = response
+            .headers()
+            .get(hyper::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| resolve_location(&uri, v))
+            .ok_or_else(|| Error::ImageFetch {
+                url: url.to_owned(),
+                reason: format!("{} without a usable Location", response.status()),
+                permanent: true,
+            })?;
+        uri = location;
+        redirects += 1;
+    };
+    let status = response.status();
+    if !status.is_success() {
+        return Err(Error::ImageHttp {
+            url: url.to_owned(),
+            status: status.as_u16(),
+        });
+    }
+    let length = response
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
+    let mut body = response.into_body();
+    tokio::spawn(async move {
+        loop {
+            match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && tx.send(Ok(data)).await.is_err()
+                    {
+                        // The reader is gone: stop downloading.
+                        break;
+                    }
+                }
+                Some(Err(e)) => {
+                    let _ = tx.send(Err(error_chain(&e))).await;
+                    break;
+                }
+            }
+        }
+    });
+    Ok(Download {
+        url: url.to_owned(),
+        length,
+        expected_sha256: expected_sha256.map(str::to_owned),
+        body: rx,
+        pending: Bytes::new(),
+        hasher: Sha256::new(),
+        received: 0,
+        finished: false,
+        failure: Arc::default(),
+    })
+}
+
+/// Redirects followed before the answer counts as an error.
+const MAX_REDIRECTS: usize = 5;
+
+/// The target of a `Location` header, absolute or relative to `base`.
+fn resolve_location(base: &hyper::Uri, location: &str) -> Option<hyper::Uri> {
+    let target: hyper::Uri = location.parse().ok()?;
+    if target.scheme().is_some() {
+        return Some(target);
+    }
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = target.path_and_query().cloned();
+    hyper::Uri::from_parts(parts).ok()
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,204 @@
+//! Image downloads from a local HTTP server (127.0.0.1) that misbehaves on request:
+//! wrong content, no Content-Length, a connection cut short, error statuses, a redirect.
+
+use std::io::Read;
+use std::time::Duration;
+
+use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::image_fetch::{Download, fetch};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const SIZE: usize = 3 * 1024 * 1024 + 17;
+
+fn body() -> Vec<u8> {
+    (0..SIZE)
+        .map(|i| (i % 251) as u8 ^ (i / 4096) as u8)
+        .collect()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Serves one scenario per path until the test ends.
+async fn serve() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&request);
+                let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let body = body();
+                let head = |status: &str, extra: &str| {
+                    format!("HTTP/1.1 {status}\r\n{extra}Connection: close\r\n\r\n")
+                };
+                let length = format!("Content-Length: {SIZE}\r\n");
+                let (head, payload): (String, &[u8]) = match path.as_str() {
+                    "/ok" => (head("200 OK", &length), &body),
+                    "/no-length" => (head("200 OK", ""), &body),
+                    "/short" => (head("200 OK", &length), &body[..SIZE / 2]),
+                    "/redirect" => (
+                        head("302 Found", "Location: /ok\r\nContent-Length: 0\r\n"),
+                        b"",
+                    ),
+                    "/404" => (head("404 Not Found", "Content-Length: 0\r\n"), b""),
+                    "/403" => (head("403 Forbidden", "Content-Length: 0\r\n"), b""),
+                    _ => (
+                        head("503 Service Unavailable", "Content-Length: 0\r\n"),
+                        b"",
+                    ),
+                };
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(payload).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+/// Reads the download to its end on a blocking thread, as a volume upload does.
+async fn read_all(mut download: Download) -> (Result<Vec<u8>, String>, Option<Error>) {
+    let failure = download.failure();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        download
+            .read_to_end(&mut out)
+            .map(|_| out)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    let failure = failure.lock().unwrap().take();
+    (read, failure)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_download_streams_every_byte() {
+    let base = serve().await;
+    let digest = sha256_hex(&body());
+    for path in ["/ok", "/no-length", "/redirect"] {
+        let download = fetch(&format!("{base}{path}"), Some(&digest))
+            .await
+            .unwrap();
+        let announced = download.length();
+        let (read, failure) = read_all(download).await;
+        assert_eq!(read.unwrap(), body(), "{path}");
+        assert!(failure.is_none(), "{path}: {failure:?}");
+        assert_eq!(
+            announced,
+            (path != "/no-length").then_some(SIZE as u64),
+            "{path}"
+        );
+    }
+    // No checksum configured: the bytes still arrive.
+    let (read, _) = read_all(fetch(&format!("{base}/ok"), None).await.unwrap()).await;
+    assert_eq!(read.unwrap().len(), SIZE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_checksum_is_permanent_and_the_last_bytes_are_withheld() {
+    let base = serve().await;
+    let wrong = "00".repeat(32);
+    for path in ["/ok", "/no-length"] {
+        let download = fetch(&format!("{base}{path}"), Some(&wrong)).await.unwrap();
+        let mut download = download;
+        let failure = download.failure();
+        let delivered = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut delivered = 0usize;
+            loop {
+                match download.read(&mut buf) {
+                    Ok(0) => return Ok(delivered),
+                    Ok(n) => delivered += n,
+                    Err(_) => return Err(delivered),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let delivered = delivered.unwrap_err();
+        if path == "/ok" {
+            assert!(delivered < SIZE, "{path}: every byte was handed out");
+        }
+        let error = failure.lock().unwrap().take().unwrap();
+        assert!(
+            matches!(error, Error::ImageChecksum { .. }),
+            "{path}: {error}"
+        );
+        assert_eq!(error.class(), ErrorClass::Permanent);
+        assert!(error.to_string().contains(&sha256_hex(&body())), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_is_transient() {
+    let base = serve().await;
+    let digest = sha256_hex(&body());
+    let (read, failure) = read_all(
+        fetch(&format!("{base}/short"), Some(&digest))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(read.is_err());
+    let error = failure.unwrap();
+    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert_eq!(error.class(), ErrorClass::Transient);
+    assert!(error.to_string().contains(&format!("of {SIZE}")), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_errors_and_unreachable_servers_are_classified() {
+    let base = serve().await;
+    for (path, class) in [
+        ("/404", ErrorClass::Permanent),
+        ("/403", ErrorClass::Permanent),
+        ("/503", ErrorClass::Transient),
+    ] {
+        let error = fetch(&format!("{base}{path}"), None).await.unwrap_err();
+        assert!(matches!(error, Error::ImageHttp { .. }), "{path}: {error}");
+        assert_eq!(error.class(), class, "{path}");
+    }
+    // A port nobody listens on.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = closed.local_addr().unwrap();
+    drop(closed);
+    let error = tokio::time::timeout(
+        Duration::from_secs(10),
+        fetch(&format!("http://{address}/x"), None),
+    )
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::ImageFetch {
+                permanent: false,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.class(), ErrorClass::Transient);
+    let error = fetch("not a url", None).await.unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
+}
