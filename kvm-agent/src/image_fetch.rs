@@ -160,6 +160,13 @@ pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download,
         reason: format!("not a valid URL: {e}"),
         permanent: true,
     })?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(Error::ImageFetch {
+            url: url.to_owned(),
+            reason: "only http:// and https:// URLs are downloaded".into(),
+            permanent: true,
+        });
+    }
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_native_roots()
         .map_err(|e| Error::ImageFetch {

@@ -199,6 +199,12 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         "{error}"
     );
     assert_eq!(error.class(), ErrorClass::Transient);
-    let error = fetch("not a url", None).await.unwrap_err();
-    assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
+    for url in [
+        "not a url",
+        "file:///images/debian.qcow2",
+        "ftp://example.org/x",
+    ] {
+        let error = fetch(url, None).await.unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Permanent, "{url}: {error}");
+    }
 }
