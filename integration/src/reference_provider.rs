@@ -57,13 +57,21 @@ impl ReferenceProvider {
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("spawn {}", binary.display()))?;
+        // A thread reads the address line, then keeps draining stdout so the provider
+        // never meets a closed pipe; the first line must come within 30 s.
         let stdout = child.stdout.take().context("reference-provider stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .context("read reference-provider stdout")?;
+        let (first_line, line) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
+            for _ in lines {}
+        });
+        let line = line
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_default();
         let Some(address) = line.trim().strip_prefix("listening on ") else {
             let _ = child.kill();
+            let _ = child.wait();
             bail!("reference-provider did not start (first line: {line:?}); see its stderr above");
         };
         Ok(ReferenceProvider {

@@ -284,7 +284,20 @@ fn documented_fault_injection_works_through_grpcurl() {
             "egressproxy.provider.v1.Provider/GetInstance",
         ],
     );
-    assert!(!hung.status.success(), "a hung GetInstance must time out");
+    let error = String::from_utf8_lossy(&hung.stderr);
+    assert!(
+        !hung.status.success() && error.contains("DeadlineExceeded"),
+        "a hung GetInstance must time out: {error}"
+    );
+    let started = std::time::Instant::now();
+    stdout(&grpcurl(
+        &provider,
+        &["@ADDR", "egressproxy.provider.v1.Provider/GetPluginInfo"],
+    ));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "the latency fault delays other calls"
+    );
     stdout(&grpcurl(
         &provider,
         &[

@@ -228,12 +228,11 @@ impl Suite<'_> {
         if info.name.is_empty() {
             return Err("name is empty".into());
         }
-        let major = info.contract_version.split('.').next().unwrap_or_default();
-        if major != "1" {
-            return Err(format!(
-                "contract_version {:?} is not 1.x",
-                info.contract_version
-            ));
+        let major = |version: &str| version.split('.').next().unwrap_or_default().to_owned();
+        let expected = major(crate::CONTRACT_VERSION);
+        if major(&info.contract_version) != expected {
+            let found = &info.contract_version;
+            return Err(format!("contract_version {found:?} is not {expected}.x"));
         }
         self.client
             .get_capabilities(pb::GetCapabilitiesRequest {})
@@ -253,6 +252,9 @@ impl Suite<'_> {
             .map_err(status("second create"))?;
         if first.id.is_empty() || first.id != second.id {
             return Err(format!("ids differ: {:?} then {:?}", first.id, second.id));
+        }
+        if first.create_time.is_none() {
+            return Err("create_time is not set".into());
         }
         if first.tags.get(TAG) != Some(&self.run_id) {
             return Err(format!("tags not stored: {:?}", first.tags));

@@ -19,7 +19,7 @@ impl<S, B> tower::Service<http::Request<B>> for Deadline<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S::Error: std::error::Error + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -35,20 +35,39 @@ where
             .get("grpc-timeout")
             .and_then(|value| value.to_str().ok())
             .and_then(parse_grpc_timeout);
+        // The clock starts before the call, so this deadline fires no later than the
+        // channel's own (which would report CANCELLED).
+        let deadline = timeout.map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
         let call = self.inner.call(request);
         Box::pin(async move {
-            let Some(timeout) = timeout else {
+            let Some((deadline, timeout)) = deadline else {
                 return call.await;
             };
-            match tokio::time::timeout(timeout, call).await {
-                Ok(result) => result,
-                Err(_) => Ok(Status::deadline_exceeded(format!(
+            let exceeded = || {
+                let message = format!(
                     "the provider did not answer within the call's deadline of {timeout:?}"
-                ))
-                .into_http()),
+                );
+                Ok(Status::deadline_exceeded(message).into_http())
+            };
+            match tokio::time::timeout_at(deadline, call).await {
+                Err(_) => exceeded(),
+                Ok(Err(error)) if is_timeout(&error) => exceeded(),
+                Ok(result) => result,
             }
         })
     }
+}
+
+/// Whether `error` is tonic's own timeout (which it would report as CANCELLED).
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).

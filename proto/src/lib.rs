@@ -44,6 +44,17 @@ pub mod pb {
     }
     pub use provider::v1::*;
 
+    /// Redacted: cloud-init input may hold secrets, so only its sizes are shown.
+    impl std::fmt::Debug for CloudInit {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let redacted = |bytes: &[u8]| format!("<{} bytes redacted>", bytes.len());
+            f.debug_struct("CloudInit")
+                .field("user_data", &format_args!("{}", redacted(&self.user_data)))
+                .field("vendor_data", &self.vendor_data.as_deref().map(redacted))
+                .finish()
+        }
+    }
+
     /// Encoded `FileDescriptorSet` of every proto file, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));

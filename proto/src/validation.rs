@@ -221,6 +221,16 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_never_shows_cloud_init_content() {
+        let mut request = valid();
+        request.cloud_init.as_mut().unwrap().user_data =
+            b"#cloud-config\npassword: hunter2\n".to_vec();
+        let debug = format!("{request:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("32 bytes redacted"), "{debug}");
+    }
+
+    #[test]
     fn user_data_at_the_limit_is_accepted() {
         let mut request = valid();
         request.cloud_init.as_mut().unwrap().user_data = vec![b'a'; MAX_USER_DATA_BYTES];

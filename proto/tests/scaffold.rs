@@ -167,7 +167,14 @@ async fn shutdown_flips_health_and_drains_in_flight_calls() {
     let mut client = server.client();
     let in_flight =
         tokio::spawn(async move { client.get_capabilities(pb::GetCapabilitiesRequest {}).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Shut down only once the call is being served.
+    while !server
+        .provider
+        .call_counts()
+        .contains_key("GetCapabilities")
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.shutdown.take().unwrap().send(()).unwrap();
 
     assert_eq!(
