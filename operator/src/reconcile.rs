@@ -26,7 +26,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use egressproxy_provider::pb;
+use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -215,7 +215,15 @@ async fn drive(
             provider
                 .validate_placement(placement(&proxy.spec.placement))
                 .await?;
-            let instance = create_instance(proxy, ctx, provider, status).await?;
+            let instance = match create_instance(proxy, ctx, provider, status).await {
+                Ok(instance) => instance,
+                Err(Error::Provider { source, .. })
+                    if source.class == ErrorClass::AlreadyExists =>
+                {
+                    return replace_stale_attempt(proxy, ctx, provider, status).await;
+                }
+                Err(error) => return Err(error),
+            };
             let note = format!(
                 "created instance {} with provider {}",
                 instance.id,
@@ -293,6 +301,38 @@ async fn drive(
             Ok(Action::requeue(ctx.poll_backoff.next(&uid)))
         }
     }
+}
+
+/// Our own key is taken by an instance made from an older spec: an earlier Create
+/// whose answer never arrived (timeout, crash) before the spec or its Secret changed.
+/// That instance is ours (tagged with our UID and key): delete it and create anew
+/// under the next key.
+async fn replace_stale_attempt(
+    proxy: &Proxy,
+    ctx: &Context,
+    provider: &Provider,
+    status: &mut ProxyStatus,
+) -> Result<Action> {
+    let key = status.instance_key.clone().unwrap_or_default();
+    let selector = HashMap::from([
+        (tags::CLUSTER.to_owned(), ctx.cluster_name.clone()),
+        (tags::UID.to_owned(), proxy.uid().unwrap_or_default()),
+    ]);
+    let stale: Vec<String> = provider
+        .list(&selector)
+        .await?
+        .into_iter()
+        .filter(|i| i.key == key)
+        .map(|i| i.id)
+        .collect();
+    for id in &stale {
+        provider.delete(id).await?;
+    }
+    let note = format!(
+        "key {key} belongs to instance {} made from an older spec by an unfinished attempt: deleted it, creating a new one",
+        stale.join(", ")
+    );
+    replace(proxy, ctx, status, "StaleAttemptReplaced", note).await
 }
 
 /// Forgets the current instance (and its health) so the next step creates a

@@ -922,3 +922,69 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn an_instance_left_by_an_unfinished_attempt_with_an_older_spec_is_replaced() {
+    let h = Harness::start("stale").await;
+    let port = proxy_port().await;
+    let spec =
+        serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "user-data", "key": "v"}}});
+    h.proxies()
+        .create(&PostParams::default(), &proxy("egress", port, spec))
+        .await
+        .unwrap();
+    let waiting = h
+        .wait_for("egress", "the Secret to be missing", |p| {
+            reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
+        })
+        .await;
+    // An earlier attempt's instance under this Proxy's first key, from another spec.
+    let uid = waiting.metadata.uid.clone().unwrap();
+    let request = pb::CreateInstanceRequest {
+        key: format!("{uid}-0"),
+        tags: [
+            ("egressproxy.dev/cluster".to_string(), h.cluster.clone()),
+            ("egressproxy.dev/uid".to_string(), uid.clone()),
+        ]
+        .into(),
+        placement: Some(pb::Placement {
+            location: None,
+            machine_type: "small".into(),
+            image: "debian-12".into(),
+        }),
+        cloud_init: Some(pb::CloudInit {
+            user_data: b"#cloud-config\n# older\n".to_vec(),
+            vendor_data: None,
+        }),
+        proxy_port: u32::from(port),
+        ..Default::default()
+    };
+    let stale = h
+        .provider_client()
+        .await
+        .create_instance(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap()
+        .id;
+
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "user-data"},
+        "stringData": {"v": "#cloud-config\n# newer\n"},
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = h.env.namespaced();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let ready = h.wait_ready("egress").await;
+    let status = ready.status.unwrap();
+    assert_eq!(status.instance_key, Some(format!("{uid}-1")));
+    h.wait_event("egress", "StaleAttemptReplaced").await;
+    let instances = h.instances().await;
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    assert_ne!(instances[0].id, stale);
+}
