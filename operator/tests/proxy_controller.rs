@@ -76,6 +76,14 @@ impl Harness {
         self.env.namespaced()
     }
 
+    /// Creates Proxy `name` (see [`proxy`]).
+    async fn create(&self, name: &str, port: u16, extra_spec: serde_json::Value) {
+        self.proxies()
+            .create(&PostParams::default(), &proxy(name, port, extra_spec))
+            .await
+            .unwrap();
+    }
+
     async fn provider_client(&self) -> egressproxy_provider::client::Client {
         egressproxy_provider::client::connect_lazy(
             &egressproxy_provider::client::ClientOptions::new(self.provider.endpoint()),
@@ -225,13 +233,7 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
 async fn a_proxy_becomes_ready_and_its_instance_goes_with_it() {
     let h = Harness::start("ready").await;
     let port = proxy_port().await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", port, serde_json::json!({})).await;
     let ready = h.wait_ready("egress").await;
     let status = ready.status.clone().unwrap();
     assert_eq!(status.addresses[0].address, "127.0.0.1");
@@ -304,13 +306,7 @@ async fn invalid_specs_are_rejected_by_the_api_server() {
         );
     }
 
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("fixed", 3128, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("fixed", 3128, serde_json::json!({})).await;
     let change = serde_json::json!({"spec": {"placement": {"machineType": "medium"}}});
     let error = h
         .proxies()
@@ -328,10 +324,7 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
     let h = Harness::start("permanent").await;
     let port = proxy_port().await;
     let spec = serde_json::json!({"placement": {"image": "no-such-image"}, "placementUpdatePolicy": "Replace"});
-    h.proxies()
-        .create(&PostParams::default(), &proxy("egress", port, spec))
-        .await
-        .unwrap();
+    h.create("egress", port, spec).await;
     let failed = h
         .wait_for("egress", "Failed", |p| phase(p) == Some(Phase::Failed))
         .await;
@@ -399,13 +392,7 @@ async fn an_unavailable_provider_is_retried_until_it_answers() {
         .await
         .unwrap();
     let port = proxy_port().await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", port, serde_json::json!({})).await;
     let waiting = h
         .wait_for("egress", "ProviderUnavailable", |p| {
             reason(p, "Ready").as_deref() == Some("ProviderUnavailable")
@@ -432,13 +419,7 @@ async fn an_unavailable_provider_is_retried_until_it_answers() {
 async fn a_stopped_instance_is_replaced() {
     let h = Harness::start("stopped").await;
     let port = proxy_port().await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", port, serde_json::json!({})).await;
     let first = h
         .wait_ready("egress")
         .await
@@ -478,10 +459,7 @@ async fn a_changed_placement_replaces_the_instance() {
     let h = Harness::start("placement").await;
     let port = proxy_port().await;
     let spec = serde_json::json!({"placementUpdatePolicy": "Replace"});
-    h.proxies()
-        .create(&PostParams::default(), &proxy("egress", port, spec))
-        .await
-        .unwrap();
+    h.create("egress", port, spec).await;
     let first = h
         .wait_ready("egress")
         .await
@@ -518,10 +496,7 @@ async fn cloud_init_comes_from_a_secret_once_it_exists() {
     let h = Harness::start("secret").await;
     let port = proxy_port().await;
     let spec = serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "egress-user-data", "key": "user-data"}}});
-    h.proxies()
-        .create(&PostParams::default(), &proxy("egress", port, spec))
-        .await
-        .unwrap();
+    h.create("egress", port, spec).await;
     let waiting = h
         .wait_for("egress", "CloudInitSecretUnavailable", |p| {
             reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
@@ -558,13 +533,7 @@ async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
     let h = Harness::start("degraded").await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", port, serde_json::json!({})).await;
     h.wait_ready("egress").await;
     drop(listener);
     let degraded = h
@@ -588,13 +557,7 @@ async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
 async fn status_is_not_rewritten_when_nothing_changes() {
     let h = Harness::start("steady").await;
     let port = proxy_port().await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", port, serde_json::json!({})).await;
     let ready = h.wait_ready("egress").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let writes = status_writes(&h);
@@ -640,13 +603,7 @@ fn status_writes(h: &Harness) -> u64 {
 async fn garbage_collection_deletes_only_our_orphans() {
     let h = Harness::start("gc").await;
     let port = proxy_port().await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("live", port, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("live", port, serde_json::json!({})).await;
     let live = h
         .wait_ready("live")
         .await
@@ -774,13 +731,7 @@ async fn only_one_replica_holds_the_lease() {
 #[tokio::test]
 async fn a_provider_on_another_contract_major_version_is_refused() {
     let h = Harness::start_with("contract", &["--contract-version", "2.0.0"]).await;
-    h.proxies()
-        .create(
-            &PostParams::default(),
-            &proxy("egress", 3128, serde_json::json!({})),
-        )
-        .await
-        .unwrap();
+    h.create("egress", 3128, serde_json::json!({})).await;
     let failed = h
         .wait_for("egress", "Failed", |p| phase(p) == Some(Phase::Failed))
         .await;
@@ -875,10 +826,7 @@ async fn a_provider_that_is_down_is_retried_until_it_starts() {
 async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
     let h = Harness::start("gone").await;
     let spec = serde_json::json!({"provider": "retired"});
-    h.proxies()
-        .create(&PostParams::default(), &proxy("orphaned", 3128, spec))
-        .await
-        .unwrap();
+    h.create("orphaned", 3128, spec).await;
     let failed = h
         .wait_for("orphaned", "Failed", |p| phase(p) == Some(Phase::Failed))
         .await;
@@ -929,10 +877,7 @@ async fn an_instance_left_by_an_unfinished_attempt_with_an_older_spec_is_replace
     let port = proxy_port().await;
     let spec =
         serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "user-data", "key": "v"}}});
-    h.proxies()
-        .create(&PostParams::default(), &proxy("egress", port, spec))
-        .await
-        .unwrap();
+    h.create("egress", port, spec).await;
     let waiting = h
         .wait_for("egress", "the Secret to be missing", |p| {
             reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
