@@ -3,7 +3,8 @@
 # one cache directory. A warm run finds every binary at its pinned version and builds
 # nothing. Test tooling only: the product is Rust.
 #
-# Usage: integration/tools/install-go-tools.sh        # prints the bin directory
+# Usage: integration/tools/install-go-tools.sh [TOOL...]   # prints the bin directory
+#        With TOOL names (grpcurl, buf, helm, kube-harness), builds only those.
 # Env:   EGRESSPROXY_TOOLS_DIR  cache directory (default: $XDG_CACHE_HOME/egressproxy/tools)
 set -euo pipefail
 
@@ -25,9 +26,25 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
+# wanted NAME: true when NAME was asked for on the command line, or none were.
+requested=("$@")
+for name in "${requested[@]}"; do
+  case "$name" in
+    grpcurl | buf | helm | kube-harness) ;;
+    *) echo "install-go-tools: unknown tool '$name': choose from grpcurl, buf, helm, kube-harness" >&2; exit 2 ;;
+  esac
+done
+wanted() {
+  [ ${#requested[@]} -eq 0 ] && return 0
+  local name
+  for name in "${requested[@]}"; do [ "$name" = "$1" ] && return 0; done
+  return 1
+}
+
 # install NAME MODULE_PATH VERSION: go install unless $bin/NAME.version already says VERSION.
 install() {
   local name=$1 pkg=$2 version=$3
+  wanted "$name" || return 0
   if [ -x "$bin/$name" ] && [ "$(cat "$bin/$name.version" 2>/dev/null)" = "$version" ]; then
     return 0
   fi
@@ -49,7 +66,7 @@ install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 # module's go.mod, go.sum and sources: a warm run builds nothing, any change rebuilds.
 harness_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../kube-harness" && pwd)"
 harness_key="$(cd "$harness_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
-if ! [ -x "$bin/kube-harness" ] || [ "$(cat "$bin/kube-harness.version" 2>/dev/null)" != "$harness_key" ]; then
+if wanted kube-harness && { ! [ -x "$bin/kube-harness" ] || [ "$(cat "$bin/kube-harness.version" 2>/dev/null)" != "$harness_key" ]; }; then
   k8s_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$harness_src/go.mod")"
   k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
   echo "install-go-tools: building kube-harness (kube-apiserver $k8s_version + etcd; a cold build takes several minutes, later runs reuse it)" >&2
