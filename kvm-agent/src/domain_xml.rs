@@ -421,14 +421,15 @@ struct Os {
     boot: Boot,
 }
 
+/// `<os><type arch=.. machine=..>hvm</type>`, shared with the KVM probe guest.
 #[derive(Serialize)]
-struct OsType {
+pub(crate) struct OsType {
     #[serde(rename = "@arch")]
-    arch: &'static str,
+    pub(crate) arch: &'static str,
     #[serde(rename = "@machine")]
-    machine: &'static str,
+    pub(crate) machine: &'static str,
     #[serde(rename = "$text")]
-    value: &'static str,
+    pub(crate) value: &'static str,
 }
 
 #[derive(Serialize)]

@@ -248,20 +248,12 @@ pub fn probe_domain_xml(name: &str, virt_type: VirtType) -> Result<String, XmlEr
         #[serde(rename = "$text")]
         value: u32,
     }
+    use crate::domain_xml::OsType;
     #[derive(Serialize)]
     struct ProbeOs {
         #[serde(rename = "type")]
         os_type: OsType,
         bios: Bios,
-    }
-    #[derive(Serialize)]
-    struct OsType {
-        #[serde(rename = "@arch")]
-        arch: &'static str,
-        #[serde(rename = "@machine")]
-        machine: &'static str,
-        #[serde(rename = "$text")]
-        value: &'static str,
     }
     #[derive(Serialize)]
     struct Bios {
