@@ -128,6 +128,14 @@ impl Harness {
         }
     }
 
+    /// Waits until the Proxy's Ready condition has `reason`.
+    async fn wait_reason(&self, name: &str, reason_: &str) -> Proxy {
+        self.wait_for(name, reason_, |p| {
+            reason(p, "Ready").as_deref() == Some(reason_)
+        })
+        .await
+    }
+
     async fn wait_ready(&self, name: &str) -> Proxy {
         self.wait_for(name, "Ready", |p| {
             phase(p) == Some(Phase::Ready) && condition(p, "Ready") == Some("True".into())
@@ -393,11 +401,7 @@ async fn an_unavailable_provider_is_retried_until_it_answers() {
         .unwrap();
     let port = proxy_port().await;
     h.create("egress", port, serde_json::json!({})).await;
-    let waiting = h
-        .wait_for("egress", "ProviderUnavailable", |p| {
-            reason(p, "Ready").as_deref() == Some("ProviderUnavailable")
-        })
-        .await;
+    let waiting = h.wait_reason("egress", "ProviderUnavailable").await;
     assert!(
         waiting
             .status
@@ -497,11 +501,7 @@ async fn cloud_init_comes_from_a_secret_once_it_exists() {
     let port = proxy_port().await;
     let spec = serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "egress-user-data", "key": "user-data"}}});
     h.create("egress", port, spec).await;
-    let waiting = h
-        .wait_for("egress", "CloudInitSecretUnavailable", |p| {
-            reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
-        })
-        .await;
+    let waiting = h.wait_reason("egress", "CloudInitSecretUnavailable").await;
     assert!(
         waiting
             .status
