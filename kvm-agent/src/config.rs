@@ -177,6 +177,16 @@ pub struct TransportConfig {
     /// Deadline of a libvirt call when the caller sets none.
     #[serde(default = "default_call_timeout", with = "humantime_serde")]
     pub default_call_timeout: Duration,
+    /// How long one base image download (fetch, upload into the host's pool, marker) may
+    /// take. It runs detached from the Create that started it, so a Create whose own
+    /// deadline passes answers "still downloading" and a later one finds the base ready.
+    #[serde(default = "default_image_download_timeout", with = "humantime_serde")]
+    pub image_download_timeout: Duration,
+    /// Writable directory where an image served without `Content-Length` is spooled
+    /// before its upload (libvirt needs the length first). Default: the system temp dir
+    /// (`TMPDIR`); on a read-only root filesystem, a mounted scratch volume.
+    #[serde(default)]
+    pub image_spool_dir: Option<PathBuf>,
 }
 
 impl Default for TransportConfig {
@@ -188,6 +198,8 @@ impl Default for TransportConfig {
             libvirt_keepalive_interval: default_libvirt_keepalive_interval(),
             libvirt_keepalive_count: default_keepalive_max(),
             default_call_timeout: default_call_timeout(),
+            image_download_timeout: default_image_download_timeout(),
+            image_spool_dir: None,
         }
     }
 }
@@ -212,6 +224,9 @@ fn default_keepalive_max() -> u32 {
 }
 fn default_call_timeout() -> Duration {
     Duration::from_secs(30)
+}
+fn default_image_download_timeout() -> Duration {
+    Duration::from_secs(3600)
 }
 
 mod humantime_serde {
@@ -379,6 +394,7 @@ impl Config {
                 t.libvirt_keepalive_interval,
             ),
             ("transport.defaultCallTimeout", t.default_call_timeout),
+            ("transport.imageDownloadTimeout", t.image_download_timeout),
         ] {
             if value.is_zero() {
                 p(field.into(), "must be longer than zero".into());
@@ -519,6 +535,11 @@ mod tests {
             config.transport.default_call_timeout,
             Duration::from_secs(30)
         );
+        assert_eq!(
+            config.transport.image_download_timeout,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(config.transport.image_spool_dir, None);
     }
 
     #[test]

@@ -301,6 +301,38 @@ pub enum Error {
         actual: String,
     },
 
+    /// A caller's deadline passed while the download of a base image it needs goes on
+    /// (detached, under `transport.imageDownloadTimeout`); a later Create finds it done.
+    #[error(
+        "image {image} still downloading on host {host}: {received} of {} bytes",
+        expected.map(|e| e.to_string()).unwrap_or_else(|| "unknown".into())
+    )]
+    ImageDownloading {
+        /// The image's name in the configuration.
+        image: String,
+        /// Host name from the configuration.
+        host: String,
+        /// Bytes received so far.
+        received: u64,
+        /// Bytes announced, if the server said.
+        expected: Option<u64>,
+    },
+
+    /// The downloaded image is not in the configured format, or refers to a backing file
+    /// (which would let a guest read a file of the hypervisor).
+    #[error("image {url}: {problem}; fix the image's format or url")]
+    ImageFormat {
+        /// The image's URL.
+        url: String,
+        /// What libvirt found, against what the configuration says.
+        problem: String,
+    },
+
+    /// The failure of work shared by several callers (one image download), as each of
+    /// them sees it: message, class and reason are the underlying error's.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
+
     /// Local I/O of the agent itself failed (private socket directory, relay).
     #[error("{context}")]
     Io {
@@ -373,8 +405,9 @@ impl Error {
                     ErrorClass::Transient
                 }
             }
-            Error::ImageTruncated { .. } => ErrorClass::Transient,
-            Error::ImageChecksum { .. } => ErrorClass::Permanent,
+            Error::ImageTruncated { .. } | Error::ImageDownloading { .. } => ErrorClass::Transient,
+            Error::ImageChecksum { .. } | Error::ImageFormat { .. } => ErrorClass::Permanent,
+            Error::Shared(error) => error.class(),
         }
     }
 
@@ -390,6 +423,7 @@ impl Error {
     pub fn libvirt_code(&self) -> Option<i32> {
         match self {
             Error::Libvirt { failure, .. } => Some(failure.code),
+            Error::Shared(error) => error.libvirt_code(),
             _ => None,
         }
     }
@@ -414,6 +448,7 @@ impl Error {
     pub fn to_provider_error(&self) -> ProviderError {
         use egressproxy_provider::ErrorClass as C;
         let (class, reason) = match self {
+            Error::Shared(error) => return error.to_provider_error(),
             Error::Config { .. } => (C::Permanent, "AGENT_CONFIG_INVALID"),
             Error::UnknownHost { .. } => (C::Permanent, "HOST_NOT_CONFIGURED"),
             Error::SshConnect { .. }
@@ -452,6 +487,8 @@ impl Error {
             Error::ImageFetch { .. } => (C::Transient, "IMAGE_UNREACHABLE"),
             Error::ImageTruncated { .. } => (C::Transient, "IMAGE_TRUNCATED"),
             Error::ImageChecksum { .. } => (C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
+            Error::ImageDownloading { .. } => (C::Transient, "IMAGE_DOWNLOADING"),
+            Error::ImageFormat { .. } => (C::Permanent, "IMAGE_FORMAT_MISMATCH"),
         };
         let retry_after = match self {
             Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
@@ -760,6 +797,34 @@ mod tests {
                 },
                 C::Permanent,
                 "IMAGE_CHECKSUM_MISMATCH",
+            ),
+            (
+                Error::ImageDownloading {
+                    image: "debian".into(),
+                    host: "hv".into(),
+                    received: 1,
+                    expected: Some(2),
+                },
+                C::Transient,
+                "IMAGE_DOWNLOADING",
+            ),
+            (
+                Error::ImageFormat {
+                    url: "u".into(),
+                    problem: "libvirt found raw, the configuration says qcow2".into(),
+                },
+                C::Permanent,
+                "IMAGE_FORMAT_MISMATCH",
+            ),
+            (
+                Error::Shared(std::sync::Arc::new(image_http(404))),
+                C::Permanent,
+                "IMAGE_NOT_FOUND",
+            ),
+            (
+                Error::Shared(std::sync::Arc::new(image_http(503))),
+                C::Transient,
+                "IMAGE_SERVER_ERROR",
             ),
         ];
         for (error, class, reason) in table {

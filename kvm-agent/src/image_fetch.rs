@@ -17,6 +17,7 @@
 //! an `io::Error`.
 
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -41,9 +42,35 @@ pub struct Download {
     received: u64,
     finished: bool,
     failure: Arc<Mutex<Option<Error>>>,
+    cancelled: Arc<AtomicBool>,
+    body_task: tokio::task::AbortHandle,
+}
+
+/// Cancels a [`Download`] from elsewhere; see [`Download::canceller`].
+#[derive(Debug, Clone)]
+pub struct Canceller {
+    cancelled: Arc<AtomicBool>,
+    body_task: tokio::task::AbortHandle,
+}
+
+impl Canceller {
+    /// Stops the network side. A read waiting for bytes then fails at once with
+    /// [`Error::ImageTruncated`], so a stalled server cannot pin the reading thread.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.body_task.abort();
+    }
 }
 
 impl Download {
+    /// A handle that cancels this download (e.g. when its deadline passes).
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            cancelled: self.cancelled.clone(),
+            body_task: self.body_task.clone(),
+        }
+    }
+
     /// The length the server announced (`Content-Length`), if any.
     pub fn length(&self) -> Option<u64> {
         self.length
@@ -95,6 +122,15 @@ impl Read for Download {
                         received: self.received,
                         expected: self.length,
                         reason,
+                    };
+                    return Err(self.fail(error));
+                }
+                None if self.cancelled.load(Ordering::SeqCst) => {
+                    let error = Error::ImageTruncated {
+                        url: self.url.clone(),
+                        received: self.received,
+                        expected: self.length,
+                        reason: "the download was cancelled".into(),
                     };
                     return Err(self.fail(error));
                 }
@@ -220,7 +256,7 @@ pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download,
         .and_then(|v| v.parse::<u64>().ok());
     let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
     let mut body = response.into_body();
-    tokio::spawn(async move {
+    let body_task = tokio::spawn(async move {
         loop {
             match body.frame().await {
                 None => break,
@@ -249,6 +285,8 @@ pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download,
         received: 0,
         finished: false,
         failure: Arc::default(),
+        cancelled: Arc::default(),
+        body_task: body_task.abort_handle(),
     })
 }
 

@@ -21,6 +21,7 @@
 //! - [`instance_state`]: libvirt states and guest addresses in the contract's terms.
 //! - [`instance_ops`]: read, list and delete on one libvirt connection (blocking).
 //! - [`instances`]: Get, List and Delete across hosts, through [`pool::HostPool::call`].
+//! - [`image_cache`]: content-addressed base volumes, downloaded once per host and image.
 
 pub use egressproxy_provider as contract;
 
@@ -35,6 +36,7 @@ pub mod event_loop;
 pub mod forward;
 pub mod host_capabilities;
 pub mod host_check;
+pub mod image_cache;
 pub mod image_fetch;
 pub mod instance_ops;
 pub mod instance_state;

@@ -21,6 +21,28 @@ pub fn raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
             unit: "bytes",
             value: capacity_bytes,
         },
+        allocation: None,
+        target: Target {
+            format: Format { kind: "raw" },
+        },
+        backing_store: None,
+    })
+}
+
+/// A raw volume of `capacity_bytes` with nothing allocated: an upload target that libvirt
+/// creates sparse instead of first writing `capacity_bytes` of zeros.
+pub fn sparse_raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
+    to_xml(&Volume {
+        kind: "file",
+        name,
+        capacity: Capacity {
+            unit: "bytes",
+            value: capacity_bytes,
+        },
+        allocation: Some(Capacity {
+            unit: "bytes",
+            value: 0,
+        }),
         target: Target {
             format: Format { kind: "raw" },
         },
@@ -43,6 +65,7 @@ pub fn overlay_volume(
             unit: "bytes",
             value: capacity_bytes,
         },
+        allocation: None,
         target: Target {
             format: Format { kind: "qcow2" },
         },
@@ -69,6 +92,8 @@ struct Volume<'a> {
     kind: &'static str,
     name: &'a str,
     capacity: Capacity,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocation: Option<Capacity>,
     target: Target,
     #[serde(rename = "backingStore", skip_serializing_if = "Option::is_none")]
     backing_store: Option<BackingStore>,
@@ -143,6 +168,12 @@ mod tests {
     #[test]
     fn raw_volumes_and_escaped_paths_validate() {
         validate(&raw_volume("egressproxy-k.seed.iso", 57344).unwrap());
+        let sparse = sparse_raw_volume("egressproxy-base-ab.img", 1 << 30).unwrap();
+        assert!(
+            sparse.contains("<allocation unit=\"bytes\">0</allocation>"),
+            "{sparse}"
+        );
+        validate(&sparse);
         let xml = overlay_volume("o", 1, Path::new("/pool <&>/base"), ImageFormat::Raw).unwrap();
         assert!(
             xml.contains("<path>/pool &lt;&amp;&gt;/base</path>"),

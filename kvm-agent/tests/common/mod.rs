@@ -133,6 +133,7 @@ pub fn test_transport() -> TransportConfig {
         libvirt_keepalive_interval: Duration::from_secs(1),
         libvirt_keepalive_count: 3,
         default_call_timeout: Duration::from_secs(10),
+        ..TransportConfig::default()
     }
 }
 
