@@ -1,0 +1,597 @@
+//! The base image cache against a real private libvirtd reached through a real sshd, with
+//! a qcow2 image (made by `qemu-img`) served over HTTP on 127.0.0.1 by a server that counts
+//! its requests and misbehaves on request (no Content-Length, a cut body, a slow body).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use common::*;
+use egressproxy_integration::libvirtd::Libvirtd;
+use egressproxy_integration::sshd::Sshd;
+use kvm_agent::config::{ImageConfig, ImageFormat};
+use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::image_cache::{BaseImage, ImageCache, ImageCacheOptions, marker_volume};
+use kvm_agent::libvirt_call::LibvirtOp;
+use kvm_agent::naming::base_volume;
+use kvm_agent::pool::{HostPool, Pool};
+use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const GENEROUS: Duration = Duration::from_secs(120);
+/// The test image's virtual size; its file is a few MiB.
+const VIRTUAL_SIZE: u64 = 64 << 20;
+
+/// A qcow2 image of ~3 MiB of data and a 64 MiB virtual size, made once per test binary.
+fn qcow2_image() -> &'static [u8] {
+    static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = dir.path().join("data.raw");
+        let data: Vec<u8> = (0..3 << 20)
+            .map(|i: u32| (i % 251) as u8 ^ (i >> 12) as u8)
+            .collect();
+        std::fs::write(&raw, data).unwrap();
+        let qcow2 = dir.path().join("image.qcow2");
+        run(
+            "qemu-img",
+            &["convert", "-f", "raw", "-O", "qcow2"],
+            &[&raw, &qcow2],
+        );
+        run(
+            "qemu-img",
+            &["resize", "-f", "qcow2"],
+            &[&qcow2, Path::new("64M")],
+        );
+        std::fs::read(&qcow2).unwrap()
+    })
+}
+
+/// A second, different image.
+fn other_image() -> Vec<u8> {
+    let mut image = qcow2_image().to_vec();
+    // The last cluster holds data; flipping a byte there changes the content, not the
+    // header.
+    let last = image.len() - 1;
+    image[last] ^= 0xff;
+    image
+}
+
+fn run(program: &str, args: &[&str], paths: &[&Path]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .args(paths)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{program}: {out:?}");
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// How the server answers a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Normal,
+    NoLength,
+    /// Half the body on the first request, then normal.
+    ShortOnce,
+    /// 64 KiB every 40 ms.
+    Slow,
+}
+
+#[derive(Default)]
+struct Routes {
+    bodies: HashMap<String, (Arc<Vec<u8>>, Mode)>,
+    requests: HashMap<String, usize>,
+    completed: HashMap<String, usize>,
+}
+
+/// An HTTP/1.1 server on 127.0.0.1 that serves configured bodies and counts requests.
+#[derive(Clone)]
+struct Server {
+    base: String,
+    routes: Arc<Mutex<Routes>>,
+}
+
+impl Server {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let routes: Arc<Mutex<Routes>> = Arc::default();
+        let shared = routes.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(answer(socket, shared.clone()));
+            }
+        });
+        Self { base, routes }
+    }
+
+    fn serve(&self, path: &str, body: Vec<u8>, mode: Mode) -> String {
+        self.routes
+            .lock()
+            .unwrap()
+            .bodies
+            .insert(path.to_owned(), (Arc::new(body), mode));
+        format!("{}{path}", self.base)
+    }
+
+    fn requests(&self, path: &str) -> usize {
+        let routes = self.routes.lock().unwrap();
+        routes.requests.get(path).copied().unwrap_or(0)
+    }
+
+    fn completed(&self, path: &str) -> usize {
+        let routes = self.routes.lock().unwrap();
+        routes.completed.get(path).copied().unwrap_or(0)
+    }
+}
+
+async fn answer(mut socket: tokio::net::TcpStream, routes: Arc<Mutex<Routes>>) {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&request);
+    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let (route, nth) = {
+        let mut routes = routes.lock().unwrap();
+        let count = routes.requests.entry(path.clone()).or_default();
+        *count += 1;
+        let nth = *count;
+        (routes.bodies.get(&path).cloned(), nth)
+    };
+    let Some((body, mode)) = route else {
+        let _ = socket
+            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .await;
+        return;
+    };
+    let length = match mode {
+        Mode::NoLength => String::new(),
+        _ => format!("Content-Length: {}\r\n", body.len()),
+    };
+    let head = format!("HTTP/1.1 200 OK\r\n{length}Connection: close\r\n\r\n");
+    if socket.write_all(head.as_bytes()).await.is_err() {
+        return;
+    }
+    let sent = match mode {
+        Mode::ShortOnce if nth == 1 => socket.write_all(&body[..body.len() / 2]).await,
+        Mode::Slow => {
+            let mut result = Ok(());
+            for chunk in body.chunks(64 * 1024) {
+                result = socket.write_all(chunk).await;
+                if result.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            result
+        }
+        _ => socket.write_all(&body).await,
+    };
+    let _ = socket.shutdown().await;
+    if sent.is_ok() {
+        *routes.lock().unwrap().completed.entry(path).or_default() += 1;
+    }
+}
+
+/// A private libvirtd with a dir pool `default`, reached through a private sshd.
+struct Fixture {
+    _libvirtd: Libvirtd,
+    _sshd: Sshd,
+    _pool: Pool,
+    host: Arc<HostPool>,
+    images: PathBuf,
+    server: Server,
+    spool: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let libvirtd = Libvirtd::start().unwrap();
+        let sshd = Sshd::start().unwrap();
+        let config = config(vec![ssh_host("hv", &sshd, &libvirtd)]);
+        let pool = Pool::new(&config).unwrap();
+        let host = pool.host("hv").unwrap();
+        let images = libvirtd.dir().join("images");
+        std::fs::create_dir(&images).unwrap();
+        let xml = format!(
+            "<pool type='dir'><name>default</name><target><path>{}</path></target></pool>",
+            images.display()
+        );
+        host.call(
+            LibvirtOp::new("virStoragePoolCreateXML"),
+            deadline_in(GENEROUS),
+            move |c| {
+                c.create_storage_pool_xml(&xml, 0)?;
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+        Self {
+            _libvirtd: libvirtd,
+            _sshd: sshd,
+            _pool: pool,
+            host,
+            images,
+            server: Server::start().await,
+            spool: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn cache(&self) -> ImageCache {
+        ImageCache::new(ImageCacheOptions {
+            spool_dir: self.spool.path().to_owned(),
+            download_timeout: GENEROUS,
+        })
+    }
+
+    /// File names in the pool's directory, sorted.
+    fn files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.images)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn ensure(
+        &self,
+        cache: &ImageCache,
+        image: &ImageConfig,
+        wait: Duration,
+    ) -> Result<BaseImage, Error> {
+        cache
+            .ensure_base(&self.host, "test-image", image, deadline_in(wait))
+            .await
+    }
+
+    /// Creates a volume through libvirt, as a killed agent or Create would have left it.
+    async fn create_volume(&self, xml: String) {
+        self.host
+            .call(
+                LibvirtOp::new("virStorageVolCreateXML"),
+                deadline_in(GENEROUS),
+                move |c| {
+                    let pool = c.lookup_storage_pool_by_name("default")?;
+                    virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0)?;
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn delete_volume(&self, name: &str) {
+        let name = name.to_owned();
+        self.host
+            .call(
+                LibvirtOp::new("virStorageVolDelete"),
+                deadline_in(GENEROUS),
+                move |c| {
+                    let pool = c.lookup_storage_pool_by_name("default")?;
+                    pool.lookup_storage_vol_by_name(&name)?.delete(0)?;
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn image(url: &str, content: &[u8]) -> ImageConfig {
+    ImageConfig {
+        url: url.to_owned(),
+        sha256: Some(sha256_hex(content)),
+        format: ImageFormat::Qcow2,
+        firmware: Default::default(),
+    }
+}
+
+/// The base holds exactly `content`, at the content-addressed name, beside its marker.
+fn assert_complete(fixture: &Fixture, base: &BaseImage, content: &[u8]) {
+    assert_eq!(base.volume, base_volume(&sha256_hex(content)).unwrap());
+    assert_eq!(base.format, ImageFormat::Qcow2);
+    assert_eq!(
+        base.capacity_bytes, VIRTUAL_SIZE,
+        "the qcow2's virtual size"
+    );
+    assert_eq!(Path::new(&base.path), fixture.images.join(&base.volume));
+    assert!(
+        std::fs::read(&base.path).unwrap() == content,
+        "content differs"
+    );
+    assert!(
+        fixture.files().contains(&marker_volume(&base.volume)),
+        "{:?}",
+        fixture.files()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_fetch_then_cache_hits_without_http_even_after_a_restart() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/debian.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let image = image(&url, qcow2_image());
+    let cache = fixture.cache();
+    let trace = caller_trace("CreateInstance");
+    let base = {
+        let _enter = trace.request_span.enter();
+        fixture.ensure(&cache, &image, GENEROUS).await.unwrap()
+    };
+    assert_complete(&fixture, &base, qcow2_image());
+    assert_eq!(fixture.server.requests("/debian.qcow2"), 1);
+    // Every libvirt call is a span of the caller's trace, named after the API.
+    drop(trace.request_span);
+    let uploads = spans_named(trace.trace_id, "virStorageVolUpload");
+    assert_eq!(uploads.len(), 1);
+    assert_eq!(
+        attr(&uploads[0], "libvirt.bytes"),
+        Some(qcow2_image().len().to_string())
+    );
+    assert_eq!(
+        spans_named(trace.trace_id, "virStorageVolCreateXML").len(),
+        2,
+        "the base and its marker"
+    );
+
+    assert_eq!(
+        fixture.ensure(&cache, &image, GENEROUS).await.unwrap(),
+        base
+    );
+    // A new cache (an agent restart) trusts the marker on the host.
+    let restarted = fixture.cache();
+    assert_eq!(
+        fixture.ensure(&restarted, &image, GENEROUS).await.unwrap(),
+        base
+    );
+    assert_eq!(fixture.server.requests("/debian.qcow2"), 1, "cache hits");
+    assert_eq!(
+        fixture.files(),
+        [base.volume.clone(), marker_volume(&base.volume)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_one_download() {
+    let fixture = Arc::new(Fixture::start().await);
+    let url = fixture
+        .server
+        .serve("/shared.qcow2", qcow2_image().to_vec(), Mode::Slow);
+    let image = image(&url, qcow2_image());
+    let cache = Arc::new(fixture.cache());
+    let callers: Vec<_> = (0..5)
+        .map(|_| {
+            let (fixture, cache, image) = (fixture.clone(), cache.clone(), image.clone());
+            tokio::spawn(async move { fixture.ensure(&cache, &image, GENEROUS).await })
+        })
+        .collect();
+    let mut bases = Vec::new();
+    for caller in callers {
+        bases.push(caller.await.unwrap().unwrap());
+    }
+    assert!(bases.iter().all(|b| *b == bases[0]), "{bases:?}");
+    assert_complete(&fixture, &bases[0], qcow2_image());
+    assert_eq!(fixture.server.requests("/shared.qcow2"), 1, "one download");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checksum_mismatch_is_permanent_and_leaves_no_volume() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/tampered.qcow2", other_image(), Mode::Normal);
+    let cache = fixture.cache();
+    let error = fixture
+        .ensure(&cache, &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_CHECKSUM_MISMATCH");
+    assert!(
+        error.to_string().contains(&sha256_hex(&other_image())),
+        "{error}"
+    );
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    // 404 is permanent too, and makes no volume.
+    let missing = format!("{}/missing.qcow2", fixture.server.base);
+    let error = fixture
+        .ensure(&cache, &image(&missing, qcow2_image()), GENEROUS)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_provider_error().reason,
+        "IMAGE_NOT_FOUND",
+        "{error}"
+    );
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_download_is_transient_leaves_no_volume_and_the_next_attempt_succeeds() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/flaky.qcow2", qcow2_image().to_vec(), Mode::ShortOnce);
+    let image = image(&url, qcow2_image());
+    let cache = fixture.cache();
+    let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_TRUNCATED");
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    let base = fixture.ensure(&cache, &image, GENEROUS).await.unwrap();
+    assert_complete(&fixture, &base, qcow2_image());
+    assert_eq!(fixture.server.requests("/flaky.qcow2"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_without_marker_is_deleted_and_fetched_again() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/debian.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let image = image(&url, qcow2_image());
+    // What an agent killed mid-upload leaves: the base, wrong content, no marker.
+    let base_name = base_volume(&sha256_hex(qcow2_image())).unwrap();
+    fixture
+        .create_volume(raw_volume(&base_name, 1 << 20).unwrap())
+        .await;
+    let base = fixture
+        .ensure(&fixture.cache(), &image, GENEROUS)
+        .await
+        .unwrap();
+    assert_complete(&fixture, &base, qcow2_image());
+    assert_eq!(fixture.server.requests("/debian.qcow2"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_image_gets_a_new_base_and_eviction_spares_the_old_one_while_used() {
+    let fixture = Fixture::start().await;
+    let cache = fixture.cache();
+    let old_url = fixture
+        .server
+        .serve("/v1.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let old = fixture
+        .ensure(&cache, &image(&old_url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap();
+    // A VM's overlay on the old base.
+    let overlay = "egressproxy-uid-1.root.qcow2";
+    fixture
+        .create_volume(
+            overlay_volume(
+                overlay,
+                VIRTUAL_SIZE,
+                Path::new(&old.path),
+                ImageFormat::Qcow2,
+            )
+            .unwrap(),
+        )
+        .await;
+    // The image's URL and checksum change: a new base beside the old.
+    let new_content = other_image();
+    let new_url = fixture
+        .server
+        .serve("/v2.qcow2", new_content.clone(), Mode::Normal);
+    let new = fixture
+        .ensure(&cache, &image(&new_url, &new_content), GENEROUS)
+        .await
+        .unwrap();
+    assert_complete(&fixture, &new, &new_content);
+    assert_ne!(new.volume, old.volume);
+    assert_complete(&fixture, &old, qcow2_image());
+    // Without a checksum, the name is the digest of the URL.
+    let unpinned = ImageConfig {
+        sha256: None,
+        ..image(&new_url, &new_content)
+    };
+    let by_url = fixture.ensure(&cache, &unpinned, GENEROUS).await.unwrap();
+    assert_eq!(
+        by_url.volume,
+        base_volume(&sha256_hex(new_url.as_bytes())).unwrap()
+    );
+
+    // Eviction: the base the overlay uses stays; the unused ones go, markers too.
+    let report = cache
+        .evict_unused(&fixture.host, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(report.kept[&old.volume], [overlay]);
+    let mut expected = vec![
+        overlay.to_owned(),
+        old.volume.clone(),
+        marker_volume(&old.volume),
+    ];
+    expected.sort();
+    assert_eq!(fixture.files(), expected, "{report}");
+    assert_eq!(report.deleted.len(), 4, "{report}");
+    // The overlay still opens on its backing file.
+    run(
+        "qemu-img",
+        &["check", "-U"],
+        &[&fixture.images.join(overlay)],
+    );
+
+    fixture.delete_volume(overlay).await;
+    let report = cache
+        .evict_unused(&fixture.host, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(report.deleted.len(), 2, "{report}");
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_without_content_length_is_spooled_then_uploaded() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/chunked.qcow2", qcow2_image().to_vec(), Mode::NoLength);
+    let base = fixture
+        .ensure(&fixture.cache(), &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap();
+    assert_complete(&fixture, &base, qcow2_image());
+    // The spool file was unnamed: nothing is left in the spool directory.
+    assert_eq!(std::fs::read_dir(fixture.spool.path()).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_download_goes_on() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/slow.qcow2", qcow2_image().to_vec(), Mode::Slow);
+    let image = image(&url, qcow2_image());
+    let cache = fixture.cache();
+    let error = fixture
+        .ensure(&cache, &image, Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_DOWNLOADING");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("image test-image still downloading on host hv: ")
+            && text.ends_with(&format!(" of {} bytes", qcow2_image().len())),
+        "{text}"
+    );
+    // The download finishes without any caller waiting.
+    let started = std::time::Instant::now();
+    while fixture.server.completed("/slow.qcow2") == 0 {
+        assert!(started.elapsed() < GENEROUS, "the download stalled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = std::time::Instant::now();
+    let base = fixture
+        .ensure(&cache, &image, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_complete(&fixture, &base, qcow2_image());
+    assert_eq!(fixture.server.requests("/slow.qcow2"), 1);
+}
