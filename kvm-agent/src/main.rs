@@ -44,6 +44,15 @@ enum Command {
         #[arg(long, env = "KVM_AGENT_CONFIG")]
         config: PathBuf,
     },
+    /// Delete base image volumes (and their markers) that no volume in the host's storage
+    /// pool uses as its backing file. Never deletes a base an overlay uses.
+    EvictImages {
+        /// The agent's YAML configuration.
+        #[arg(long, env = "KVM_AGENT_CONFIG")]
+        config: PathBuf,
+        /// Only this host (default: every configured host).
+        host: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -64,6 +73,7 @@ async fn main() -> ExitCode {
             Ok(false) => return ExitCode::FAILURE,
             Err(e) => Err(e),
         },
+        Command::EvictImages { config, host } => evict_images(&config, host.as_deref()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -156,4 +166,31 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
         }
     }
     Ok(ready)
+}
+
+/// Evicts unused base images on one host or all; prints what was deleted and kept.
+async fn evict_images(path: &Path, only: Option<&str>) -> Result<(), kvm_agent::Error> {
+    use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
+
+    let config = Config::load(path)?;
+    let pool = Pool::new(&config)?;
+    let cache = ImageCache::new(ImageCacheOptions::from_transport(&config.transport));
+    let hosts: Vec<String> = match only {
+        Some(name) => vec![pool.host(name)?.name().to_owned()],
+        None => pool.host_names().map(str::to_owned).collect(),
+    };
+    let mut failed = None;
+    for name in hosts {
+        match cache
+            .evict_unused(&pool.host(&name)?, pool.default_deadline())
+            .await
+        {
+            Ok(report) => print!("{report}"),
+            Err(e) => {
+                println!("{name}: FAILED: {e}");
+                failed = Some(e);
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
