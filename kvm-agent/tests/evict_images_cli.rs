@@ -1,0 +1,113 @@
+//! `kvm-agent evict-images` against a real private libvirtd (local mode): the base an
+//! overlay uses stays with its marker; an unused base, its marker and a stray marker go.
+
+use std::path::Path;
+use std::process::Command;
+
+use egressproxy_integration::libvirtd::Libvirtd;
+use kvm_agent::config::ImageFormat;
+use kvm_agent::image_cache::marker_volume;
+use kvm_agent::naming::base_volume;
+use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use virt::storage_vol::StorageVol;
+
+fn kvm_agent(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn evict_images_deletes_only_bases_no_overlay_uses() {
+    let libvirtd = Libvirtd::start().unwrap();
+    let images = libvirtd.dir().join("images");
+    std::fs::create_dir(&images).unwrap();
+    let (used, unused) = (
+        base_volume(&"aa".repeat(32)).unwrap(),
+        base_volume(&"bb".repeat(32)).unwrap(),
+    );
+    let stray = marker_volume(&base_volume(&"cc".repeat(32)).unwrap());
+    let overlay = "egressproxy-uid-1.root.qcow2";
+    {
+        virt::error::clear_error_callback();
+        let conn = virt::connect::Connect::open(Some(&libvirtd.uri())).unwrap();
+        let xml = format!(
+            "<pool type='dir'><name>vms</name><target><path>{}</path></target></pool>",
+            images.display()
+        );
+        let pool = conn.create_storage_pool_xml(&xml, 0).unwrap();
+        let create = |xml: String| StorageVol::create_xml(&pool, &xml, 0).unwrap();
+        let base = create(raw_volume(&used, 1 << 20).unwrap());
+        create(raw_volume(&marker_volume(&used), 0).unwrap());
+        create(raw_volume(&unused, 1 << 20).unwrap());
+        create(raw_volume(&marker_volume(&unused), 0).unwrap());
+        create(raw_volume(&stray, 0).unwrap());
+        create(
+            overlay_volume(
+                overlay,
+                1 << 30,
+                Path::new(&base.path().unwrap()),
+                ImageFormat::Raw,
+            )
+            .unwrap(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hosts:\n- name: here\n  local: true\n  libvirtSocket: {}\n  storagePool: vms\n",
+            libvirtd.socket().display(),
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+
+    let (ok, stdout, stderr) = kvm_agent(&["evict-images", "--config", config, "here"]);
+    assert!(ok, "{stdout}{stderr}");
+    for line in [
+        "here: deleted 3 volume(s), kept 1 base(s)".to_owned(),
+        format!("  deleted {}", marker_volume(&unused)),
+        format!("  deleted {unused}"),
+        format!("  deleted {stray}"),
+        format!("  kept    {used} (used by {overlay})"),
+    ] {
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+    let mut expected = vec![overlay.to_owned(), used.clone(), marker_volume(&used)];
+    expected.sort();
+    assert_eq!(files(&images), expected);
+
+    // Nothing left to evict: a second run deletes nothing.
+    let (ok, stdout, _) = kvm_agent(&["evict-images", "--config", config]);
+    assert!(ok);
+    assert!(
+        stdout.contains("here: deleted 0 volume(s), kept 1 base(s)"),
+        "{stdout}"
+    );
+
+    let (ok, _, stderr) = kvm_agent(&["evict-images", "--config", config, "elsewhere"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("\"elsewhere\" is not in the configuration"),
+        "{stderr}"
+    );
+}
