@@ -1,0 +1,363 @@
+//! Image fetch into a libvirt volume: the agent's image cache versus
+//! `curl URL | virsh -c qemu+ssh://... vol-upload`, on loopback.
+//!
+//! Run: `cargo bench -p kvm-agent --bench image_fetch` (root; needs
+//! `integration/tools/install-system-packages.sh`). It:
+//! 1. starts a private libvirtd (dir pool `bench`) and sshd, and serves a file of
+//!    `BENCH_IMAGE_MIB` MiB (default 512; incompressible bytes, so SSH compression cannot
+//!    flatter either side) over HTTP on 127.0.0.1 from this process;
+//! 2. runs the agent side in a **child process** (this binary again, with
+//!    `KVM_AGENT_BENCH_CHILD` set): it loads a config, builds an `ImageCache` and calls
+//!    `ensure_base` once, then prints its wall time and its peak RSS (`VmHWM` of
+//!    `/proc/self/status`). A child keeps the HTTP server, the image generator and the
+//!    baseline's bookkeeping out of the agent's figures; its time includes SSH connects,
+//!    volume creation, SHA-256, the upload, the pool refresh and the marker;
+//! 3. runs the baseline: `virsh vol-create-as` (not timed), then, timed,
+//!    `curl -s URL | virsh -c 'qemu+ssh://...' vol-upload --pool bench VOL /dev/stdin`
+//!    (no checksum, one SSH connect included);
+//! 4. repeats both `BENCH_RUNS` times (default 3), interleaved, and prints medians, the
+//!    throughput ratio (target ≥ 0.9x) and the agent's peak RSS (target < 64 MiB), plus one
+//!    agent run from a server that sends no `Content-Length` (spooled to disk first).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::libvirtd::Libvirtd;
+use egressproxy_integration::sshd::Sshd;
+use kvm_agent::config::Config;
+use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
+use sha2::{Digest, Sha256};
+use virt::connect::Connect;
+
+const CHILD_ENV: &str = "KVM_AGENT_BENCH_CHILD";
+const POOL: &str = "bench";
+
+fn main() -> anyhow::Result<()> {
+    virt::error::clear_error_callback();
+    if let Ok(args) = std::env::var(CHILD_ENV) {
+        return child(&args);
+    }
+    let mib: u64 = env_number("BENCH_IMAGE_MIB", 512);
+    let runs: usize = env_number("BENCH_RUNS", 3);
+    let bytes = mib << 20;
+
+    let libvirtd = Libvirtd::start()?;
+    let sshd = Sshd::start()?;
+    let work = tempfile::Builder::new().prefix("bench-image-").tempdir()?;
+    let images = libvirtd.dir().join("images");
+    std::fs::create_dir_all(&images)?;
+    let local = Connect::open(Some(&libvirtd.uri()))?;
+    local.create_storage_pool_xml(
+        &format!(
+            "<pool type='dir'><name>{POOL}</name><target><path>{}</path></target></pool>",
+            images.display()
+        ),
+        0,
+    )?;
+
+    let image = work.path().join("image.raw");
+    let sha256 = write_image(&image, bytes)?;
+    let server = serve(image.clone())?;
+    let url = format!("http://{server}/image.raw");
+    let url_no_length = format!("http://{server}/no-length/image.raw");
+
+    let config = work.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hosts:\n- name: hv\n  ssh:\n    address: \"{}\"\n    user: {}\n    privateKey: {}\n    \
+             knownHosts: {}\n  libvirtSocket: {}\n  storagePool: {POOL}\n\
+             transport:\n  defaultCallTimeout: 10m\n  imageDownloadTimeout: 30m\n  imageSpoolDir: {}\n",
+            sshd.address(),
+            sshd.user(),
+            sshd.client_key().display(),
+            sshd.known_hosts().display(),
+            libvirtd.socket().display(),
+            work.path().display(),
+        ),
+    )?;
+    let ssh_wrapper = work.path().join("ssh");
+    write_ssh_wrapper(&ssh_wrapper, &sshd)?;
+    let qemu_ssh = format!(
+        "qemu+ssh://root@127.0.0.1:{}/system?socket={}&proxy=netcat&command={}",
+        sshd.port(),
+        libvirtd.socket().display(),
+        ssh_wrapper.display()
+    );
+
+    println!(
+        "kvm-agent image fetch benchmark: {mib} MiB over HTTP (127.0.0.1) into a volume over SSH, \
+         {} CPUs, {runs} runs",
+        std::thread::available_parallelism().map_or(1, usize::from)
+    );
+    let mut agent = Vec::new();
+    let mut baseline = Vec::new();
+    let mut peak_rss_kib = 0;
+    for _ in 0..runs {
+        let (took, rss) = agent_run(&config, &url, &sha256)?;
+        agent.push(took);
+        peak_rss_kib = peak_rss_kib.max(rss);
+        delete_base_volumes(&local)?;
+        baseline.push(curl_virsh_run(&qemu_ssh, &url, bytes)?);
+        local
+            .lookup_storage_pool_by_name(POOL)?
+            .lookup_storage_vol_by_name("curl.raw")?
+            .delete(0)?;
+    }
+    let (spooled, spooled_rss) = agent_run(&config, &url_no_length, &sha256)?;
+    delete_base_volumes(&local)?;
+    peak_rss_kib = peak_rss_kib.max(spooled_rss);
+
+    let (agent_median, baseline_median) = (median(&agent), median(&baseline));
+    println!();
+    println!(
+        "   {:<58} {:>9} {:>12}",
+        "transfer (median of runs)", "time", "throughput"
+    );
+    row(
+        "agent ImageCache::ensure_base (child process, verified)",
+        bytes,
+        agent_median,
+    );
+    row(
+        "curl | virsh vol-upload over qemu+ssh:// (no checksum)",
+        bytes,
+        baseline_median,
+    );
+    row(
+        "agent, server without Content-Length (spooled, 1 run)",
+        bytes,
+        spooled,
+    );
+    let ratio = baseline_median.as_secs_f64() / agent_median.as_secs_f64();
+    println!();
+    verdict(
+        &format!("agent / curl|virsh throughput = {ratio:.2}x"),
+        ">= 0.9x",
+        ratio >= 0.9,
+    );
+    let rss_mib = peak_rss_kib as f64 / 1024.0;
+    verdict(
+        &format!("agent peak RSS (VmHWM) = {rss_mib:.1} MiB"),
+        "< 64 MiB",
+        rss_mib < 64.0,
+    );
+    println!(
+        "   all runs, agent: {}; curl|virsh: {}",
+        list(&agent),
+        list(&baseline)
+    );
+    Ok(())
+}
+
+/// The agent side: one `ensure_base`, then `<millis> <VmHWM KiB>` on stdout.
+fn child(args: &str) -> anyhow::Result<()> {
+    let mut parts = args.splitn(3, '\n');
+    let (config, url, sha256) = (
+        PathBuf::from(parts.next().unwrap_or_default()),
+        parts.next().unwrap_or_default().to_owned(),
+        parts.next().unwrap_or_default().to_owned(),
+    );
+    kvm_agent::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
+    let config = Config::load(&config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    runtime.block_on(async {
+        let pool = kvm_agent::pool::Pool::new(&config)?;
+        let cache = ImageCache::new(ImageCacheOptions::from_transport(&config.transport));
+        let image = kvm_agent::config::ImageConfig {
+            url,
+            sha256: Some(sha256),
+            format: kvm_agent::config::ImageFormat::Raw,
+            firmware: Default::default(),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
+        cache
+            .ensure_base(&pool.host("hv")?, "bench", &image, deadline)
+            .await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let took = started.elapsed();
+    println!("{} {}", took.as_millis(), vm_hwm_kib()?);
+    Ok(())
+}
+
+fn agent_run(config: &Path, url: &str, sha256: &str) -> anyhow::Result<(Duration, u64)> {
+    let started = Instant::now();
+    let out = Command::new(std::env::current_exe()?)
+        .env(CHILD_ENV, format!("{}\n{url}\n{sha256}", config.display()))
+        .stderr(Stdio::inherit())
+        .output()?;
+    let took = started.elapsed();
+    anyhow::ensure!(out.status.success(), "agent child failed: {out:?}");
+    let text = String::from_utf8(out.stdout)?;
+    let rss = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("agent child printed {text:?}"))?;
+    Ok((took, rss))
+}
+
+fn curl_virsh_run(uri: &str, url: &str, bytes: u64) -> anyhow::Result<Duration> {
+    let status = Command::new("virsh")
+        .args(["-q", "-c", uri, "vol-create-as", POOL, "curl.raw"])
+        .arg(bytes.to_string())
+        .args(["--format", "raw", "--allocation", "0"])
+        .stdout(Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "virsh vol-create-as: {status}");
+    let started = Instant::now();
+    let status = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; curl -sSf '{url}' | virsh -q -c '{uri}' vol-upload --pool {POOL} curl.raw /dev/stdin"
+        ))
+        .status()?;
+    let took = started.elapsed();
+    anyhow::ensure!(status.success(), "curl | virsh vol-upload: {status}");
+    Ok(took)
+}
+
+fn delete_base_volumes(conn: &Connect) -> anyhow::Result<()> {
+    let pool = conn.lookup_storage_pool_by_name(POOL)?;
+    pool.refresh(0)?;
+    for vol in pool.list_all_volumes(0)? {
+        let name = vol.name()?;
+        if name.starts_with(kvm_agent::naming::BASE_PREFIX) {
+            vol.delete(0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Incompressible bytes (xorshift), written once; returns their SHA-256.
+fn write_image(path: &Path, bytes: u64) -> anyhow::Result<String> {
+    let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut hasher = Sha256::new();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut block = vec![0u8; 1 << 20];
+    for _ in 0..bytes >> 20 {
+        for word in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&x.to_le_bytes());
+        }
+        hasher.update(&block);
+        file.write_all(&block)?;
+    }
+    file.flush()?;
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Serves `file` on 127.0.0.1 (any path; under `/no-length/` without Content-Length),
+/// one thread per connection, `sendfile` through `std::io::copy`.
+fn serve(file: PathBuf) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for socket in listener.incoming().flatten() {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                let _ = answer(socket, &file);
+            });
+        }
+    });
+    Ok(address)
+}
+
+fn answer(socket: TcpStream, file: &Path) -> std::io::Result<()> {
+    let mut reader = BufReader::new(socket.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = std::fs::File::open(file)?;
+    let length = body.metadata()?.len();
+    let header = if request_line.contains("/no-length/") {
+        String::new()
+    } else {
+        format!("Content-Length: {length}\r\n")
+    };
+    let mut socket = socket;
+    socket.write_all(format!("HTTP/1.1 200 OK\r\n{header}Connection: close\r\n\r\n").as_bytes())?;
+    std::io::copy(&mut body, &mut socket)?;
+    socket.shutdown(std::net::Shutdown::Write)?;
+    // Drain until the client closes, so it never sees a reset.
+    let _ = reader.read_to_end(&mut Vec::new());
+    Ok(())
+}
+
+/// An `ssh` that libvirt's `command=` runs: strict host keys and the fixture's client key.
+fn write_ssh_wrapper(path: &Path, sshd: &Sshd) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = format!(
+        "#!/bin/sh\nexec ssh -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -o BatchMode=yes \
+         -o IdentitiesOnly=yes -i {} \"$@\"\n",
+        sshd.known_hosts().display(),
+        sshd.client_key().display()
+    );
+    std::fs::write(path, script)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn vm_hwm_kib() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/self/status"))
+}
+
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
+fn row(label: &str, bytes: u64, took: Duration) {
+    let mib_s = bytes as f64 / (1024.0 * 1024.0) / took.as_secs_f64();
+    println!(
+        "   {label:<58} {:>7.2} s {mib_s:>7.0} MiB/s",
+        took.as_secs_f64()
+    );
+}
+
+fn verdict(what: &str, target: &str, ok: bool) {
+    println!(
+        "   => {what:<50} target {target:<9} {}",
+        if ok { "MET" } else { "MISSED" }
+    );
+}
+
+fn list(samples: &[Duration]) -> String {
+    samples
+        .iter()
+        .map(|d| format!("{:.2} s", d.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
