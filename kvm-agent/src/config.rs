@@ -602,6 +602,19 @@ mod tests {
             config.transport.default_call_timeout,
             Duration::from_secs(90)
         );
+        let config = Config::parse(
+            "hosts: [{name: here, local: true}]\n\
+             transport: {imageDownloadTimeout: 2h, imageSpoolDir: /scratch}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.transport.image_download_timeout,
+            Duration::from_secs(7200)
+        );
+        assert_eq!(
+            config.transport.image_spool_dir.as_deref(),
+            Some(Path::new("/scratch"))
+        );
         let err = Config::parse("hosts: []\ntransport: {defaultCallTimeout: soon}\n")
             .unwrap_err()
             .to_string();
