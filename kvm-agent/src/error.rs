@@ -316,6 +316,8 @@ pub enum Error {
         received: u64,
         /// Bytes announced, if the server said.
         expected: Option<u64>,
+        /// When the download should be done, at the rate so far (the retry hint).
+        retry_in: Duration,
     },
 
     /// The downloaded image is not in the configured format, or refers to a backing file
@@ -492,6 +494,7 @@ impl Error {
         };
         let retry_after = match self {
             Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
+            Error::ImageDownloading { retry_in, .. } => Some(*retry_in),
             _ => None,
         };
         ProviderError::new(class, self.to_string())
@@ -804,6 +807,7 @@ mod tests {
                     host: "hv".into(),
                     received: 1,
                     expected: Some(2),
+                    retry_in: Duration::from_secs(7),
                 },
                 C::Transient,
                 "IMAGE_DOWNLOADING",
@@ -852,6 +856,17 @@ mod tests {
                 .to_provider_error()
                 .retry_after,
             Some(Duration::from_secs(3))
+        );
+        let downloading = Error::ImageDownloading {
+            image: "debian".into(),
+            host: "hv".into(),
+            received: 1,
+            expected: None,
+            retry_in: Duration::from_secs(7),
+        };
+        assert_eq!(
+            downloading.to_provider_error().retry_after,
+            Some(Duration::from_secs(7))
         );
     }
 

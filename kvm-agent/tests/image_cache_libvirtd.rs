@@ -239,6 +239,7 @@ impl Fixture {
         ImageCache::new(ImageCacheOptions {
             spool_dir: self.spool.path().to_owned(),
             download_timeout: GENEROUS,
+            call_timeout: Duration::from_secs(30),
         })
     }
 
@@ -568,7 +569,13 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
         .await
         .unwrap_err();
     assert_eq!(error.class(), ErrorClass::Transient, "{error}");
-    assert_eq!(error.to_provider_error().reason, "IMAGE_DOWNLOADING");
+    let mapped = error.to_provider_error();
+    assert_eq!(mapped.reason, "IMAGE_DOWNLOADING");
+    let hint = mapped.retry_after.expect("a retry hint");
+    assert!(
+        (Duration::from_secs(1)..=Duration::from_secs(60)).contains(&hint),
+        "{hint:?}"
+    );
     let text = error.to_string();
     assert!(
         text.starts_with("image test-image still downloading on host hv: ")

@@ -1,0 +1,313 @@
+//! The libvirt side of the image cache: one bounded, traced call per step, each a closure
+//! run by [`HostPool::call`] (or deleted best-effort after a failure).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::time::Instant;
+use virt::error::ErrorNumber;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+
+use super::BaseNames;
+use crate::config::{ImageConfig, ImageFormat};
+use crate::error::Error;
+use crate::libvirt_call::{CallFailure, LibvirtOp};
+use crate::pool::HostPool;
+use crate::volume_xml::sparse_raw_volume;
+
+/// Deadline of the clean-up of a failed download (deleting the half-written volume).
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The parts of libvirt's volume XML the cache reads.
+#[derive(Debug, Deserialize)]
+struct VolumeDesc {
+    target: VolumeTarget,
+    #[serde(rename = "backingStore", default)]
+    backing_store: Option<BackingStoreDesc>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VolumeTarget {
+    #[serde(default)]
+    format: Option<FormatDesc>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FormatDesc {
+    #[serde(rename = "@type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct BackingStoreDesc {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// The format libvirt probed and the backing file, from a volume's XML.
+pub(super) fn parse_volume_xml(xml: &str) -> Result<(Option<String>, Option<String>), String> {
+    let desc: VolumeDesc = quick_xml::de::from_str(xml).map_err(|e| e.to_string())?;
+    Ok((
+        desc.target.format.map(|f| f.kind),
+        desc.backing_store.and_then(|b| b.path),
+    ))
+}
+
+pub(super) fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
+    error.code().is_any(vec![code])
+}
+
+/// `virStoragePoolRefresh`, retried while libvirt refuses because another volume of the
+/// pool is being built.
+pub(super) fn refresh_pool(pool: &StoragePool) -> Result<(), virt::error::Error> {
+    let mut attempts = 0;
+    loop {
+        match pool.refresh(0) {
+            Err(e) if attempts < 50 && e.message().contains("asynchronous jobs") => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+pub(super) fn lookup_volume(
+    pool: &StoragePool,
+    name: &str,
+) -> Result<Option<StorageVol>, CallFailure> {
+    match pool.lookup_storage_vol_by_name(name) {
+        Ok(vol) => Ok(Some(vol)),
+        Err(e) if is(&e, ErrorNumber::NoStorageVolume) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What step 3 found.
+pub(super) enum Existing {
+    Complete { path: String, capacity: u64 },
+    Absent,
+}
+
+/// Step 3: a complete base, or nothing (after deleting a half-written base or a stray
+/// marker).
+pub(super) async fn check_existing(
+    host: &Arc<HostPool>,
+    pool: &str,
+    names: &BaseNames,
+    deadline: Instant,
+) -> Result<Existing, Error> {
+    let (pool, names) = (pool.to_owned(), names.clone());
+    let op = LibvirtOp::new("virStorageVolLookupByName").volume(names.base.clone());
+    host.call(op, deadline, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&pool)?;
+        let base = lookup_volume(&pool, &names.base)?;
+        let marker = lookup_volume(&pool, &names.marker)?;
+        match (base, marker) {
+            (Some(base), Some(_)) => Ok(Existing::Complete {
+                path: base.path()?,
+                capacity: base.info()?.capacity,
+            }),
+            (Some(base), None) => {
+                tracing::warn!(
+                    volume = %names.base,
+                    "deleting a base volume without completion marker (an earlier download was interrupted)"
+                );
+                base.delete(0)?;
+                Ok(Existing::Absent)
+            }
+            (None, Some(marker)) => {
+                marker.delete(0)?;
+                Ok(Existing::Absent)
+            }
+            (None, None) => Ok(Existing::Absent),
+        }
+    })
+    .await
+}
+
+pub(super) async fn create_upload_target(
+    host: &Arc<HostPool>,
+    pool: &str,
+    volume: &str,
+    length: u64,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let xml = sparse_raw_volume(volume, length).map_err(|e| {
+        Error::io(
+            format!("volume XML for {volume}"),
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let pool = pool.to_owned();
+    let op = LibvirtOp::new("virStorageVolCreateXML")
+        .volume(volume)
+        .bytes(length);
+    host.call(op, deadline, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&pool)?;
+        StorageVol::create_xml(&pool, &xml, 0)?;
+        Ok(())
+    })
+    .await
+}
+
+pub(super) async fn create_marker(
+    host: &Arc<HostPool>,
+    pool: &str,
+    marker: &str,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let xml = sparse_raw_volume(marker, 0).map_err(|e| {
+        Error::io(
+            format!("volume XML for {marker}"),
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let pool = pool.to_owned();
+    let op = LibvirtOp::new("virStorageVolCreateXML").volume(marker);
+    host.call(op, deadline, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&pool)?;
+        match StorageVol::create_xml(&pool, &xml, 0) {
+            Ok(_) => Ok(()),
+            Err(e) if is(&e, ErrorNumber::StorageVolExist) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+}
+
+/// What libvirt's probe says about an uploaded base.
+#[derive(Debug)]
+pub(super) struct Inspected {
+    pub(super) path: String,
+    pub(super) capacity: u64,
+    format: Option<String>,
+    backing_path: Option<String>,
+}
+
+/// Step 7: refresh the pool so libvirt probes the file, then read the volume back.
+pub(super) async fn inspect(
+    host: &Arc<HostPool>,
+    pool: &str,
+    volume: &str,
+    deadline: Instant,
+) -> Result<Inspected, Error> {
+    let (pool, volume) = (pool.to_owned(), volume.to_owned());
+    let op = LibvirtOp::new("virStoragePoolRefresh").volume(volume.clone());
+    let host_name = host.name().to_owned();
+    host.call(op, deadline, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&pool)?;
+        refresh_pool(&pool)?;
+        let vol = pool.lookup_storage_vol_by_name(&volume)?;
+        let xml = vol.xml_desc(0)?;
+        let (format, backing_path) = parse_volume_xml(&xml).map_err(|e| {
+            CallFailure::Agent(Error::io(
+                format!("host {host_name}: parse the XML of volume {volume}"),
+                std::io::Error::other(e),
+            ))
+        })?;
+        Ok(Inspected {
+            path: vol.path()?,
+            capacity: vol.info()?.capacity,
+            format,
+            backing_path,
+        })
+    })
+    .await
+}
+
+pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result<(), Error> {
+    let found = inspected.format.as_deref().unwrap_or("unknown");
+    let expected_ok = match image.format {
+        ImageFormat::Qcow2 => found == "qcow2",
+        // A raw disk may look like an ISO or carry no recognisable header; any format
+        // with a header of its own would be misread as raw bytes.
+        ImageFormat::Raw => matches!(found, "raw" | "iso" | "unknown"),
+    };
+    let configured = match image.format {
+        ImageFormat::Qcow2 => "qcow2",
+        ImageFormat::Raw => "raw",
+    };
+    if !expected_ok {
+        return Err(Error::ImageFormat {
+            url: image.url.clone(),
+            problem: format!(
+                "libvirt probed the file as {found}, the configuration says {configured}"
+            ),
+        });
+    }
+    if let Some(backing) = &inspected.backing_path {
+        return Err(Error::ImageFormat {
+            url: image.url.clone(),
+            problem: format!(
+                "the image names a backing file ({backing}); a base image must be self-contained"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Deletes a base whose download failed; on failure the next attempt deletes it (step 3).
+pub(super) async fn delete_half_written(host: &Arc<HostPool>, pool: &str, volume: &str) {
+    let (pool_name, name) = (pool.to_owned(), volume.to_owned());
+    let op = LibvirtOp::new("virStorageVolDelete").volume(volume);
+    let deleted = host
+        .call(op, Instant::now() + CLEANUP_TIMEOUT, move |c| {
+            let pool = c.lookup_storage_pool_by_name(&pool_name)?;
+            if let Some(vol) = lookup_volume(&pool, &name)? {
+                vol.delete(0)?;
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = deleted {
+        tracing::warn!(volume, error = %e, "cannot delete a half-written base volume; the next attempt will");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_xml_yields_format_and_backing_file() {
+        let xml = "<volume type='file'><name>o</name><capacity unit='bytes'>1</capacity>\
+                   <target><path>/p/o</path><format type='qcow2'/></target>\
+                   <backingStore><path>/p/a</path><format type='qcow2'/></backingStore></volume>";
+        assert_eq!(
+            parse_volume_xml(xml).unwrap(),
+            (Some("qcow2".into()), Some("/p/a".into()))
+        );
+        let xml = "<volume type='file'><name>a</name><target><path>/p/a</path>\
+                   <format type='raw'/></target></volume>";
+        assert_eq!(parse_volume_xml(xml).unwrap(), (Some("raw".into()), None));
+    }
+
+    #[test]
+    fn a_format_other_than_configured_or_a_backing_file_is_refused() {
+        let image = |format| ImageConfig {
+            url: "u".into(),
+            sha256: None,
+            format,
+            firmware: Default::default(),
+        };
+        let inspected = |format: &str, backing: Option<&str>| Inspected {
+            path: "/p".into(),
+            capacity: 1,
+            format: Some(format.into()),
+            backing_path: backing.map(str::to_owned),
+        };
+        check_format(&image(ImageFormat::Qcow2), &inspected("qcow2", None)).unwrap();
+        check_format(&image(ImageFormat::Raw), &inspected("raw", None)).unwrap();
+        for (format, found, backing) in [
+            (ImageFormat::Qcow2, "raw", None),
+            (ImageFormat::Raw, "qcow2", None),
+            (ImageFormat::Qcow2, "qcow2", Some("/etc/shadow")),
+        ] {
+            let err = check_format(&image(format), &inspected(found, backing)).unwrap_err();
+            assert_eq!(err.class(), crate::ErrorClass::Permanent, "{err}");
+        }
+    }
+}
