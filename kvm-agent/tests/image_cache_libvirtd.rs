@@ -87,6 +87,8 @@ enum Mode {
     ShortOnce,
     /// 64 KiB every 40 ms.
     Slow,
+    /// Half the body, then nothing, connection kept open.
+    Stall,
 }
 
 #[derive(Default)]
@@ -171,6 +173,11 @@ async fn answer(mut socket: tokio::net::TcpStream, routes: Arc<Mutex<Routes>>) {
     }
     let sent = match mode {
         Mode::ShortOnce if nth == 1 => socket.write_all(&body[..body.len() / 2]).await,
+        Mode::Stall => {
+            let _ = socket.write_all(&body[..body.len() / 2]).await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            return;
+        }
         Mode::Slow => {
             let mut result = Ok(());
             for chunk in body.chunks(64 * 1024) {
@@ -601,4 +608,37 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
     );
     assert_complete(&fixture, &base, qcow2_image());
     assert_eq!(fixture.server.requests("/slow.qcow2"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_fails_at_the_download_timeout_and_leaves_no_volume() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/stalled.qcow2", qcow2_image().to_vec(), Mode::Stall);
+    let cache = ImageCache::new(ImageCacheOptions {
+        spool_dir: fixture.spool.path().to_owned(),
+        download_timeout: Duration::from_secs(3),
+        call_timeout: Duration::from_secs(30),
+    });
+    let started = std::time::Instant::now();
+    let error = fixture
+        .ensure(&cache, &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_TRUNCATED");
+    assert!(
+        error
+            .to_string()
+            .contains("imageDownloadTimeout (3s) passed"),
+        "{error}"
+    );
+    // Deleted on the spot, not left for the next attempt.
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
 }
