@@ -50,6 +50,12 @@ async fn serve() -> String {
                     format!("HTTP/1.1 {status}\r\n{extra}Connection: close\r\n\r\n")
                 };
                 let length = format!("Content-Length: {SIZE}\r\n");
+                if path == "/stall" {
+                    let _ = socket.write_all(head("200 OK", &length).as_bytes()).await;
+                    let _ = socket.write_all(&body[..SIZE / 2]).await;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    return;
+                }
                 let (head, payload): (String, &[u8]) = match path.as_str() {
                     "/ok" => (head("200 OK", &length), &body),
                     "/no-length" => (head("200 OK", ""), &body),
@@ -207,4 +213,27 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         let error = fetch(url, None).await.unwrap_err();
         assert_eq!(error.class(), ErrorClass::Permanent, "{url}: {error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
+    let base = serve().await;
+    let download = fetch(&format!("{base}/stall"), None).await.unwrap();
+    let canceller = download.canceller();
+    let reader = tokio::spawn(read_all(download));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !reader.is_finished(),
+        "the reader waits for the stalled server"
+    );
+    canceller.cancel();
+    let (read, failure) = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the reader returns once cancelled")
+        .unwrap();
+    assert!(read.is_err());
+    let error = failure.unwrap();
+    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert!(error.to_string().contains("cancelled"), "{error}");
+    assert_eq!(error.class(), ErrorClass::Transient);
 }
