@@ -17,7 +17,9 @@
 //!    marker is what a killed agent leaves half-written: it is deleted and fetched again.
 //!    A marker without base is deleted.
 //! 4. **Fetch.** [`image_fetch::fetch`] classifies the answer (404/403 permanent, 5xx and
-//!    network errors transient) and hashes the body as it passes.
+//!    network errors transient) and hashes the body as it passes. A server silent for
+//!    [`DEFAULT_IDLE_TIMEOUT`] fails the download (transient) long before
+//!    `imageDownloadTimeout`.
 //! 5. **Stage.** With a `Content-Length`, a sparse raw volume of that size is created and
 //!    the body streams straight into [`upload_volume`] (a dedicated bulk connection).
 //!    Without one, the body is first spooled to an unnamed file in
@@ -117,11 +119,18 @@ pub struct ImageCacheOptions {
     pub download_timeout: Duration,
     /// Deadline of each cheap libvirt call of a download (lookups, create, refresh).
     pub call_timeout: Duration,
+    /// Longest silence of the image server (no headers, no body bytes) before the
+    /// download fails as transient; [`DEFAULT_IDLE_TIMEOUT`].
+    pub idle_timeout: Duration,
 }
+
+/// A server silent this long while the agent waits for bytes has stalled.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ImageCacheOptions {
     /// `transport.imageSpoolDir` (default: the system temp dir),
-    /// `transport.imageDownloadTimeout` and `transport.defaultCallTimeout`.
+    /// `transport.imageDownloadTimeout` and `transport.defaultCallTimeout`; the idle
+    /// timeout is [`DEFAULT_IDLE_TIMEOUT`].
     pub fn from_transport(transport: &TransportConfig) -> Self {
         Self {
             spool_dir: transport
@@ -130,6 +139,7 @@ impl ImageCacheOptions {
                 .unwrap_or_else(std::env::temp_dir),
             download_timeout: transport.image_download_timeout,
             call_timeout: transport.default_call_timeout,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -430,7 +440,8 @@ impl Job {
     async fn download(&self, created: &mut bool) -> Result<(String, u64), Error> {
         let (host, pool, names) = (&self.host, self.pool.as_str(), &self.names);
         let image = &self.image;
-        let download = image_fetch::fetch(&image.url, image.sha256.as_deref()).await?;
+        let idle = self.options.idle_timeout;
+        let download = image_fetch::fetch(&image.url, image.sha256.as_deref(), idle).await?;
         // Dropped with this future (deadline): a read blocked on a stalled server returns.
         let _cancel = CancelOnDrop(download.canceller());
         let failure = download.failure();

@@ -8,6 +8,11 @@
 //! [`BUFFERED_CHUNKS`] chunks in flight), so it can be the source of a libvirt volume
 //! upload on a blocking thread while memory stays bounded whatever the image's size.
 //!
+//! A server that stays silent for the `idle` time given to [`fetch`] (no response
+//! headers, or no body bytes while the reader waits for more) fails the download as
+//! transient; a slow reader (the upload) never counts as the server's silence. A
+//! [`Canceller`] stops a download from elsewhere, e.g. when its overall deadline passes.
+//!
 //! The bytes are hashed as they pass. The check is made before the **last** byte is
 //! handed out: when the announced length is reached (or the body ends, when the server
 //! sent no `Content-Length`), a wrong digest or a short body fails that read instead of
@@ -19,6 +24,7 @@
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -186,11 +192,16 @@ impl Read for Download {
     }
 }
 
-/// Starts downloading `url`; `expected_sha256` (hex) is verified as the bytes pass.
+/// Starts downloading `url`; `expected_sha256` (hex) is verified as the bytes pass. The
+/// server may stay silent for at most `idle` at a time (see the module docs).
 ///
 /// Must be called inside a tokio runtime; the returned reader is read on a blocking
 /// thread.
-pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download, Error> {
+pub async fn fetch(
+    url: &str,
+    expected_sha256: Option<&str>,
+    idle: Duration,
+) -> Result<Download, Error> {
     let uri: hyper::Uri = url.parse().map_err(|e| Error::ImageFetch {
         url: url.to_owned(),
         reason: format!("not a valid URL: {e}"),
@@ -218,9 +229,13 @@ pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download,
     let mut uri = uri;
     let mut redirects = 0;
     let response = loop {
-        let response = client
-            .get(uri.clone())
+        let response = tokio::time::timeout(idle, client.get(uri.clone()))
             .await
+            .map_err(|_| Error::ImageFetch {
+                url: url.to_owned(),
+                reason: format!("no response within {}", humantime::format_duration(idle)),
+                permanent: false,
+            })?
             .map_err(|e| Error::ImageFetch {
                 url: url.to_owned(),
                 reason: error_chain(&e),
@@ -258,7 +273,15 @@ pub async fn fetch(url: &str, expected_sha256: Option<&str>) -> Result<Download,
     let mut body = response.into_body();
     let body_task = tokio::spawn(async move {
         loop {
-            match body.frame().await {
+            // Only the wait for the server is bounded; `send` below waits for the reader.
+            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+                let silence = humantime::format_duration(idle);
+                let _ = tx
+                    .send(Err(format!("the server sent nothing for {silence}")))
+                    .await;
+                break;
+            };
+            match frame {
                 None => break,
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data()

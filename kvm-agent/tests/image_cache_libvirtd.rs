@@ -246,7 +246,7 @@ impl Fixture {
         ImageCache::new(ImageCacheOptions {
             spool_dir: self.spool.path().to_owned(),
             download_timeout: GENEROUS,
-            call_timeout: Duration::from_secs(30),
+            ..ImageCacheOptions::default()
         })
     }
 
@@ -611,21 +611,20 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_server_fails_at_the_download_timeout_and_leaves_no_volume() {
+async fn a_stalled_server_fails_the_download_and_leaves_no_volume() {
     let fixture = Fixture::start().await;
     let url = fixture
         .server
         .serve("/stalled.qcow2", qcow2_image().to_vec(), Mode::Stall);
+    let image = image(&url, qcow2_image());
+    // Silent past the idle timeout: transient, long before the download timeout.
     let cache = ImageCache::new(ImageCacheOptions {
         spool_dir: fixture.spool.path().to_owned(),
-        download_timeout: Duration::from_secs(3),
-        call_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(1),
+        ..ImageCacheOptions::default()
     });
     let started = std::time::Instant::now();
-    let error = fixture
-        .ensure(&cache, &image(&url, qcow2_image()), GENEROUS)
-        .await
-        .unwrap_err();
+    let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "{:?}",
@@ -634,11 +633,25 @@ async fn a_stalled_server_fails_at_the_download_timeout_and_leaves_no_volume() {
     assert_eq!(error.class(), ErrorClass::Transient, "{error}");
     assert_eq!(error.to_provider_error().reason, "IMAGE_TRUNCATED");
     assert!(
+        error.to_string().contains("the server sent nothing for 1s"),
+        "{error}"
+    );
+    // Deleted on the spot, not left for the next attempt.
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+
+    // A server that trickles past the download timeout is cut there.
+    let cache = ImageCache::new(ImageCacheOptions {
+        spool_dir: fixture.spool.path().to_owned(),
+        download_timeout: Duration::from_secs(3),
+        ..ImageCacheOptions::default()
+    });
+    let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+    assert!(
         error
             .to_string()
             .contains("imageDownloadTimeout (3s) passed"),
         "{error}"
     );
-    // Deleted on the spot, not left for the next attempt.
     assert!(fixture.files().is_empty(), "{:?}", fixture.files());
 }

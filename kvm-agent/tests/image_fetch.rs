@@ -11,6 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const SIZE: usize = 3 * 1024 * 1024 + 17;
+/// Silence allowed from the server, where a test does not exercise it.
+const IDLE: Duration = Duration::from_secs(30);
 
 fn body() -> Vec<u8> {
     (0..SIZE)
@@ -50,6 +52,10 @@ async fn serve() -> String {
                     format!("HTTP/1.1 {status}\r\n{extra}Connection: close\r\n\r\n")
                 };
                 let length = format!("Content-Length: {SIZE}\r\n");
+                if path == "/silent" {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    return;
+                }
                 if path == "/stall" {
                     let _ = socket.write_all(head("200 OK", &length).as_bytes()).await;
                     let _ = socket.write_all(&body[..SIZE / 2]).await;
@@ -101,7 +107,7 @@ async fn a_verified_download_streams_every_byte() {
     let base = serve().await;
     let digest = sha256_hex(&body());
     for path in ["/ok", "/no-length", "/redirect"] {
-        let download = fetch(&format!("{base}{path}"), Some(&digest))
+        let download = fetch(&format!("{base}{path}"), Some(&digest), IDLE)
             .await
             .unwrap();
         let announced = download.length();
@@ -115,7 +121,7 @@ async fn a_verified_download_streams_every_byte() {
         );
     }
     // No checksum configured: the bytes still arrive.
-    let (read, _) = read_all(fetch(&format!("{base}/ok"), None).await.unwrap()).await;
+    let (read, _) = read_all(fetch(&format!("{base}/ok"), None, IDLE).await.unwrap()).await;
     assert_eq!(read.unwrap().len(), SIZE);
 }
 
@@ -124,7 +130,9 @@ async fn a_wrong_checksum_is_permanent_and_the_last_bytes_are_withheld() {
     let base = serve().await;
     let wrong = "00".repeat(32);
     for path in ["/ok", "/no-length"] {
-        let download = fetch(&format!("{base}{path}"), Some(&wrong)).await.unwrap();
+        let download = fetch(&format!("{base}{path}"), Some(&wrong), IDLE)
+            .await
+            .unwrap();
         let mut download = download;
         let failure = download.failure();
         let delivered = tokio::task::spawn_blocking(move || {
@@ -159,7 +167,7 @@ async fn a_cut_connection_is_transient() {
     let base = serve().await;
     let digest = sha256_hex(&body());
     let (read, failure) = read_all(
-        fetch(&format!("{base}/short"), Some(&digest))
+        fetch(&format!("{base}/short"), Some(&digest), IDLE)
             .await
             .unwrap(),
     )
@@ -179,7 +187,9 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         ("/403", ErrorClass::Permanent),
         ("/503", ErrorClass::Transient),
     ] {
-        let error = fetch(&format!("{base}{path}"), None).await.unwrap_err();
+        let error = fetch(&format!("{base}{path}"), None, IDLE)
+            .await
+            .unwrap_err();
         assert!(matches!(error, Error::ImageHttp { .. }), "{path}: {error}");
         assert_eq!(error.class(), class, "{path}");
     }
@@ -189,7 +199,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
     drop(closed);
     let error = tokio::time::timeout(
         Duration::from_secs(10),
-        fetch(&format!("http://{address}/x"), None),
+        fetch(&format!("http://{address}/x"), None, IDLE),
     )
     .await
     .unwrap()
@@ -210,7 +220,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         "file:///images/debian.qcow2",
         "ftp://example.org/x",
     ] {
-        let error = fetch(url, None).await.unwrap_err();
+        let error = fetch(url, None, IDLE).await.unwrap_err();
         assert_eq!(error.class(), ErrorClass::Permanent, "{url}: {error}");
     }
 }
@@ -218,7 +228,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
     let base = serve().await;
-    let download = fetch(&format!("{base}/stall"), None).await.unwrap();
+    let download = fetch(&format!("{base}/stall"), None, IDLE).await.unwrap();
     let canceller = download.canceller();
     let reader = tokio::spawn(read_all(download));
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -235,5 +245,44 @@ async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
     let error = failure.unwrap();
     assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
     assert!(error.to_string().contains("cancelled"), "{error}");
+    assert_eq!(error.class(), ErrorClass::Transient);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_fails_after_the_idle_time_as_transient() {
+    let base = serve().await;
+    let idle = Duration::from_millis(500);
+    // No response headers.
+    let error = fetch(&format!("{base}/silent"), None, idle)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::ImageFetch {
+                permanent: false,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("no response within 500ms"),
+        "{error}"
+    );
+    // Half the body, then silence.
+    let download = fetch(&format!("{base}/stall"), None, idle).await.unwrap();
+    let (read, failure) = tokio::time::timeout(Duration::from_secs(5), read_all(download))
+        .await
+        .expect("the silence ends the download");
+    assert!(read.is_err());
+    let error = failure.unwrap();
+    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("the server sent nothing for 500ms"),
+        "{error}"
+    );
     assert_eq!(error.class(), ErrorClass::Transient);
 }
