@@ -45,46 +45,12 @@ pub fn plan_create(
         .placement
         .as_ref()
         .expect("validated: placement is set");
-    let mut violations: Vec<(String, String)> = Vec::new();
-    let host = match &placement.location {
-        Some(Location::Host(name)) => config.host(name).cloned().or_else(|| {
-            violations.push((
-                "placement.host".into(),
-                unknown("host", name, host_names(config)),
-            ));
-            None
-        }),
-        Some(Location::Zone(_)) => {
-            violations.push((
-                "placement.zone".into(),
-                "this provider has no zones: set placement.host or leave the location unset".into(),
-            ));
-            None
-        }
-        None => config.hosts.first().cloned(),
-    };
-    let machine = config.machine_types.get(&placement.machine_type).cloned();
-    if machine.is_none() {
-        violations.push((
-            "placement.machine_type".into(),
-            unknown(
-                "machine type",
-                &placement.machine_type,
-                config.machine_types.keys().map(String::as_str),
-            ),
-        ));
-    }
-    let image = config.images.get(&placement.image).cloned();
-    if image.is_none() {
-        violations.push((
-            "placement.image".into(),
-            unknown(
-                "image",
-                &placement.image,
-                config.images.keys().map(String::as_str),
-            ),
-        ));
-    }
+    let ResolvedParts {
+        host,
+        machine,
+        image,
+        mut violations,
+    } = resolve_parts(config, placement);
     if let Err(e) = check_xml_safe(&request.name) {
         violations.push(("name".into(), e.to_string()));
     }
@@ -131,6 +97,117 @@ pub fn plan_create(
         documents,
         spec_sha256: spec_sha256(request),
     })
+}
+
+/// A placement resolved against the configuration (ValidatePlacement's answer).
+#[derive(Debug, Clone)]
+pub struct ResolvedPlacement {
+    /// The host the instance would go to.
+    pub host: HostConfig,
+    /// The machine type's name and size.
+    pub machine_type: (String, MachineType),
+    /// The image's name and configuration.
+    pub image: (String, ImageConfig),
+}
+
+impl ResolvedPlacement {
+    /// The placement as the contract states it, with the chosen host filled in.
+    pub fn to_contract(&self) -> pb::Placement {
+        pb::Placement {
+            location: Some(Location::Host(self.host.name.clone())),
+            machine_type: self.machine_type.0.clone(),
+            image: self.image.0.clone(),
+        }
+    }
+}
+
+/// Checks `placement` and resolves it against `config` as Create would: every unknown
+/// name is INVALID_ARGUMENT naming its field, all at once.
+pub fn resolve_placement(
+    config: &Config,
+    placement: Option<&pb::Placement>,
+) -> Result<ResolvedPlacement, ProviderError> {
+    validation::check_placement_request(placement)?;
+    let placement = placement.expect("validated: placement is set");
+    let ResolvedParts {
+        host,
+        machine,
+        image,
+        violations,
+    } = resolve_parts(config, placement);
+    let mut violations = violations.into_iter();
+    if let Some((field, description)) = violations.next() {
+        return Err(violations.fold(
+            ProviderError::invalid_argument(field, description),
+            |error, (field, description)| error.with_violation(field, description),
+        ));
+    }
+    let (Some(host), Some(machine), Some(image)) = (host, machine, image) else {
+        return Err(ProviderError::permanent(
+            "the agent has no hosts configured",
+        ));
+    };
+    Ok(ResolvedPlacement {
+        host,
+        machine_type: (placement.machine_type.clone(), machine),
+        image: (placement.image.clone(), image),
+    })
+}
+
+struct ResolvedParts {
+    host: Option<HostConfig>,
+    machine: Option<MachineType>,
+    image: Option<ImageConfig>,
+    violations: Vec<(String, String)>,
+}
+
+fn resolve_parts(config: &Config, placement: &pb::Placement) -> ResolvedParts {
+    let mut violations: Vec<(String, String)> = Vec::new();
+    let host = match &placement.location {
+        Some(Location::Host(name)) => config.host(name).cloned().or_else(|| {
+            violations.push((
+                "placement.host".into(),
+                unknown("host", name, host_names(config)),
+            ));
+            None
+        }),
+        Some(Location::Zone(_)) => {
+            violations.push((
+                "placement.zone".into(),
+                "this provider has no zones: set placement.host or leave the location unset".into(),
+            ));
+            None
+        }
+        None => config.hosts.first().cloned(),
+    };
+    let machine = config.machine_types.get(&placement.machine_type).cloned();
+    if machine.is_none() {
+        violations.push((
+            "placement.machine_type".into(),
+            unknown(
+                "machine type",
+                &placement.machine_type,
+                config.machine_types.keys().map(String::as_str),
+            ),
+        ));
+    }
+    let image = config.images.get(&placement.image).cloned();
+    if image.is_none() {
+        violations.push((
+            "placement.image".into(),
+            unknown(
+                "image",
+                &placement.image,
+                config.images.keys().map(String::as_str),
+            ),
+        ));
+    }
+    ResolvedParts {
+        host,
+        machine,
+        image,
+        violations,
+    }
 }
 
 fn host_names(config: &Config) -> impl Iterator<Item = &str> {

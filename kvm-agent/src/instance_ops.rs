@@ -58,7 +58,7 @@ fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
 }
 
 /// The domain `name`, or `None` when it does not exist.
-fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>, CallFailure> {
+pub(crate) fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>, CallFailure> {
     match conn.lookup_domain_by_name(name) {
         Ok(domain) => Ok(Some(domain)),
         Err(e) if is(&e, ErrorNumber::NoDomain) => Ok(None),
@@ -67,7 +67,7 @@ fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>, CallFailu
 }
 
 /// The agent's metadata of `domain`, or `None` when it has none.
-fn read_metadata(domain: &Domain) -> Result<Option<InstanceMetadata>, CallFailure> {
+pub(crate) fn read_metadata(domain: &Domain) -> Result<Option<InstanceMetadata>, CallFailure> {
     let element = match domain.metadata(
         sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
         Some(METADATA_NAMESPACE),

@@ -1,10 +1,13 @@
-//! Get, Delete and List as the contract sees them, across the configured hosts.
+//! Create, Get, Delete and List as the contract sees them, across the configured hosts.
+//!
+//! Create's steps are in [`crate::instance_create`].
 //!
 //! Each runs its libvirt work ([`crate::instance_ops`]) as one call on the host's pooled
 //! connection, so it is off the runtime, traced and bounded by the caller's deadline;
 //! errors leave as [`ProviderError`]s through the one mapping
 //! ([`Error::to_provider_error`]). The contract rules applied here:
-//! - an id that does not parse is INVALID_ARGUMENT on `id`;
+//! - an id this provider cannot have returned (not `<host>/<key>`) names no instance:
+//!   Get is NOT_FOUND and Delete succeeds, as for any missing instance;
 //! - an id whose host is not (any longer) configured is FAILED_PRECONDITION, not an
 //!   endless retry (lesson 10);
 //! - Get of a missing domain is NOT_FOUND; Delete of one succeeds;
@@ -17,7 +20,10 @@ use egressproxy_provider::{ProviderError, pb};
 use tokio::time::Instant;
 
 use crate::config::{Attachment, Config, HostConfig};
+use crate::create_plan::plan_create;
 use crate::error::Error;
+use crate::image_cache::{BaseImage, ImageCache, ImageCacheOptions};
+use crate::instance_create::{self, CreateStep, FaultHook, KeyLocks, VirtTypes};
 use crate::instance_ops::{self, DomainSnapshot, NicKind};
 use crate::instance_state::{instance_state, to_contract_address};
 use crate::libvirt_call::LibvirtOp;
@@ -29,17 +35,109 @@ use crate::pool::{HostPool, Pool};
 pub struct Instances {
     config: Arc<Config>,
     pool: Arc<Pool>,
+    images: Arc<ImageCache>,
+    key_locks: Arc<KeyLocks>,
+    virt_types: Arc<VirtTypes>,
+    faults: FaultHook,
 }
 
 impl Instances {
     /// Instances on the hosts of `config`, reached through `pool`.
     pub fn new(config: Arc<Config>, pool: Arc<Pool>) -> Self {
-        Self { config, pool }
+        Self {
+            images: Arc::new(ImageCache::new(ImageCacheOptions::from_transport(
+                &config.transport,
+            ))),
+            config,
+            pool,
+            key_locks: Arc::default(),
+            virt_types: Arc::default(),
+            faults: FaultHook::default(),
+        }
+    }
+
+    /// The same, failing Create where `faults` says (tests of Create's idempotency).
+    pub fn with_fault_hook(mut self, faults: FaultHook) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// The pool of connections to the hosts.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The base image cache Create uses.
+    pub fn image_cache(&self) -> &Arc<ImageCache> {
+        &self.images
+    }
+
+    /// Creates the instance of `request`, or returns the one its key already names. See
+    /// [`crate::instance_create`].
+    pub async fn create(
+        &self,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+    ) -> Result<pb::Instance, ProviderError> {
+        let images = self.images.clone();
+        self.create_with(request, deadline, move |host, plan| async move {
+            let (name, image) = &plan.image;
+            images.ensure_base(&host, name, image, deadline).await
+        })
+        .await
+    }
+
+    /// [`Instances::create`] with another source of the base image: `ensure_base`
+    /// provides the base image volume on the chosen host. See
+    /// [`crate::instance_create`].
+    pub async fn create_with<F, Fut>(
+        &self,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+        ensure_base: F,
+    ) -> Result<pb::Instance, ProviderError>
+    where
+        F: FnOnce(Arc<HostPool>, crate::create_plan::CreatePlan) -> Fut,
+        Fut: Future<Output = Result<BaseImage, Error>>,
+    {
+        let plan = plan_create(&self.config, request)?;
+        let host = self.pool.host(&plan.host.name)?;
+        let _turn = self
+            .key_locks
+            .lock(host.name(), &request.key, deadline)
+            .await?;
+        if let Some(existing) =
+            instance_create::existing_instance(&host, &plan, &request.key, deadline).await?
+        {
+            return Ok(existing);
+        }
+        let virt_type = self.virt_types.for_host(&host, deadline).await?;
+        let base = ensure_base(host.clone(), plan.clone()).await?;
+        self.faults.after(CreateStep::BaseImage)?;
+        instance_create::create_from_base(
+            &host,
+            &plan,
+            request,
+            &base,
+            virt_type,
+            &self.faults,
+            deadline,
+        )
+        .await
     }
 
     /// The instance `id`: state, addresses, tags, placement.
     pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, ProviderError> {
-        let (id, host, names) = self.resolve(id)?;
+        let Some((id, host, names)) = self.resolve(id)? else {
+            return Err(ProviderError::not_found(format!(
+                "instance {id} does not exist (this provider's ids are <host>/<key>)"
+            )));
+        };
         let nic = nic_kind(host.config());
         let op = LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone());
         let lookup = names.clone();
@@ -59,7 +157,9 @@ impl Instances {
 
     /// Deletes the instance `id` with its overlay and seed; a missing one is success.
     pub async fn delete(&self, id: &str, deadline: Instant) -> Result<(), ProviderError> {
-        let (id, host, names) = self.resolve(id)?;
+        let Some((id, host, names)) = self.resolve(id)? else {
+            return Ok(());
+        };
         let storage_pool = host.config().storage_pool.clone();
         let op = LibvirtOp::new("virDomainUndefineFlags").domain(names.domain.clone());
         let deleted = host
@@ -103,24 +203,23 @@ impl Instances {
         Ok(instances)
     }
 
+    /// The host and names of instance `id`; `None` when `id` cannot name an instance of
+    /// this provider.
     fn resolve(
         &self,
         id: &str,
-    ) -> Result<(InstanceId, Arc<HostPool>, InstanceNames), ProviderError> {
+    ) -> Result<Option<(InstanceId, Arc<HostPool>, InstanceNames)>, ProviderError> {
         egressproxy_provider::validation::check_id(id)?;
-        let parsed = InstanceId::parse(id).ok_or_else(|| {
-            ProviderError::invalid_argument(
-                "id",
-                "not an id this provider returned (expected <host>/<key>)",
-            )
-        })?;
+        let Some(parsed) = InstanceId::parse(id) else {
+            return Ok(None);
+        };
         let host = self.pool.host(&parsed.host).map_err(|e| match e {
             Error::UnknownHost { .. } => e.to_provider_error().with_reason("HOST_NOT_CONFIGURED"),
             other => other.to_provider_error(),
         })?;
         let names = InstanceNames::for_key(&parsed.key)
             .map_err(|e| ProviderError::invalid_argument("id", e.to_string()))?;
-        Ok((parsed, host, names))
+        Ok(Some((parsed, host, names)))
     }
 }
 

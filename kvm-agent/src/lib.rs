@@ -12,7 +12,7 @@
 //! - [`bulk_runtime`]: the low-priority runtime bulk streams run on.
 //! - [`error`]: the crate's error type and the classification of libvirt and SSH errors.
 //!
-//! The Provider on top (issue 5, in progress):
+//! The Provider on top (issue 5):
 //! - [`naming`]: domain, volume and host names and instance ids from keys.
 //! - [`create_plan`]: Create's request checked and resolved against the config.
 //! - [`cloud_init`]: the guest-agent bootstrap merged into the user's cloud-init.
@@ -20,8 +20,12 @@
 //! - [`domain_xml`] and [`volume_xml`]: libvirt XML from serde structs; metadata parsed back.
 //! - [`instance_state`]: libvirt states and guest addresses in the contract's terms.
 //! - [`instance_ops`]: read, list and delete on one libvirt connection (blocking).
-//! - [`instances`]: Get, List and Delete across hosts, through [`pool::HostPool::call`].
+//! - [`create_ops`]: Create's steps on one libvirt connection (blocking), each repeatable.
+//! - [`instance_create`]: Create's steps in order, idempotent, with a test fault hook.
+//! - [`instances`]: Create, Get, List and Delete across hosts, through
+//!   [`pool::HostPool::call`].
 //! - [`image_cache`]: content-addressed base volumes, downloaded once per host and image.
+//! - [`provider_service`]: the gRPC Provider service (`kvm-agent serve`) over [`instances`].
 
 pub use egressproxy_provider as contract;
 
@@ -29,6 +33,7 @@ pub mod bulk_runtime;
 pub mod cloud_init;
 pub mod config;
 pub mod connection;
+pub mod create_ops;
 pub mod create_plan;
 pub mod domain_xml;
 pub mod error;
@@ -38,6 +43,7 @@ pub mod host_capabilities;
 pub mod host_check;
 pub mod image_cache;
 pub mod image_fetch;
+pub mod instance_create;
 pub mod instance_ops;
 pub mod instance_state;
 pub mod instances;
@@ -45,6 +51,7 @@ pub mod iso9660;
 pub mod libvirt_call;
 pub mod naming;
 pub mod pool;
+pub mod provider_service;
 pub mod seed;
 pub mod ssh;
 pub mod volume_upload;

@@ -44,6 +44,25 @@ enum Command {
         #[arg(long, env = "KVM_AGENT_CONFIG")]
         config: PathBuf,
     },
+    /// Serve the egressproxy Provider gRPC service (with health and reflection) until
+    /// SIGTERM or SIGINT, then drain in-flight calls.
+    Serve {
+        /// The agent's YAML configuration.
+        #[arg(long, env = "KVM_AGENT_CONFIG")]
+        config: PathBuf,
+        /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+        #[arg(long, default_value = "127.0.0.1:50051", env = "KVM_AGENT_LISTEN")]
+        listen: std::net::SocketAddr,
+        /// PEM certificate to serve TLS with (needs --tls-key).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// PEM CA bundle: require client certificates signed by it (mutual TLS).
+        #[arg(long, requires = "tls_cert")]
+        client_ca: Option<PathBuf>,
+    },
     /// Delete base image volumes (and their markers) that no volume in the host's storage
     /// pool uses as its backing file. Never deletes a base an overlay uses.
     EvictImages {
@@ -73,6 +92,29 @@ async fn main() -> ExitCode {
             Ok(false) => return ExitCode::FAILURE,
             Err(e) => Err(e),
         },
+        Command::Serve {
+            config,
+            listen,
+            tls_cert,
+            tls_key,
+            client_ca,
+        } => {
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some(egressproxy_provider::server::ServerTls {
+                    cert,
+                    key,
+                    client_ca,
+                }),
+                _ => None,
+            };
+            match serve(&config, listen, tls).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    eprintln!("kvm-agent: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         Command::EvictImages { config, host } => evict_images(&config, host.as_deref()).await,
     };
     match result {
@@ -82,6 +124,35 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `kvm-agent serve`: prints `listening on ADDR` once it accepts connections.
+async fn serve(
+    path: &Path,
+    listen: std::net::SocketAddr,
+    tls: Option<egressproxy_provider::server::ServerTls>,
+) -> anyhow::Result<()> {
+    use egressproxy_provider::server::{ProviderServer, shutdown_signal};
+    use kvm_agent::instances::Instances;
+    use kvm_agent::provider_service::KvmProvider;
+    use std::sync::Arc;
+
+    let config = Arc::new(Config::load(path)?);
+    let pool = Arc::new(Pool::new(&config)?);
+    let provider = KvmProvider::new(Instances::new(config.clone(), pool));
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot listen on {listen}: {e} (is the port in use? pick another with --listen)"
+        )
+    })?;
+    let address = listener.local_addr()?;
+    println!("listening on {address}");
+    tracing::info!(%address, hosts = config.hosts.len(), "kvm-agent serving");
+    ProviderServer::new(provider)
+        .with_tls(tls)
+        .serve(listener, shutdown_signal())
+        .await?;
+    Ok(())
 }
 
 fn check_config(path: &Path) -> Result<(), kvm_agent::Error> {

@@ -193,14 +193,18 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         .collect();
     assert_eq!(left, [base], "overlay and seed deleted, the base kept");
 
-    // Ids: malformed is INVALID_ARGUMENT on `id`; a host no longer configured is
-    // permanent (lesson 10), for Get and Delete alike.
+    // Ids: one this provider cannot have returned names no instance (Get NOT_FOUND,
+    // Delete succeeds); a host no longer configured is permanent (lesson 10), for Get
+    // and Delete alike.
     let err = instances
         .get("no-slash", deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::InvalidArgument, "{err}");
-    assert_eq!(err.field_violations[0].field, "id");
+    assert_eq!(err.class, ErrorClass::NotFound, "{err}");
+    instances
+        .delete("no-slash", deadline_in(GENEROUS))
+        .await
+        .unwrap();
     for result in [
         instances
             .get("gone/uid", deadline_in(GENEROUS))

@@ -1,0 +1,169 @@
+//! What Create does on a hypervisor, as blocking functions of one libvirt connection,
+//! each safe to repeat after any earlier attempt stopped half-way.
+//!
+//! They run inside [`crate::pool::HostPool::call`] (off the runtime, traced, bounded by
+//! the caller's deadline) and return plain data, never libvirt objects. Guarantees:
+//! - [`find_domain`] tells an instance's domain apart from a foreign one with its name;
+//! - [`ensure_overlay`] creates the qcow2 overlay with one `virStorageVolCreateXML`
+//!   (libvirt writes it whole or not at all), or reuses the one an earlier attempt made;
+//!   a concurrent creator's volume counts as found;
+//! - [`recreate_seed_volume`] always deletes a seed left by an earlier attempt (it may be
+//!   truncated, lesson 6) and creates an empty one of the new seed's size;
+//! - [`define_domain`] and [`start_domain`] accept a domain that is already defined or
+//!   already running.
+
+use std::path::PathBuf;
+
+use virt::connect::Connect;
+use virt::error::ErrorNumber;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+use virt::sys;
+
+use crate::config::ImageFormat;
+use crate::domain_xml::XmlError;
+use crate::error::Error;
+use crate::instance_ops::{lookup_domain, read_metadata};
+use crate::libvirt_call::CallFailure;
+use crate::volume_xml::{overlay_volume, raw_volume};
+
+/// What holds an instance's domain name on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoundDomain {
+    /// No domain by that name.
+    Nothing,
+    /// The agent's domain, created from the spec with this digest.
+    Ours {
+        /// `specSha256` from its metadata.
+        spec_sha256: String,
+        /// Whether it runs (running, blocked or paused by libvirt's start).
+        running: bool,
+    },
+    /// A domain by that name without the agent's metadata.
+    Foreign,
+}
+
+/// Looks up the domain `name` and reads its metadata once.
+pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailure> {
+    let Some(domain) = lookup_domain(conn, name)? else {
+        return Ok(FoundDomain::Nothing);
+    };
+    let Some(metadata) = read_metadata(&domain)? else {
+        return Ok(FoundDomain::Foreign);
+    };
+    Ok(FoundDomain::Ours {
+        spec_sha256: metadata.spec_sha256,
+        running: domain.is_active()?,
+    })
+}
+
+/// Starts the domain `name` unless it already runs.
+pub fn start_domain(conn: &Connect, name: &str) -> Result<(), CallFailure> {
+    let domain = conn.lookup_domain_by_name(name)?;
+    if domain.is_active()? {
+        return Ok(());
+    }
+    match domain.create() {
+        Ok(()) => Ok(()),
+        // Started by a concurrent caller between the check and the start.
+        Err(e) if e.code().is(ErrorNumber::OperationInvalid) && domain.is_active()? => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Defines (or redefines, after an interrupted attempt) the domain from `xml`.
+pub fn define_domain(conn: &Connect, xml: &str) -> Result<(), CallFailure> {
+    conn.define_domain_xml(xml)?;
+    Ok(())
+}
+
+/// The storage pool `name` (libvirt refuses volume calls on an inactive one).
+fn active_pool(conn: &Connect, name: &str) -> Result<StoragePool, CallFailure> {
+    let pool = conn.lookup_storage_pool_by_name(name)?;
+    Ok(pool)
+}
+
+fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageVol>, CallFailure> {
+    match pool.lookup_storage_vol_by_name(name) {
+        Ok(vol) => Ok(Some(vol)),
+        Err(e) if e.code().is(ErrorNumber::NoStorageVolume) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn xml_failure(e: XmlError) -> CallFailure {
+    CallFailure::Agent(Error::io(
+        e.to_string(),
+        std::io::Error::from(std::io::ErrorKind::InvalidData),
+    ))
+}
+
+/// The overlay as found or made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    /// Its path on the hypervisor.
+    pub path: PathBuf,
+    /// Whether this call created it (false: an earlier attempt's was reused).
+    pub created: bool,
+}
+
+/// The qcow2 overlay `name` of `capacity_bytes` on the base file `base_path` in pool
+/// `pool`: reused when present, else created in one call.
+pub fn ensure_overlay(
+    conn: &Connect,
+    pool: &str,
+    name: &str,
+    capacity_bytes: u64,
+    base_path: &str,
+    base_format: ImageFormat,
+) -> Result<Overlay, CallFailure> {
+    let pool = active_pool(conn, pool)?;
+    if let Some(vol) = lookup_volume(&pool, name)? {
+        return Ok(Overlay {
+            path: vol.path()?.into(),
+            created: false,
+        });
+    }
+    let xml = overlay_volume(name, capacity_bytes, base_path.as_ref(), base_format)
+        .map_err(xml_failure)?;
+    match StorageVol::create_xml(&pool, &xml, 0) {
+        Ok(vol) => Ok(Overlay {
+            path: vol.path()?.into(),
+            created: true,
+        }),
+        Err(e) if e.code().is(ErrorNumber::StorageVolExist) => {
+            let vol = pool.lookup_storage_vol_by_name(name)?;
+            Ok(Overlay {
+                path: vol.path()?.into(),
+                created: false,
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes any seed volume `name` and creates an empty raw one of `length` bytes;
+/// returns its path.
+pub fn recreate_seed_volume(
+    conn: &Connect,
+    pool: &str,
+    name: &str,
+    length: u64,
+) -> Result<PathBuf, CallFailure> {
+    let pool = active_pool(conn, pool)?;
+    if let Some(old) = lookup_volume(&pool, name)? {
+        match old.delete(0) {
+            Ok(()) => {}
+            Err(e) if e.code().is(ErrorNumber::NoStorageVolume) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let xml = raw_volume(name, length).map_err(xml_failure)?;
+    let vol = StorageVol::create_xml(&pool, &xml, 0)?;
+    Ok(vol.path()?.into())
+}
+
+/// libvirt's state of the domain `name` (`virDomainState`), for tests and logs.
+pub fn domain_state(conn: &Connect, name: &str) -> Result<sys::virDomainState, CallFailure> {
+    Ok(conn.lookup_domain_by_name(name)?.state()?.0.to_raw())
+}
