@@ -63,7 +63,7 @@ use self::host_volumes::{
     delete_half_written, inspect,
 };
 use crate::config::{ImageConfig, ImageFormat, TransportConfig};
-use crate::error::{ConfigProblem, Error};
+use crate::error::{ConfigProblem, Error, ErrorClass};
 use crate::image_fetch::{self, Download};
 use crate::naming;
 use crate::pool::HostPool;
@@ -411,19 +411,18 @@ impl Job {
             return Ok(self.base(path, capacity));
         }
         let mut created = false;
-        let attempt = tokio::time::timeout_at(self.deadline, self.download(&mut created))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::ImageTruncated {
-                    url: self.image.url.clone(),
-                    received: self.progress.received(),
-                    expected: self.progress.expected(),
-                    reason: format!(
-                        "transport.imageDownloadTimeout ({}) passed",
-                        humantime::format_duration(self.options.download_timeout)
-                    ),
-                })
-            });
+        let attempt = tokio::time::timeout_at(self.deadline, self.download(&mut created)).await;
+        let attempt = match attempt {
+            // The upload's own deadline is the download's: whichever fires first, the
+            // download timed out.
+            Err(_) => Err(self.timed_out()),
+            Ok(Err(e))
+                if e.class() == ErrorClass::DeadlineExceeded && Instant::now() >= self.deadline =>
+            {
+                Err(self.timed_out())
+            }
+            Ok(result) => result,
+        };
         match attempt {
             Ok((path, capacity)) => Ok(self.base(path, capacity)),
             Err(error) => {
@@ -432,6 +431,18 @@ impl Job {
                 }
                 Err(error)
             }
+        }
+    }
+
+    fn timed_out(&self) -> Error {
+        Error::ImageTruncated {
+            url: self.image.url.clone(),
+            received: self.progress.received(),
+            expected: self.progress.expected(),
+            reason: format!(
+                "transport.imageDownloadTimeout ({}) passed",
+                humantime::format_duration(self.options.download_timeout)
+            ),
         }
     }
 
