@@ -70,7 +70,7 @@ pub(super) async fn evict(
     .await
 }
 
-/// What [`ImageCache::evict_unused`] did on one host.
+/// What [`ImageCache::evict_unused`](super::ImageCache::evict_unused) did on one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictionReport {
     /// The host's name.
