@@ -38,7 +38,8 @@
 //!
 //! The libvirt calls of each step are in `host_volumes`. [`ImageCache::evict_unused`]
 //! ([`eviction`]) deletes every base (marker first) that no volume in the pool uses as its
-//! backing file and that is not being downloaded by this process. See
+//! backing file, that is not being downloaded by this process and that is older than
+//! [`DEFAULT_EVICTION_MIN_AGE`] (by default). See
 //! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
 //! single flight is per process, so one agent (one replica) serves a host.
 
@@ -57,7 +58,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub use self::eviction::EvictionReport;
+pub use self::eviction::{EvictionReport, KeptBecause};
 use self::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
     delete_half_written, inspect,
@@ -122,7 +123,14 @@ pub struct ImageCacheOptions {
     /// Longest silence of the image server (no headers, no body bytes) before the
     /// download fails as transient; [`DEFAULT_IDLE_TIMEOUT`].
     pub idle_timeout: Duration,
+    /// Eviction keeps a base (or marker) written more recently than this, by the
+    /// hypervisor's clock; [`DEFAULT_EVICTION_MIN_AGE`].
+    pub eviction_min_age: Duration,
 }
+
+/// Another agent process may be uploading a base this young, or a Create may be about to
+/// put an overlay on it: eviction leaves it.
+pub const DEFAULT_EVICTION_MIN_AGE: Duration = Duration::from_secs(15 * 60);
 
 /// A server silent this long while the agent waits for bytes has stalled.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -130,7 +138,8 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 impl ImageCacheOptions {
     /// `transport.imageSpoolDir` (default: the system temp dir),
     /// `transport.imageDownloadTimeout` and `transport.defaultCallTimeout`; the idle
-    /// timeout is [`DEFAULT_IDLE_TIMEOUT`].
+    /// timeout is [`DEFAULT_IDLE_TIMEOUT`], the eviction minimum age
+    /// [`DEFAULT_EVICTION_MIN_AGE`].
     pub fn from_transport(transport: &TransportConfig) -> Self {
         Self {
             spool_dir: transport
@@ -140,6 +149,7 @@ impl ImageCacheOptions {
             download_timeout: transport.image_download_timeout,
             call_timeout: transport.default_call_timeout,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            eviction_min_age: DEFAULT_EVICTION_MIN_AGE,
         }
     }
 }
@@ -334,8 +344,9 @@ impl ImageCache {
     }
 
     /// Deletes the base volumes on `host` that no volume of its pool uses as backing file
-    /// (and their markers, first), except those this process is downloading; also
-    /// deletes markers left without their base. See [`eviction`].
+    /// (and their markers, first), except those this process is downloading and those
+    /// written less than `eviction_min_age` ago; also deletes markers left without their
+    /// base. See [`eviction`].
     pub async fn evict_unused(
         &self,
         host: &Arc<HostPool>,
@@ -349,7 +360,8 @@ impl ImageCache {
             .filter(|(h, _)| h == host.name())
             .filter_map(|(_, digest)| naming::base_volume(digest).ok())
             .collect();
-        eviction::evict(host, in_flight, deadline).await
+        let min_age = self.options.eviction_min_age;
+        eviction::evict(host, in_flight, min_age, deadline).await
     }
 }
 

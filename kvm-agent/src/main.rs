@@ -71,6 +71,10 @@ enum Command {
         config: PathBuf,
         /// Only this host (default: every configured host).
         host: Option<String>,
+        /// Keep bases written more recently than this (another agent may be uploading
+        /// one, or a Create be about to put an overlay on it), e.g. `15m`, `0s`.
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        min_age: std::time::Duration,
     },
 }
 
@@ -115,7 +119,11 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::EvictImages { config, host } => evict_images(&config, host.as_deref()).await,
+        Command::EvictImages {
+            config,
+            host,
+            min_age,
+        } => evict_images(&config, host.as_deref(), min_age).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -240,12 +248,19 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
 }
 
 /// Evicts unused base images on one host or all; prints what was deleted and kept.
-async fn evict_images(path: &Path, only: Option<&str>) -> Result<(), kvm_agent::Error> {
+async fn evict_images(
+    path: &Path,
+    only: Option<&str>,
+    min_age: std::time::Duration,
+) -> Result<(), kvm_agent::Error> {
     use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
 
     let config = Config::load(path)?;
     let pool = Pool::new(&config)?;
-    let cache = ImageCache::new(ImageCacheOptions::from_transport(&config.transport));
+    let cache = ImageCache::new(ImageCacheOptions {
+        eviction_min_age: min_age,
+        ..ImageCacheOptions::from_transport(&config.transport)
+    });
     let hosts: Vec<String> = match only {
         Some(name) => vec![pool.host(name)?.name().to_owned()],
         None => pool.host_names().map(str::to_owned).collect(),

@@ -1,5 +1,6 @@
 //! `kvm-agent evict-images` against a real private libvirtd (local mode): the base an
-//! overlay uses stays with its marker; an unused base, its marker and a stray marker go.
+//! overlay uses stays with its marker; an old unused base, its marker and a stray marker
+//! go; a base written a moment ago (another agent's upload) stays until `--min-age 0s`.
 
 use std::path::Path;
 use std::process::Command;
@@ -44,6 +45,7 @@ fn evict_images_deletes_only_bases_no_overlay_uses() {
         base_volume(&"bb".repeat(32)).unwrap(),
     );
     let stray = marker_volume(&base_volume(&"cc".repeat(32)).unwrap());
+    let uploading = base_volume(&"dd".repeat(32)).unwrap();
     let overlay = "egressproxy-uid-1.root.qcow2";
     {
         virt::error::clear_error_callback();
@@ -59,6 +61,7 @@ fn evict_images_deletes_only_bases_no_overlay_uses() {
         create(raw_volume(&unused, 1 << 20).unwrap());
         create(raw_volume(&marker_volume(&unused), 0).unwrap());
         create(raw_volume(&stray, 0).unwrap());
+        create(raw_volume(&uploading, 1 << 20).unwrap());
         create(
             overlay_volume(
                 overlay,
@@ -68,6 +71,15 @@ fn evict_images_deletes_only_bases_no_overlay_uses() {
             )
             .unwrap(),
         );
+    }
+    // Left an hour ago: old enough to evict.
+    for name in [&unused, &marker_volume(&unused), &stray] {
+        let status = Command::new("touch")
+            .args(["-d", "1 hour ago"])
+            .arg(images.join(name))
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.yaml");
@@ -84,25 +96,34 @@ fn evict_images_deletes_only_bases_no_overlay_uses() {
     let (ok, stdout, stderr) = kvm_agent(&["evict-images", "--config", config, "here"]);
     assert!(ok, "{stdout}{stderr}");
     for line in [
-        "here: deleted 3 volume(s), kept 1 base(s)".to_owned(),
-        format!("  deleted {}", marker_volume(&unused)),
-        format!("  deleted {unused}"),
+        "here: deleted 3 volume(s), kept 2 base(s)".to_owned(),
+        format!("  deleted {}\n  deleted {unused}\n", marker_volume(&unused)),
         format!("  deleted {stray}"),
         format!("  kept    {used} (used by {overlay})"),
+        format!("  kept    {uploading} (written "),
     ] {
         assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
     }
-    let mut expected = vec![overlay.to_owned(), used.clone(), marker_volume(&used)];
+    let mut expected = vec![
+        overlay.to_owned(),
+        used.clone(),
+        marker_volume(&used),
+        uploading.clone(),
+    ];
     expected.sort();
     assert_eq!(files(&images), expected);
 
-    // Nothing left to evict: a second run deletes nothing.
-    let (ok, stdout, _) = kvm_agent(&["evict-images", "--config", config]);
+    // Without a minimum age, the young base without marker goes too; on every host.
+    let (ok, stdout, _) = kvm_agent(&["evict-images", "--config", config, "--min-age", "0s"]);
     assert!(ok);
     assert!(
-        stdout.contains("here: deleted 0 volume(s), kept 1 base(s)"),
+        stdout.contains(&format!(
+            "here: deleted 1 volume(s), kept 1 base(s)\n  deleted {uploading}\n"
+        )),
         "{stdout}"
     );
+    expected.retain(|name| *name != uploading);
+    assert_eq!(files(&images), expected);
 
     let (ok, _, stderr) = kvm_agent(&["evict-images", "--config", config, "elsewhere"]);
     assert!(!ok);

@@ -14,7 +14,9 @@ use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{ImageConfig, ImageFormat};
 use kvm_agent::error::{Error, ErrorClass};
-use kvm_agent::image_cache::{BaseImage, ImageCache, ImageCacheOptions, marker_volume};
+use kvm_agent::image_cache::{
+    BaseImage, ImageCache, ImageCacheOptions, KeptBecause, marker_volume,
+};
 use kvm_agent::libvirt_call::LibvirtOp;
 use kvm_agent::naming::base_volume;
 use kvm_agent::pool::{HostPool, Pool};
@@ -242,10 +244,12 @@ impl Fixture {
         }
     }
 
+    /// A cache whose eviction does not spare young bases (every base here is young).
     fn cache(&self) -> ImageCache {
         ImageCache::new(ImageCacheOptions {
             spool_dir: self.spool.path().to_owned(),
             download_timeout: GENEROUS,
+            eviction_min_age: Duration::ZERO,
             ..ImageCacheOptions::default()
         })
     }
@@ -523,7 +527,10 @@ async fn a_changed_image_gets_a_new_base_and_eviction_spares_the_old_one_while_u
         .evict_unused(&fixture.host, deadline_in(GENEROUS))
         .await
         .unwrap();
-    assert_eq!(report.kept[&old.volume], [overlay]);
+    assert_eq!(
+        report.kept[&old.volume],
+        KeptBecause::UsedBy(vec![overlay.to_owned()])
+    );
     let mut expected = vec![
         overlay.to_owned(),
         old.volume.clone(),

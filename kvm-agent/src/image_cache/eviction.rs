@@ -6,15 +6,18 @@
 //!    is skipped; one that cannot be read fails the eviction: never delete what you cannot
 //!    see);
 //! 3. plan (`eviction_plan`): a base (`egressproxy-base-*.img`) is kept when any volume's
-//!    backing file is its path, or when this process is downloading it; otherwise its
-//!    marker is deleted first, then the base (an interrupted eviction leaves a base without
-//!    marker, which the next `ensure_base` treats as half-written). A marker whose base is
-//!    gone is deleted too;
+//!    backing file is its path, when this process is downloading it, or when it or its
+//!    marker was written less than `min_age` ago by the hypervisor's clock (another agent
+//!    process may be uploading it, or a Create may be about to put an overlay on it);
+//!    otherwise its marker is deleted first, then the base (an interrupted eviction leaves
+//!    a base without marker, which the next `ensure_base` treats as half-written). A
+//!    marker whose base is gone is deleted too;
 //! 4. delete in that order; a volume already gone counts as deleted by someone else.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use virt::error::ErrorNumber;
@@ -32,6 +35,7 @@ use crate::pool::HostPool;
 pub(super) async fn evict(
     host: &Arc<HostPool>,
     in_flight: BTreeSet<String>,
+    min_age: Duration,
     deadline: Instant,
 ) -> Result<EvictionReport, Error> {
     let pool_name = host.config().storage_pool.clone();
@@ -49,7 +53,7 @@ pub(super) async fn evict(
                 Err(e) => return Err(e.into()),
             }
         }
-        let plan = eviction_plan(&listed, &in_flight);
+        let plan = eviction_plan(&listed, &in_flight, SystemTime::now(), min_age);
         let mut deleted = Vec::new();
         for name in plan.delete {
             match pool
@@ -75,10 +79,34 @@ pub(super) async fn evict(
 pub struct EvictionReport {
     /// The host's name.
     pub host: String,
-    /// Volumes deleted (markers and bases).
+    /// Volumes deleted (markers and bases), in the order deleted.
     pub deleted: Vec<String>,
-    /// Bases kept, each with why: the volumes backed by it, or that it is downloading.
-    pub kept: BTreeMap<String, Vec<String>>,
+    /// Bases kept, each with why.
+    pub kept: BTreeMap<String, KeptBecause>,
+}
+
+/// Why eviction kept a base.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptBecause {
+    /// These volumes use it as their backing file.
+    UsedBy(Vec<String>),
+    /// This process is downloading it.
+    Downloading,
+    /// It (or its marker) was written this long ago, less than the minimum age.
+    Recent(Duration),
+}
+
+impl fmt::Display for KeptBecause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeptBecause::UsedBy(users) => write!(f, "used by {}", users.join(", ")),
+            KeptBecause::Downloading => f.write_str("being downloaded by this agent"),
+            KeptBecause::Recent(age) => {
+                let age = Duration::from_secs(age.as_secs());
+                write!(f, "written {} ago", humantime::format_duration(age))
+            }
+        }
+    }
 }
 
 impl fmt::Display for EvictionReport {
@@ -93,8 +121,8 @@ impl fmt::Display for EvictionReport {
         for name in &self.deleted {
             writeln!(f, "  deleted {name}")?;
         }
-        for (base, users) in &self.kept {
-            writeln!(f, "  kept    {base} (used by {})", users.join(", "))?;
+        for (base, why) in &self.kept {
+            writeln!(f, "  kept    {base} ({why})")?;
         }
         Ok(())
     }
@@ -106,21 +134,28 @@ struct ListedVolume {
     name: String,
     path: String,
     backing_path: Option<String>,
+    modified: Option<SystemTime>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
 struct EvictionPlan {
     /// In order: a base's marker before the base.
     delete: Vec<String>,
-    kept: BTreeMap<String, Vec<String>>,
+    kept: BTreeMap<String, KeptBecause>,
 }
 
 pub(super) fn is_base(name: &str) -> bool {
     name.starts_with(BASE_PREFIX) && name.ends_with(".img")
 }
 
-fn eviction_plan(volumes: &[ListedVolume], in_flight: &BTreeSet<String>) -> EvictionPlan {
-    let names: BTreeSet<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+fn eviction_plan(
+    volumes: &[ListedVolume],
+    in_flight: &BTreeSet<String>,
+    now: SystemTime,
+    min_age: Duration,
+) -> EvictionPlan {
+    let by_name: BTreeMap<&str, &ListedVolume> =
+        volumes.iter().map(|v| (v.name.as_str(), v)).collect();
     let mut users: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for volume in volumes {
         if let Some(backing) = &volume.backing_path {
@@ -130,26 +165,45 @@ fn eviction_plan(volumes: &[ListedVolume], in_flight: &BTreeSet<String>) -> Evic
                 .push(volume.name.clone());
         }
     }
+    // Unknown times count as old: a dir pool always reports them.
+    let age = |v: &ListedVolume| {
+        v.modified
+            .map_or(Duration::MAX, |m| now.duration_since(m).unwrap_or_default())
+    };
     let mut plan = EvictionPlan::default();
     for volume in volumes.iter().filter(|v| is_base(&v.name)) {
         let marker = marker_volume(&volume.name);
-        if in_flight.contains(&volume.name) {
-            plan.kept
-                .insert(volume.name.clone(), vec!["a download in progress".into()]);
+        let marker_volume = by_name.get(marker.as_str());
+        let youngest = marker_volume
+            .map_or(Duration::MAX, |m| age(m))
+            .min(age(volume));
+        let kept = if in_flight.contains(&volume.name) {
+            Some(KeptBecause::Downloading)
         } else if let Some(users) = users.get(volume.path.as_str()) {
-            plan.kept.insert(volume.name.clone(), users.clone());
+            Some(KeptBecause::UsedBy(users.clone()))
+        } else if youngest < min_age {
+            Some(KeptBecause::Recent(youngest))
         } else {
-            if names.contains(marker.as_str()) {
-                plan.delete.push(marker);
+            None
+        };
+        match kept {
+            Some(why) => {
+                plan.kept.insert(volume.name.clone(), why);
             }
-            plan.delete.push(volume.name.clone());
+            None => {
+                if marker_volume.is_some() {
+                    plan.delete.push(marker);
+                }
+                plan.delete.push(volume.name.clone());
+            }
         }
     }
     for volume in volumes {
         if let Some(base) = volume.name.strip_suffix(MARKER_SUFFIX)
             && is_base(base)
-            && !names.contains(base)
+            && !by_name.contains_key(base)
             && !in_flight.contains(base)
+            && age(volume) >= min_age
         {
             plan.delete.push(volume.name.clone());
         }
@@ -161,10 +215,8 @@ fn describe(vol: &StorageVol) -> Result<ListedVolume, virt::error::Error> {
     let name = vol.name()?;
     let path = vol.path()?;
     let xml = vol.xml_desc(0)?;
-    // An XML libvirt wrote that does not parse: keep everything (no backing known means
-    // "unused" only for bases, so treat it as using nothing but log it).
-    let backing_path = match parse_volume_xml(&xml) {
-        Ok((_, backing)) => backing,
+    let facts = match parse_volume_xml(&xml) {
+        Ok(facts) => Some(facts),
         Err(e) => {
             tracing::warn!(volume = %name, error = %e, "cannot parse volume XML");
             None
@@ -173,7 +225,8 @@ fn describe(vol: &StorageVol) -> Result<ListedVolume, virt::error::Error> {
     Ok(ListedVolume {
         name,
         path,
-        backing_path,
+        backing_path: facts.as_ref().and_then(|f| f.backing_path.clone()),
+        modified: facts.and_then(|f| f.modified),
     })
 }
 
@@ -182,35 +235,64 @@ mod tests {
     use super::*;
     use crate::naming;
 
-    fn volume(name: &str, path: &str, backing: Option<&str>) -> ListedVolume {
+    const NOW: Duration = Duration::from_secs(1_800_000_000);
+
+    fn volume(name: &str, path: &str, backing: Option<&str>, age_secs: u64) -> ListedVolume {
         ListedVolume {
             name: name.into(),
             path: path.into(),
             backing_path: backing.map(str::to_owned),
+            modified: Some(SystemTime::UNIX_EPOCH + NOW - Duration::from_secs(age_secs)),
         }
     }
 
     #[test]
-    fn eviction_keeps_used_and_downloading_bases_and_deletes_markers_first() {
-        let (a, b, c) = (
-            naming::base_volume(&"aa".repeat(32)).unwrap(),
-            naming::base_volume(&"bb".repeat(32)).unwrap(),
-            naming::base_volume(&"cc".repeat(32)).unwrap(),
-        );
-        let stray = marker_volume(&naming::base_volume(&"dd".repeat(32)).unwrap());
+    fn eviction_keeps_used_downloading_and_recent_bases_and_deletes_markers_first() {
+        let base = |hex: &str| naming::base_volume(&hex.repeat(32)).unwrap();
+        let (used, old, downloading, fresh, fresh_marker) =
+            (base("aa"), base("bb"), base("cc"), base("dd"), base("ee"));
+        let stray = marker_volume(&base("ff"));
+        let hour = 3600;
         let volumes = vec![
-            volume(&a, "/p/a", None),
-            volume(&marker_volume(&a), "/p/am", None),
-            volume(&b, "/p/b", None),
-            volume(&marker_volume(&b), "/p/bm", None),
-            volume(&c, "/p/c", None),
-            volume("egressproxy-k.root.qcow2", "/p/o", Some("/p/a")),
-            volume(&stray, "/p/dm", None),
-            volume("someone-elses.qcow2", "/p/x", None),
+            volume(&used, "/p/a", None, hour),
+            volume(&marker_volume(&used), "/p/am", None, hour),
+            volume(&old, "/p/b", None, hour),
+            volume(&marker_volume(&old), "/p/bm", None, hour),
+            volume(&downloading, "/p/c", None, hour),
+            // Written a minute ago (another agent's upload): kept.
+            volume(&fresh, "/p/d", None, 60),
+            // Old file, but its marker was just written (a fresh download): kept.
+            volume(&fresh_marker, "/p/e", None, hour),
+            volume(&marker_volume(&fresh_marker), "/p/em", None, 5),
+            volume("egressproxy-k.root.qcow2", "/p/o", Some("/p/a"), 0),
+            volume(&stray, "/p/fm", None, hour),
+            volume("someone-elses.qcow2", "/p/x", None, hour),
         ];
-        let plan = eviction_plan(&volumes, &[c.clone()].into());
-        assert_eq!(plan.delete, [marker_volume(&b), b.clone(), stray]);
-        assert_eq!(plan.kept[&a], ["egressproxy-k.root.qcow2"]);
-        assert!(plan.kept.contains_key(&c));
+        let now = SystemTime::UNIX_EPOCH + NOW;
+        let min_age = Duration::from_secs(15 * 60);
+        let plan = eviction_plan(&volumes, &[downloading.clone()].into(), now, min_age);
+        assert_eq!(plan.delete, [marker_volume(&old), old.clone(), stray]);
+        assert_eq!(
+            plan.kept[&used],
+            KeptBecause::UsedBy(vec!["egressproxy-k.root.qcow2".into()])
+        );
+        assert_eq!(plan.kept[&downloading], KeptBecause::Downloading);
+        assert_eq!(
+            plan.kept[&fresh],
+            KeptBecause::Recent(Duration::from_secs(60))
+        );
+        assert_eq!(
+            plan.kept[&fresh_marker],
+            KeptBecause::Recent(Duration::from_secs(5))
+        );
+        assert_eq!(plan.kept.len(), 4);
+        // With no minimum age, only use and downloads keep a base.
+        let plan = eviction_plan(&volumes, &BTreeSet::new(), now, Duration::ZERO);
+        assert_eq!(plan.kept.len(), 1);
+        assert_eq!(plan.delete.len(), 7);
+        assert_eq!(
+            KeptBecause::Recent(Duration::from_millis(61_500)).to_string(),
+            "written 1m 1s ago"
+        );
     }
 }

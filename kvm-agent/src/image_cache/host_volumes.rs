@@ -2,7 +2,7 @@
 //! run by [`HostPool::call`] (or deleted best-effort after a failure).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -32,6 +32,15 @@ struct VolumeDesc {
 struct VolumeTarget {
     #[serde(default)]
     format: Option<FormatDesc>,
+    #[serde(default)]
+    timestamps: Option<TimestampsDesc>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TimestampsDesc {
+    /// `<seconds>.<nanoseconds>` since the epoch.
+    #[serde(default)]
+    mtime: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -46,13 +55,36 @@ struct BackingStoreDesc {
     path: Option<String>,
 }
 
-/// The format libvirt probed and the backing file, from a volume's XML.
-pub(super) fn parse_volume_xml(xml: &str) -> Result<(Option<String>, Option<String>), String> {
+/// What a volume's XML says about its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct VolumeFacts {
+    /// The format libvirt probed (`qcow2`, `raw`, ...).
+    pub(super) format: Option<String>,
+    /// The file the volume's format names as its backing file.
+    pub(super) backing_path: Option<String>,
+    /// The file's last modification, by the hypervisor's clock.
+    pub(super) modified: Option<SystemTime>,
+}
+
+pub(super) fn parse_volume_xml(xml: &str) -> Result<VolumeFacts, String> {
     let desc: VolumeDesc = quick_xml::de::from_str(xml).map_err(|e| e.to_string())?;
-    Ok((
-        desc.target.format.map(|f| f.kind),
-        desc.backing_store.and_then(|b| b.path),
-    ))
+    Ok(VolumeFacts {
+        format: desc.target.format.map(|f| f.kind),
+        backing_path: desc.backing_store.and_then(|b| b.path),
+        modified: desc
+            .target
+            .timestamps
+            .and_then(|t| t.mtime)
+            .and_then(|t| parse_timestamp(&t)),
+    })
+}
+
+/// libvirt's `<seconds>.<nanoseconds>` timestamps.
+fn parse_timestamp(text: &str) -> Option<SystemTime> {
+    let (seconds, nanos) = text.trim().split_once('.').unwrap_or((text.trim(), "0"));
+    let nanos = format!("{nanos:0<9}");
+    let since_epoch = Duration::new(seconds.parse().ok()?, nanos.get(..9)?.parse().ok()?);
+    SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }
 
 pub(super) fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
@@ -202,7 +234,7 @@ pub(super) async fn inspect(
         refresh_pool(&pool)?;
         let vol = pool.lookup_storage_vol_by_name(&volume)?;
         let xml = vol.xml_desc(0)?;
-        let (format, backing_path) = parse_volume_xml(&xml).map_err(|e| {
+        let facts = parse_volume_xml(&xml).map_err(|e| {
             CallFailure::Agent(Error::io(
                 format!("host {host_name}: parse the XML of volume {volume}"),
                 std::io::Error::other(e),
@@ -211,8 +243,8 @@ pub(super) async fn inspect(
         Ok(Inspected {
             path: vol.path()?,
             capacity: vol.info()?.capacity,
-            format,
-            backing_path,
+            format: facts.format,
+            backing_path: facts.backing_path,
         })
     })
     .await
@@ -276,13 +308,25 @@ mod tests {
         let xml = "<volume type='file'><name>o</name><capacity unit='bytes'>1</capacity>\
                    <target><path>/p/o</path><format type='qcow2'/></target>\
                    <backingStore><path>/p/a</path><format type='qcow2'/></backingStore></volume>";
-        assert_eq!(
-            parse_volume_xml(xml).unwrap(),
-            (Some("qcow2".into()), Some("/p/a".into()))
-        );
+        let facts = parse_volume_xml(xml).unwrap();
+        assert_eq!(facts.format.as_deref(), Some("qcow2"));
+        assert_eq!(facts.backing_path.as_deref(), Some("/p/a"));
+        assert_eq!(facts.modified, None);
         let xml = "<volume type='file'><name>a</name><target><path>/p/a</path>\
-                   <format type='raw'/></target></volume>";
-        assert_eq!(parse_volume_xml(xml).unwrap(), (Some("raw".into()), None));
+                   <format type='raw'/><timestamps><atime>1764470000.5</atime>\
+                   <mtime>1764470400.000000250</mtime></timestamps></target></volume>";
+        let facts = parse_volume_xml(xml).unwrap();
+        assert_eq!(facts.format.as_deref(), Some("raw"));
+        assert_eq!(facts.backing_path, None);
+        assert_eq!(
+            facts.modified,
+            Some(SystemTime::UNIX_EPOCH + Duration::new(1_764_470_400, 250))
+        );
+        assert_eq!(
+            parse_timestamp("12"),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(12))
+        );
+        assert_eq!(parse_timestamp("x.1"), None);
     }
 
     #[test]
