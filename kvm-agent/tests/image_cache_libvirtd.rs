@@ -424,6 +424,21 @@ async fn a_checksum_mismatch_is_permanent_and_leaves_no_volume() {
         "{error}"
     );
     assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    // The same through the spool (no Content-Length): nothing reaches the pool.
+    let url = fixture
+        .server
+        .serve("/tampered-chunked.qcow2", other_image(), Mode::NoLength);
+    let error = fixture
+        .ensure(&cache, &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_provider_error().reason,
+        "IMAGE_CHECKSUM_MISMATCH",
+        "{error}"
+    );
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    assert_eq!(std::fs::read_dir(fixture.spool.path()).unwrap().count(), 0);
     // 404 is permanent too, and makes no volume.
     let missing = format!("{}/missing.qcow2", fixture.server.base);
     let error = fixture
