@@ -448,7 +448,7 @@ impl Job {
 
     fn timed_out(&self) -> Error {
         Error::ImageTruncated {
-            url: self.image.url.clone(),
+            url: image_fetch::redact_url(&self.image.url),
             received: self.progress.received(),
             expected: self.progress.expected(),
             reason: format!(
@@ -488,7 +488,7 @@ impl Job {
         };
         if length == 0 {
             return Err(Error::ImageFetch {
-                url: image.url.clone(),
+                url: image_fetch::redact_url(&image.url),
                 reason: "the server sent an empty image".into(),
                 permanent: true,
             });

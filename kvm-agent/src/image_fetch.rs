@@ -13,6 +13,8 @@
 //! transient; a slow reader (the upload) never counts as the server's silence. A
 //! [`Canceller`] stops a download from elsewhere, e.g. when its overall deadline passes.
 //!
+//! Errors name the URL as [`redact_url`] shows it: no credentials, no query.
+//!
 //! The bytes are hashed as they pass. The check is made before the **last** byte is
 //! handed out: when the announced length is reached (or the body ends, when the server
 //! sent no `Content-Length`), a wrong digest or a short body fails that read instead of
@@ -202,14 +204,15 @@ pub async fn fetch(
     expected_sha256: Option<&str>,
     idle: Duration,
 ) -> Result<Download, Error> {
+    let shown = redact_url(url);
     let uri: hyper::Uri = url.parse().map_err(|e| Error::ImageFetch {
-        url: url.to_owned(),
+        url: shown.clone(),
         reason: format!("not a valid URL: {e}"),
         permanent: true,
     })?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(Error::ImageFetch {
-            url: url.to_owned(),
+            url: shown.clone(),
             reason: "only http:// and https:// URLs are downloaded".into(),
             permanent: true,
         });
@@ -217,7 +220,7 @@ pub async fn fetch(
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_native_roots()
         .map_err(|e| Error::ImageFetch {
-            url: url.to_owned(),
+            url: shown.clone(),
             reason: format!("cannot load the system's CA certificates: {e}"),
             permanent: true,
         })?
@@ -232,12 +235,12 @@ pub async fn fetch(
         let response = tokio::time::timeout(idle, client.get(uri.clone()))
             .await
             .map_err(|_| Error::ImageFetch {
-                url: url.to_owned(),
+                url: shown.clone(),
                 reason: format!("no response within {}", humantime::format_duration(idle)),
                 permanent: false,
             })?
             .map_err(|e| Error::ImageFetch {
-                url: url.to_owned(),
+                url: shown.clone(),
                 reason: error_chain(&e),
                 permanent: false,
             })?;
@@ -250,7 +253,7 @@ pub async fn fetch(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| resolve_location(&uri, v))
             .ok_or_else(|| Error::ImageFetch {
-                url: url.to_owned(),
+                url: shown.clone(),
                 reason: format!("{} without a usable Location", response.status()),
                 permanent: true,
             })?;
@@ -260,7 +263,7 @@ pub async fn fetch(
     let status = response.status();
     if !status.is_success() {
         return Err(Error::ImageHttp {
-            url: url.to_owned(),
+            url: shown.clone(),
             status: status.as_u16(),
         });
     }
@@ -299,7 +302,7 @@ pub async fn fetch(
         }
     });
     Ok(Download {
-        url: url.to_owned(),
+        url: shown.clone(),
         length,
         expected_sha256: expected_sha256.map(str::to_owned),
         body: rx,
@@ -311,6 +314,31 @@ pub async fn fetch(
         cancelled: Arc::default(),
         body_task: body_task.abort_handle(),
     })
+}
+
+/// `url` as errors and logs show it: without credentials (`user:password@`) and without
+/// its query (pre-signed URLs carry their signature there).
+pub fn redact_url(url: &str) -> String {
+    let (without_query, had_query) = match url.find(['?', '#']) {
+        Some(at) => (&url[..at], url[at..].starts_with('?')),
+        None => (url, false),
+    };
+    let shown = match without_query.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://…@{host}{path}"),
+                None => without_query.to_owned(),
+            }
+        }
+        None => without_query.to_owned(),
+    };
+    if had_query {
+        format!("{shown}?…")
+    } else {
+        shown
+    }
 }
 
 /// Redirects followed before the answer counts as an error.
@@ -336,4 +364,29 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_keep_no_credentials_or_query() {
+        for (url, shown) in [
+            ("https://example.org/d.qcow2", "https://example.org/d.qcow2"),
+            (
+                "https://user:secret@example.org:8443/d.qcow2",
+                "https://…@example.org:8443/d.qcow2",
+            ),
+            (
+                "https://bucket.s3.example/d.qcow2?X-Amz-Signature=secret",
+                "https://bucket.s3.example/d.qcow2?…",
+            ),
+            ("http://u:p@h?sig=secret#frag", "http://…@h?…"),
+            ("http://h/a#frag", "http://h/a"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }

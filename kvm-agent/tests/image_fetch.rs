@@ -193,6 +193,14 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         assert!(matches!(error, Error::ImageHttp { .. }), "{path}: {error}");
         assert_eq!(error.class(), class, "{path}");
     }
+    // Credentials and a query (a pre-signed URL's signature) never reach the message.
+    let secret_url = format!(
+        "{}/x?token=secret",
+        base.replace("http://", "http://user:secret@")
+    );
+    let error = fetch(&secret_url, None, IDLE).await.unwrap_err();
+    assert!(matches!(error, Error::ImageHttp { .. }), "{error}");
+    assert!(!error.to_string().contains("secret"), "{error}");
     // A port nobody listens on.
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = closed.local_addr().unwrap();

@@ -264,7 +264,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     };
     if !expected_ok {
         return Err(Error::ImageFormat {
-            url: image.url.clone(),
+            url: crate::image_fetch::redact_url(&image.url),
             problem: format!(
                 "libvirt probed the file as {found}, the configuration says {configured}"
             ),
@@ -272,7 +272,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     }
     if let Some(backing) = &inspected.backing_path {
         return Err(Error::ImageFormat {
-            url: image.url.clone(),
+            url: crate::image_fetch::redact_url(&image.url),
             problem: format!(
                 "the image names a backing file ({backing}); a base image must be self-contained"
             ),
