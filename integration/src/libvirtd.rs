@@ -7,9 +7,12 @@
 //! 3. runs `unshare --mount --propagation private -- tini -s -- sh -c '...'`: in its own
 //!    mount namespace the script bind-mounts those directories over `/run/libvirt`,
 //!    `/var/lib/libvirt`, `/etc/libvirt`, `/var/cache/libvirt` and `/var/log/libvirt`, masks
-//!    `/dev/kvm` with an unreadable empty file (here a nested KVM hangs guests, and a
-//!    `/dev/kvm` whose group libvirt cannot map makes it re-probe QEMU on every call), and
-//!    execs `libvirtd`. `tini -s` reaps the short-lived QEMU capability probes;
+//!    `/dev/kvm` with an unreadable empty file, mounted read-only (here a nested KVM hangs
+//!    guests, and a `/dev/kvm` whose group libvirt cannot map makes it re-probe QEMU on
+//!    every call; root passes the permission check of a mode-000 file, so without the
+//!    read-only mount libvirt still finds KVM "usable now", re-probes QEMU on every define
+//!    (5-11 s each) and fails again), and execs `libvirtd`. `tini -s` reaps the
+//!    short-lived QEMU capability probes;
 //! 4. waits until `socket()` accepts connections.
 //!
 //! [`Libvirtd::start_in_new_netns`] also runs the daemon (and so its NAT networks, dnsmasq
@@ -160,7 +163,7 @@ impl Libvirtd {
             ));
         }
         script.push_str(&format!(
-            "if [ -e /dev/kvm ]; then mount --bind {} /dev/kvm; fi\n\
+            "if [ -e /dev/kvm ]; then mount --bind {} /dev/kvm; mount -o remount,bind,ro /dev/kvm; fi\n\
              exec /usr/sbin/libvirtd --pid-file {}\n",
             d.join("kvm-masked").display(),
             self.pid_file().display(),

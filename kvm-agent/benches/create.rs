@@ -135,7 +135,16 @@ fn create_directly(
     base_path: &std::path::Path,
     sha: &str,
 ) -> anyhow::Result<()> {
+    let verbose = std::env::var_os("BENCH_VERBOSE").is_some();
+    let mut step = Instant::now();
+    let mut lap = |what: &str| {
+        if verbose {
+            eprintln!("   direct: {what} took {:?}", step.elapsed());
+        }
+        step = Instant::now();
+    };
     assert!(conn.lookup_domain_by_name(&names.domain).is_err());
+    lap("virDomainLookupByName");
     let overlay = virt::storage_vol::StorageVol::create_xml(
         pool,
         &overlay_volume(
@@ -146,6 +155,7 @@ fn create_directly(
         )?,
         0,
     )?;
+    lap("overlay virStorageVolCreateXML");
     let documents = seed_documents(b"#cloud-config\npackages: [squid]\n", None)?;
     let seed = build_seed(&documents, key, &names.domain);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
@@ -153,6 +163,7 @@ fn create_directly(
         &raw_volume(&names.seed_volume, seed.len() as u64)?,
         0,
     )?;
+    lap("seed virStorageVolCreateXML");
     let stream = Stream::new(conn, 0)?;
     seed_vol.upload(&stream, 0, seed.len() as u64, 0)?;
     let mut rest = &seed[..];
@@ -161,6 +172,7 @@ fn create_directly(
         rest = &rest[sent.min(rest.len())..];
     }
     stream.finish()?;
+    lap("virStorageVolUpload");
     let spec = DomainSpec {
         name: names.domain.clone(),
         virt_type: VirtType::Qemu,
@@ -186,7 +198,9 @@ fn create_directly(
         },
     };
     let domain = conn.define_domain_xml(&spec.to_xml()?)?;
+    lap("virDomainDefineXML");
     domain.create()?;
+    lap("virDomainCreate");
     Ok(())
 }
 

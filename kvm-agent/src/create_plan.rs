@@ -349,6 +349,33 @@ mod tests {
     }
 
     #[test]
+    fn placements_resolve_like_create_with_the_host_filled_in() {
+        let placement = request().placement;
+        let resolved = resolve_placement(&config(), placement.as_ref()).unwrap();
+        assert_eq!(
+            resolved.to_contract(),
+            pb::Placement {
+                location: Some(Location::Host("hv1".into())),
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+            }
+        );
+        let bad = pb::Placement {
+            location: Some(Location::Host("hv9".into())),
+            machine_type: "small".into(),
+            image: "arch".into(),
+        };
+        assert_eq!(
+            fields(resolve_placement(&config(), Some(&bad)).unwrap_err()),
+            ["placement.host", "placement.image"]
+        );
+        assert_eq!(
+            fields(resolve_placement(&config(), None).unwrap_err()),
+            ["placement"]
+        );
+    }
+
+    #[test]
     fn unknown_names_list_what_is_offered() {
         let mut bad = request();
         bad.placement.as_mut().unwrap().machine_type = "huge".into();

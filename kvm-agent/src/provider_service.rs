@@ -155,6 +155,18 @@ fn page(instances: Vec<pb::Instance>, token: &str, size: usize) -> pb::ListInsta
     }
 }
 
+/// Logs a failed call: a warning when the agent or a host is at fault, debug when the
+/// request was (invalid argument, already exists, not found).
+fn log_failure(call: &str, error: &ProviderError) {
+    use egressproxy_provider::ErrorClass as C;
+    match error.class {
+        C::InvalidArgument | C::AlreadyExists | C::NotFound => {
+            tracing::debug!(%error, "{call} refused");
+        }
+        _ => tracing::warn!(%error, reason = %error.reason, "{call} failed"),
+    }
+}
+
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
 fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     if value.len() < 2 || value.len() > 9 {
@@ -217,7 +229,7 @@ impl pb::provider_server::Provider for KvmProvider {
             .instances
             .create(request.get_ref(), deadline)
             .await
-            .inspect_err(|e| tracing::warn!(error = %e, "CreateInstance failed"))?;
+            .inspect_err(|e| log_failure("CreateInstance", e))?;
         Ok(Response::new(pb::CreateInstanceResponse {
             instance: Some(instance),
         }))
@@ -242,7 +254,7 @@ impl pb::provider_server::Provider for KvmProvider {
         self.instances
             .delete(&request.get_ref().id, deadline)
             .await
-            .inspect_err(|e| tracing::warn!(error = %e, "DeleteInstance failed"))?;
+            .inspect_err(|e| log_failure("DeleteInstance", e))?;
         Ok(Response::new(pb::DeleteInstanceResponse {}))
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::deadline_in;
+use common::{caller_trace, deadline_in, spans_of};
 use egressproxy_provider::{ErrorClass, pb};
 use guest_env::{FileServer, GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
 use kvm_agent::config::Config;
@@ -23,6 +23,7 @@ use kvm_agent::instance_create::{CreateStep, FaultHook};
 use kvm_agent::instances::Instances;
 use kvm_agent::naming::{InstanceNames, base_volume};
 use kvm_agent::pool::Pool;
+use tracing::Instrument;
 
 const GENEROUS: Duration = Duration::from_secs(120);
 
@@ -138,7 +139,28 @@ async fn create_get_list_delete_over_ssh() {
     let key = "uid-create-1";
     let names = InstanceNames::for_key(key).unwrap();
 
-    let created = agent.create(&request(key)).await.unwrap();
+    // Under a caller's trace, as a gRPC request would be.
+    let trace = caller_trace("CreateInstance");
+    let created = agent
+        .create(&request(key))
+        .instrument(trace.request_span.clone())
+        .await
+        .unwrap();
+    drop(trace.request_span);
+    // Every libvirt call is a span named after its API, in the caller's trace.
+    let spans: Vec<String> = spans_of(trace.trace_id)
+        .into_iter()
+        .map(|s| s.name.into_owned())
+        .collect();
+    for api in [
+        "virDomainLookupByName",
+        "virStorageVolCreateXML",
+        "virStorageVolUpload",
+        "virDomainDefineXML",
+        "virDomainCreate",
+    ] {
+        assert!(spans.iter().any(|s| s == api), "no {api} span in {spans:?}");
+    }
     assert_eq!(created.id, format!("hv1/{key}"));
     assert_eq!(created.key, key);
     assert_eq!(created.name, format!("test/{key}"));
