@@ -1,4 +1,5 @@
-//! Downloading a base image over HTTP(S), streamed through SHA-256, never held in memory.
+//! Downloading a base image over HTTP(S) (or reading a `file://` image on the agent's own
+//! filesystem), streamed through SHA-256, never held in memory.
 //!
 //! [`fetch`] sends the GET (following up to 5 redirects) and classifies the answer: 404,
 //! 410, 403 and 401 are permanent
@@ -71,6 +72,28 @@ impl Canceller {
 }
 
 impl Download {
+    fn new(
+        url: String,
+        length: Option<u64>,
+        expected_sha256: Option<&str>,
+        body: mpsc::Receiver<Result<Bytes, String>>,
+        body_task: tokio::task::AbortHandle,
+    ) -> Self {
+        Self {
+            url,
+            length,
+            expected_sha256: expected_sha256.map(str::to_owned),
+            body,
+            pending: Bytes::new(),
+            hasher: Sha256::new(),
+            received: 0,
+            finished: false,
+            failure: Arc::default(),
+            cancelled: Arc::default(),
+            body_task,
+        }
+    }
+
     /// A handle that cancels this download (e.g. when its deadline passes).
     pub fn canceller(&self) -> Canceller {
         Canceller {
@@ -205,6 +228,9 @@ pub async fn fetch(
     idle: Duration,
 ) -> Result<Download, Error> {
     let shown = redact_url(url);
+    if let Some(path) = url.strip_prefix("file://") {
+        return open_file(shown, path, expected_sha256).await;
+    }
     let uri: hyper::Uri = url.parse().map_err(|e| Error::ImageFetch {
         url: shown.clone(),
         reason: format!("not a valid URL: {e}"),
@@ -213,7 +239,7 @@ pub async fn fetch(
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(Error::ImageFetch {
             url: shown.clone(),
-            reason: "only http:// and https:// URLs are downloaded".into(),
+            reason: "only http://, https:// and file:// URLs are fetched".into(),
             permanent: true,
         });
     }
@@ -301,19 +327,71 @@ pub async fn fetch(
             }
         }
     });
-    Ok(Download {
-        url: shown.clone(),
+    Ok(Download::new(
+        shown,
         length,
-        expected_sha256: expected_sha256.map(str::to_owned),
-        body: rx,
-        pending: Bytes::new(),
-        hasher: Sha256::new(),
-        received: 0,
-        finished: false,
-        failure: Arc::default(),
-        cancelled: Arc::default(),
-        body_task: body_task.abort_handle(),
-    })
+        expected_sha256,
+        rx,
+        body_task.abort_handle(),
+    ))
+}
+
+/// Chunks read at a time from a `file://` image.
+const FILE_CHUNK: usize = 256 * 1024;
+
+/// A `file://` image: a file on the agent's own filesystem (e.g. a mounted volume), read
+/// by a task into the same bounded channel as an HTTP body.
+async fn open_file(
+    shown: String,
+    path: &str,
+    expected_sha256: Option<&str>,
+) -> Result<Download, Error> {
+    use tokio::io::AsyncReadExt;
+
+    if !path.starts_with('/') {
+        return Err(Error::ImageFetch {
+            url: shown,
+            reason: "a file:// URL needs an absolute path (file:///dir/image.qcow2)".into(),
+            permanent: true,
+        });
+    }
+    let opened = match tokio::fs::File::open(path).await {
+        Ok(file) => file.metadata().await.map(|m| (file, m.len())),
+        Err(e) => Err(e),
+    };
+    let (mut file, length) = opened.map_err(|e| Error::ImageFetch {
+        url: shown.clone(),
+        reason: format!("cannot read {path} on the agent: {e}"),
+        permanent: matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+        ),
+    })?;
+    let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
+    let body_task = tokio::spawn(async move {
+        loop {
+            let mut chunk = bytes::BytesMut::with_capacity(FILE_CHUNK);
+            match file.read_buf(&mut chunk).await {
+                Ok(0) => break,
+                Ok(_) => {
+                    if tx.send(Ok(chunk.freeze())).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string())).await;
+                    break;
+                }
+            }
+        }
+    });
+    Ok(Download::new(
+        shown,
+        Some(length),
+        expected_sha256,
+        rx,
+        body_task.abort_handle(),
+    ))
 }
 
 /// `url` as errors and logs show it: without credentials (`user:password@`) and without

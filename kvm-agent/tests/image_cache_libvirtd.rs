@@ -677,3 +677,17 @@ async fn a_stalled_server_fails_the_download_and_leaves_no_volume() {
     );
     assert!(fixture.files().is_empty(), "{:?}", fixture.files());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_url_image_is_uploaded_from_the_agents_filesystem() {
+    let fixture = Fixture::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("debian.qcow2");
+    std::fs::write(&path, qcow2_image()).unwrap();
+    let url = format!("file://{}", path.display());
+    let base = fixture
+        .ensure(&fixture.cache(), &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap();
+    assert_complete(&fixture, &base, qcow2_image());
+}

@@ -225,7 +225,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
     assert_eq!(error.class(), ErrorClass::Transient);
     for url in [
         "not a url",
-        "file:///images/debian.qcow2",
+        "file:///nonexistent/debian.qcow2",
         "ftp://example.org/x",
     ] {
         let error = fetch(url, None, IDLE).await.unwrap_err();
@@ -293,4 +293,33 @@ async fn a_silent_server_fails_after_the_idle_time_as_transient() {
         "{error}"
     );
     assert_eq!(error.class(), ErrorClass::Transient);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_url_reads_a_file_of_the_agent_through_the_same_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("image.qcow2");
+    std::fs::write(&path, body()).unwrap();
+    let url = format!("file://{}", path.display());
+    let download = fetch(&url, Some(&sha256_hex(&body())), IDLE).await.unwrap();
+    assert_eq!(download.length(), Some(SIZE as u64));
+    let (read, failure) = read_all(download).await;
+    assert_eq!(read.unwrap(), body());
+    assert!(failure.is_none(), "{failure:?}");
+    // A wrong digest is caught as for HTTP.
+    let download = fetch(&url, Some(&"00".repeat(32)), IDLE).await.unwrap();
+    let (read, failure) = read_all(download).await;
+    assert!(read.is_err());
+    assert!(
+        matches!(failure, Some(Error::ImageChecksum { .. })),
+        "{failure:?}"
+    );
+    // Missing or relative: permanent, naming the path.
+    for url in [
+        format!("file://{}/missing.qcow2", dir.path().display()),
+        "file://relative/image.qcow2".to_owned(),
+    ] {
+        let error = fetch(&url, None, IDLE).await.unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Permanent, "{url}: {error}");
+    }
 }
