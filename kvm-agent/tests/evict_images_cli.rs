@@ -26,6 +26,62 @@ fn kvm_agent(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The `evict-images` example of docs/kvm-agent.md: its arguments and output lines.
+fn documented_eviction() -> (Vec<String>, Vec<String>) {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kvm-agent.md"))
+        .unwrap();
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("Image cache"))
+        .expect("docs/kvm-agent.md has an \"Image cache\" section");
+    let block = section
+        .split("```console")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a console block");
+    let mut lines = block
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty());
+    let command = lines.next().unwrap().trim();
+    let args = command
+        .strip_prefix("$ kvm-agent ")
+        .expect("the block starts with the command")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    // The block is indented like the list item it belongs to.
+    let output = lines
+        .map(|l| l.strip_prefix("  ").unwrap_or(l).to_owned())
+        .collect();
+    (args, output)
+}
+
+/// A report line with its variable parts (digests, numbers) blanked out.
+fn shape(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("egressproxy-base-") {
+        out.push_str(&rest[..at]);
+        out.push_str("egressproxy-base-H");
+        rest = &rest[at + "egressproxy-base-".len()..];
+        let digest_end = rest
+            .find(|c: char| !(c.is_ascii_hexdigit() || c == '…'))
+            .unwrap_or(rest.len());
+        rest = &rest[digest_end..];
+    }
+    out.push_str(rest);
+    let mut shaped = String::new();
+    for c in out.chars() {
+        if !c.is_ascii_digit() {
+            shaped.push(c);
+        } else if !shaped.ends_with('#') {
+            shaped.push('#');
+        }
+    }
+    shaped
+}
+
 fn files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -93,8 +149,27 @@ fn evict_images_deletes_only_bases_no_overlay_uses() {
     .unwrap();
     let config = config.to_str().unwrap();
 
-    let (ok, stdout, stderr) = kvm_agent(&["evict-images", "--config", config, "here"]);
+    // The documented command, on this host and config.
+    let (args, documented) = documented_eviction();
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| match a.as_str() {
+            "/etc/kvm-agent/config.yaml" => config,
+            "hv1" => "here",
+            other => other,
+        })
+        .collect();
+    assert_eq!(args, ["evict-images", "--config", config, "here"]);
+    let (ok, stdout, stderr) = kvm_agent(&args);
     assert!(ok, "{stdout}{stderr}");
+    let printed: Vec<String> = stdout.lines().map(shape).collect();
+    for line in &documented {
+        let line = shape(&line.replace("hv1", "here"));
+        assert!(
+            printed.contains(&line),
+            "documented {line:?} not in\n{stdout}"
+        );
+    }
     for line in [
         "here: deleted 3 volume(s), kept 2 base(s)".to_owned(),
         format!("  deleted {}\n  deleted {unused}\n", marker_volume(&unused)),
