@@ -280,3 +280,45 @@ fn delete_removes_domain_and_volumes_and_is_idempotent() {
     assert!(!deleted.domain);
     assert_eq!(deleted.volumes, std::slice::from_ref(&names.seed_volume));
 }
+
+#[test]
+fn list_reports_each_domain_with_its_own_metadata_and_state() {
+    // More domains than metadata readers, so every reader thread gets a share.
+    let conn = connect();
+    let keys: Vec<String> = (0..3 * kvm_agent::instance_ops::METADATA_READERS + 1)
+        .map(|i| format!("td-many-{i:02}"))
+        .collect();
+    for key in &keys {
+        define(&conn, key, &[("cluster", "td-many")]);
+    }
+    let domain = |key: &str| {
+        conn.lookup_domain_by_name(&InstanceNames::for_key(key).unwrap().domain)
+            .unwrap()
+    };
+    domain("td-many-00").create().unwrap();
+    let paused = domain("td-many-01");
+    paused.create().unwrap();
+    paused.suspend().unwrap();
+
+    let listed = list_instances(&conn, &[("cluster".into(), "td-many".into())]).unwrap();
+    let listed_keys: Vec<&str> = listed.iter().map(|s| s.metadata.key.as_str()).collect();
+    assert_eq!(listed_keys, keys);
+    for snapshot in &listed {
+        assert_eq!(
+            InstanceNames::for_key(&snapshot.metadata.key)
+                .unwrap()
+                .domain,
+            snapshot.domain,
+            "each domain is reported with its own metadata"
+        );
+        let expected = match snapshot.metadata.key.as_str() {
+            "td-many-00" => sys::VIR_DOMAIN_RUNNING,
+            "td-many-01" => sys::VIR_DOMAIN_PAUSED,
+            _ => sys::VIR_DOMAIN_SHUTOFF,
+        };
+        assert_eq!(snapshot.state, expected, "{}", snapshot.metadata.key);
+    }
+    for key in &keys {
+        delete_instance(&conn, &InstanceNames::for_key(key).unwrap(), TEST_POOL).unwrap();
+    }
+}
