@@ -1,8 +1,9 @@
 //! `kvm-agent serve` as a process, against a private libvirtd reached over real SSH:
 //! the contract's conformance suite passes every check (instances boot iPXE, which takes
 //! a DHCP lease, so they reach RUNNING with an address), the `grpcurl` examples of
-//! `docs/kvm-agent.md` work as written, ValidatePlacement reports a host that is not
-//! ready, and SIGTERM stops the server.
+//! `docs/kvm-agent.md` work as written, the caller's deadline bounds the agent's libvirt
+//! calls, ValidatePlacement reports a host that is not ready, and SIGTERM stops the
+//! server.
 
 mod guest_env;
 
@@ -89,7 +90,7 @@ fn documented_grpcurl_commands() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvm_agent_serve_passes_the_conformance_suite() {
-    let guest_host = GuestHost::start();
+    let mut guest_host = GuestHost::start();
     let work = tempfile::tempdir().unwrap();
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
@@ -153,6 +154,28 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     assert!(all.contains("\"name\": \"kvm.egressproxy.dev\""), "{all}");
     assert!(all.contains("\"resolved\""), "{all}");
     assert!(all.contains("\"host\": \"hv1\""), "{all}");
+
+    // The caller's deadline (grpc-timeout) bounds the agent's libvirt calls: with the
+    // hypervisor frozen, the agent itself answers DEADLINE_EXCEEDED before the caller
+    // gives up (its ErrorInfo reason says so; a client-side timeout would have none).
+    let mut impatient = ClientOptions::new(format!("http://{}", served.address));
+    impatient.call_timeout = Duration::from_secs(2);
+    let impatient = connect_lazy(&impatient).unwrap();
+    guest_host.libvirtd.pause().unwrap();
+    let started = std::time::Instant::now();
+    let err = impatient
+        .clone()
+        .get_instance(pb::GetInstanceRequest {
+            id: "hv1/frozen".into(),
+        })
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    guest_host.libvirtd.resume().unwrap();
+    let err = ProviderError::from(err);
+    assert_eq!(err.class, ErrorClass::DeadlineExceeded, "{err}");
+    assert_eq!(err.reason, "LIBVIRT_DEADLINE", "{err}");
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
 
     // ValidatePlacement runs the host check: without the network, the host is not
     // ready, and the answer says what to fix.
