@@ -38,12 +38,17 @@ struct Agent {
 /// The guest host, and the agent's `Instances` on it with the iPXE image served over
 /// HTTP on loopback.
 async fn agent(faults: FaultHook) -> Agent {
+    agent_with(faults, |yaml| yaml).await
+}
+
+/// [`agent`] with the configuration changed by `edit`.
+async fn agent_with(faults: FaultHook, edit: impl FnOnce(String) -> String) -> Agent {
     let guest_host = GuestHost::start();
     let work = tempfile::tempdir().unwrap();
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
     let server = FileServer::start(work.path());
-    let yaml = guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha);
+    let yaml = edit(guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha));
     let config = Config::parse(&yaml).unwrap();
     config.validate().unwrap();
     let config = Arc::new(config);
@@ -352,6 +357,30 @@ async fn concurrent_creates_of_one_key_make_one_domain() {
     agent
         .instances
         .delete(&ids[0], deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(agent.guest_host.domains().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_type_auto_falls_back_to_qemu_where_libvirt_offers_no_kvm() {
+    let agent = agent_with(FaultHook::default(), |yaml| {
+        yaml.replace("domainType: qemu", "domainType: auto")
+    })
+    .await;
+    let key = "uid-auto";
+    let created = agent.create(&request(key)).await.unwrap();
+    let domain = InstanceNames::for_key(key).unwrap().domain;
+    let out = std::process::Command::new("virsh")
+        .args(["-c", &agent.guest_host.libvirtd.uri(), "dumpxml", &domain])
+        .output()
+        .unwrap();
+    let xml = String::from_utf8_lossy(&out.stdout);
+    assert!(xml.starts_with("<domain type='qemu'"), "{xml}");
+    assert_eq!(agent.guest_host.domstate(&domain), "running");
+    agent
+        .instances
+        .delete(&created.id, deadline_in(GENEROUS))
         .await
         .unwrap();
     assert!(agent.guest_host.domains().is_empty());
