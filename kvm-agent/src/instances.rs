@@ -155,11 +155,15 @@ impl Instances {
         }
     }
 
-    /// Deletes the instance `id` with its overlay and seed; a missing one is success.
+    /// Deletes the instance `id` with its overlay and seed; a missing one is success. Waits
+    /// for a Create of the same key in this agent to finish first.
     pub async fn delete(&self, id: &str, deadline: Instant) -> Result<(), ProviderError> {
         let Some((id, host, names)) = self.resolve(id)? else {
             return Ok(());
         };
+        // After an in-flight Create of the key, so that Create cannot re-make what this
+        // deletes.
+        let _turn = self.key_locks.lock(host.name(), &id.key, deadline).await?;
         let storage_pool = host.config().storage_pool.clone();
         let op = LibvirtOp::new("virDomainUndefineFlags").domain(names.domain.clone());
         let deleted = host

@@ -385,3 +385,35 @@ async fn domain_type_auto_falls_back_to_qemu_where_libvirt_offers_no_kvm() {
         .unwrap();
     assert!(agent.guest_host.domains().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_during_a_create_of_the_key_waits_for_it_and_leaves_nothing() {
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let hook = {
+        let reached = reached.clone();
+        FaultHook::new(move |step| {
+            if step == CreateStep::Overlay {
+                reached.notify_one();
+                // Hold Create half-way (a slow host) while the Delete arrives.
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Ok(())
+        })
+    };
+    let agent = Arc::new(agent(hook).await);
+    let key = "uid-create-then-delete";
+    let create = {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.create(&request(key)).await })
+    };
+    reached.notified().await;
+    agent
+        .instances
+        .delete(&format!("hv1/{key}"), deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(create.is_finished(), "Delete returned before the Create");
+    create.await.unwrap().unwrap();
+    assert!(agent.guest_host.domains().is_empty());
+    agent.assert_pool_holds(&[]);
+}
