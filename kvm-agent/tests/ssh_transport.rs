@@ -393,3 +393,45 @@ async fn a_hung_host_does_not_delay_another() {
     );
     hung_sshd.resume().unwrap();
 }
+
+/// On a current-thread runtime calls go to the blocking pool instead of running in place;
+/// a hung call is bounded there too, and the runtime's only thread stays free meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn hung_call_on_a_current_thread_runtime_fails_within_deadline() {
+    let mut libvirtd = Libvirtd::start().unwrap();
+    let sshd = Sshd::start().unwrap();
+    let pool = Pool::new(&config(vec![ssh_host("hv", &sshd, &libvirtd)])).unwrap();
+    let host = pool.host("hv").unwrap();
+    host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+    libvirtd.pause().unwrap();
+
+    let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ticker = {
+        let ticks = ticks.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+    };
+    let started = Instant::now();
+    let err = host
+        .lib_version(deadline_in(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    ticker.abort();
+    assert_eq!(err.class(), ErrorClass::DeadlineExceeded, "{err}");
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_millis(1500),
+        "{elapsed:?}"
+    );
+    assert!(
+        ticks.load(std::sync::atomic::Ordering::Relaxed) >= 10,
+        "the runtime's thread kept running other tasks during the hung call"
+    );
+
+    libvirtd.resume().unwrap();
+    host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+}
