@@ -19,8 +19,8 @@ use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{
     Attachment, Config, DomainType, Firmware, HostConfig, SshConfig, TransportConfig,
 };
-use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use kvm_agent::contract::pb;
+use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use kvm_agent::instances::Instances;
 use kvm_agent::naming::InstanceNames;
 use kvm_agent::pool::Pool;
