@@ -13,7 +13,9 @@
 //!   a source that cannot answer (agent not running yet, no lease on a bridge) is skipped.
 //! - **Delete** is idempotent: it destroys (already off is fine), undefines with the
 //!   managed-save, snapshot-metadata and NVRAM flags, and deletes the overlay and seed.
-//!   A missing domain, volume or pool is success (lesson 12).
+//!   A missing domain, volume or pool is success (lesson 12). A domain with the name but
+//!   without the agent's metadata is left alone with those volumes (success: for the
+//!   contract there is no such instance).
 //! - **List** reads each domain's metadata once and skips a domain that vanishes or
 //!   cannot be read (never delete what you cannot see, lesson 10); failing to list at all
 //!   fails the call.
@@ -295,10 +297,19 @@ pub struct Deleted {
     pub domain: bool,
     /// Volumes deleted.
     pub volumes: Vec<String>,
+    /// A domain with the instance's name but without the agent's metadata exists: it,
+    /// and the volumes with the instance's names, were left alone.
+    pub foreign_domain_left: bool,
 }
 
 /// Deletes the instance `names`: domain, overlay and seed in `storage_pool`. Idempotent;
 /// see the module docs.
+///
+/// A domain with the instance's name but without the agent's metadata is not the agent's
+/// (Create refuses it, Get and List do not see it): it is never destroyed, and the
+/// volumes with the instance's names, which may be its disks, are left too. For the
+/// contract that instance does not exist, so its Delete succeeds like that of any
+/// missing instance ([`Deleted::foreign_domain_left`] says so).
 pub fn delete_instance(
     conn: &Connect,
     names: &InstanceNames,
@@ -306,6 +317,10 @@ pub fn delete_instance(
 ) -> Result<Deleted, CallFailure> {
     let mut deleted = Deleted::default();
     if let Some(domain) = lookup_domain(conn, &names.domain)? {
+        if read_metadata(&domain)?.is_none() {
+            deleted.foreign_domain_left = true;
+            return Ok(deleted);
+        }
         match domain.destroy() {
             Ok(()) => {}
             Err(e) if is(&e, ErrorNumber::OperationInvalid) || is(&e, ErrorNumber::NoDomain) => {}

@@ -10,7 +10,9 @@
 //!   Get is NOT_FOUND and Delete succeeds, as for any missing instance;
 //! - an id whose host is not (any longer) configured is FAILED_PRECONDITION, not an
 //!   endless retry (lesson 10);
-//! - Get of a missing domain is NOT_FOUND; Delete of one succeeds;
+//! - Get of a missing domain is NOT_FOUND; Delete of one succeeds; a domain with the
+//!   instance's name but not the agent's metadata is missing for both (Delete leaves it
+//!   and its volumes alone);
 //! - List fails when any host cannot be reached, so a garbage collector never mistakes
 //!   an unreachable host for an empty one.
 
@@ -165,18 +167,28 @@ impl Instances {
         // deletes.
         let _turn = self.key_locks.lock(host.name(), &id.key, deadline).await?;
         let storage_pool = host.config().storage_pool.clone();
+        let names_domain = names.domain.clone();
         let op = LibvirtOp::new("virDomainUndefineFlags").domain(names.domain.clone());
         let deleted = host
             .call(op, deadline, move |conn| {
                 instance_ops::delete_instance(conn, &names, &storage_pool)
             })
             .await?;
-        tracing::info!(
-            instance.id = %id,
-            domain_deleted = deleted.domain,
-            volumes_deleted = deleted.volumes.len(),
-            "deleted instance"
-        );
+        if deleted.foreign_domain_left {
+            tracing::warn!(
+                instance.id = %id,
+                domain = %names_domain,
+                "delete: the domain with this instance's name is not the agent's \
+                 (no metadata); it and its volumes were left alone"
+            );
+        } else {
+            tracing::info!(
+                instance.id = %id,
+                domain_deleted = deleted.domain,
+                volumes_deleted = deleted.volumes.len(),
+                "deleted instance"
+            );
+        }
         Ok(())
     }
 

@@ -322,3 +322,44 @@ fn list_reports_each_domain_with_its_own_metadata_and_state() {
         delete_instance(&conn, &InstanceNames::for_key(key).unwrap(), TEST_POOL).unwrap();
     }
 }
+
+#[test]
+fn delete_leaves_a_domain_without_our_metadata_and_its_volumes_alone() {
+    let conn = connect();
+    let names = InstanceNames::for_key("td-delete-foreign").unwrap();
+    // Someone else's domain that happens to have the agent's name, running, with disks
+    // named like the instance's volumes.
+    let xml = format!(
+        "<domain type='test'><name>{}</name><memory>65536</memory><os><type>hvm</type></os></domain>",
+        names.domain
+    );
+    conn.define_domain_xml(&xml).unwrap().create().unwrap();
+    create_volume(&conn, &names.overlay_volume);
+    create_volume(&conn, &names.seed_volume);
+
+    let outcome = delete_instance(&conn, &names, TEST_POOL).unwrap();
+    assert_eq!(
+        outcome,
+        Deleted {
+            domain: false,
+            volumes: Vec::new(),
+            foreign_domain_left: true,
+        }
+    );
+    let domain = conn.lookup_domain_by_name(&names.domain).unwrap();
+    assert!(domain.is_active().unwrap(), "the foreign domain still runs");
+    let pool = conn.lookup_storage_pool_by_name(TEST_POOL).unwrap();
+    for volume in [&names.overlay_volume, &names.seed_volume] {
+        pool.lookup_storage_vol_by_name(volume)
+            .unwrap_or_else(|e| panic!("{volume} was deleted: {e}"));
+    }
+
+    domain.destroy().unwrap();
+    domain.undefine().unwrap();
+    for volume in [&names.overlay_volume, &names.seed_volume] {
+        pool.lookup_storage_vol_by_name(volume)
+            .unwrap()
+            .delete(0)
+            .unwrap();
+    }
+}
