@@ -112,11 +112,13 @@ pub struct MachineType {
     pub disk_gib: u64,
 }
 
-/// A base image.
-#[derive(Debug, Clone, Deserialize)]
+/// A base image. Its `Debug` shows the URL as [`redact_url`](crate::image_fetch::redact_url)
+/// does: no credentials, no query.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ImageConfig {
-    /// `http://`, `https://` or `file://` URL of the image.
+    /// `http://`, `https://` or `file://` URL of the image. `user:password@` in an
+    /// http(s) URL is sent as HTTP basic authentication.
     pub url: String,
     /// Expected SHA-256 of the file, lowercase hex; verified while downloading.
     #[serde(default)]
@@ -127,6 +129,17 @@ pub struct ImageConfig {
     /// Boot firmware.
     #[serde(default)]
     pub firmware: Firmware,
+}
+
+impl fmt::Debug for ImageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageConfig")
+            .field("url", &crate::image_fetch::redact_url(&self.url))
+            .field("sha256", &self.sha256)
+            .field("format", &self.format)
+            .field("firmware", &self.firmware)
+            .finish()
+    }
 }
 
 /// Disk image format.
@@ -373,7 +386,10 @@ impl Config {
             {
                 p(
                     format!("{at}.url"),
-                    format!("{:?} is not an http://, https:// or file:// URL", image.url),
+                    format!(
+                        "{:?} is not an http://, https:// or file:// URL",
+                        crate::image_fetch::redact_url(&image.url)
+                    ),
                 );
             }
             if let Some(sum) = &image.sha256
@@ -405,6 +421,9 @@ impl Config {
                 "transport.libvirtKeepaliveInterval".into(),
                 "libvirt counts keepalives in whole seconds; use at least \"1s\"".into(),
             );
+        }
+        if let Err(message) = check_spool_dir(t.image_spool_dir.as_deref()) {
+            p("transport.imageSpoolDir".into(), message);
         }
         if problems.is_empty() {
             Ok(())
@@ -495,6 +514,28 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
         }
         (None, true) => {}
     }
+}
+
+/// The spool directory (`configured`, else the system temp dir) must take a file: an image
+/// served without `Content-Length` is staged there, and on a read-only root filesystem
+/// without a writable `TMPDIR` every such download would fail.
+fn check_spool_dir(configured: Option<&Path>) -> Result<(), String> {
+    let (dir, what) = match configured {
+        Some(dir) => (dir.to_owned(), String::new()),
+        None => (
+            std::env::temp_dir(),
+            " (the default: the system temp dir, TMPDIR)".to_owned(),
+        ),
+    };
+    // The same unnamed file a download spools to; gone when closed.
+    tempfile::tempfile_in(&dir).map(drop).map_err(|e| {
+        format!(
+            "cannot create a file in {}{what}: {e}; images served without Content-Length are \
+             staged there: point transport.imageSpoolDir at a writable directory (e.g. a \
+             mounted scratch volume) with room for one image",
+            dir.display()
+        )
+    })
 }
 
 impl fmt::Display for DomainType {
@@ -590,6 +631,40 @@ mod tests {
             assert!(err.contains(field), "{field} missing from:\n{err}");
         }
         assert!(err.contains("/nonexistent/key"), "{err}");
+    }
+
+    #[test]
+    fn image_urls_are_shown_without_credentials() {
+        let config = Config::parse(
+            "hosts: [{name: here, local: true}]\n\
+             images:\n  x: {url: 'ftp://user:hunter2@example.org/x?sig=s3cr3t'}\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("images.x.url"), "{err}");
+        assert!(err.contains("ftp://…@example.org/x?…"), "{err}");
+        let debug = format!("{:?}", config.images["x"]);
+        for secret in ["hunter2", "s3cr3t", "user"] {
+            assert!(!err.contains(secret), "{err}");
+            assert!(!debug.contains(secret), "{debug}");
+        }
+        assert!(debug.contains("example.org"), "{debug}");
+    }
+
+    #[test]
+    fn a_spool_dir_that_cannot_take_a_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let config = Config::parse(&format!(
+            "hosts: [{{name: here, local: true}}]\ntransport: {{imageSpoolDir: {}}}\n",
+            file.join("spool").display()
+        ))
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("transport.imageSpoolDir"), "{err}");
+        assert!(err.contains("writable directory"), "{err}");
+        check_spool_dir(Some(dir.path())).unwrap();
     }
 
     #[test]

@@ -255,10 +255,30 @@ pub async fn fetch(
         .build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, http_body_util::Empty<Bytes>>(connector);
-    let mut uri = uri;
+    let (mut uri, credentials) = take_credentials(uri).map_err(|reason| Error::ImageFetch {
+        url: shown.clone(),
+        reason,
+        permanent: true,
+    })?;
+    let origin = (uri.scheme().cloned(), uri.authority().cloned());
     let mut redirects = 0;
     let response = loop {
-        let response = tokio::time::timeout(idle, client.get(uri.clone()))
+        let mut request = hyper::Request::get(uri.clone());
+        // Credentials go only to the URL's own origin, never to a redirect elsewhere.
+        if let Some(credentials) = &credentials
+            && (uri.scheme().cloned(), uri.authority().cloned()) == origin
+        {
+            request = request.header(hyper::header::AUTHORIZATION, credentials.clone());
+        }
+        let request =
+            request
+                .body(http_body_util::Empty::new())
+                .map_err(|e| Error::ImageFetch {
+                    url: shown.clone(),
+                    reason: format!("not a valid request: {e}"),
+                    permanent: true,
+                })?;
+        let response = tokio::time::timeout(idle, client.request(request))
             .await
             .map_err(|_| Error::ImageFetch {
                 url: shown.clone(),
@@ -419,6 +439,73 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Splits `user:password@` off `uri`: the URI without it, and the `Authorization` header
+/// (HTTP basic, RFC 7617) it stands for. hyper sends no credentials of its own.
+fn take_credentials(
+    uri: hyper::Uri,
+) -> Result<(hyper::Uri, Option<hyper::header::HeaderValue>), String> {
+    let Some((userinfo, host)) = uri.authority().and_then(|a| a.as_str().rsplit_once('@')) else {
+        return Ok((uri, None));
+    };
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let pair = [
+        percent_decode(user)?,
+        b":".to_vec(),
+        percent_decode(password)?,
+    ]
+    .concat();
+    let mut value = hyper::header::HeaderValue::try_from(format!("Basic {}", base64(&pair)))
+        .map_err(|e| format!("unusable credentials in the URL: {e}"))?;
+    value.set_sensitive(true);
+    let host: hyper::http::uri::Authority = host
+        .parse()
+        .map_err(|e| format!("not a valid host after the credentials: {e}"))?;
+    let mut parts = uri.into_parts();
+    parts.authority = Some(host);
+    let uri = hyper::Uri::from_parts(parts).map_err(|e| format!("not a valid URL: {e}"))?;
+    Ok((uri, Some(value)))
+}
+
+fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let byte = text
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("a bad %-escape in the URL's credentials")?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Standard base64 with padding.
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Redirects followed before the answer counts as an error.
 const MAX_REDIRECTS: usize = 5;
 
@@ -447,6 +534,27 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_a_url_become_basic_authentication() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(
+            base64(b"Aladdin:open sesame"),
+            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+        );
+        let (uri, auth) =
+            take_credentials("http://Aladdin:open%20sesame@h:8080/i?x".parse().unwrap()).unwrap();
+        assert_eq!(uri.to_string(), "http://h:8080/i?x");
+        let auth = auth.unwrap();
+        assert_eq!(auth, "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
+        assert!(auth.is_sensitive());
+        let (uri, auth) = take_credentials("https://h/i".parse().unwrap()).unwrap();
+        assert_eq!((uri.to_string(), auth), ("https://h/i".to_owned(), None));
+        assert!(take_credentials("http://u:%zz@h/".parse().unwrap()).is_err());
+    }
 
     #[test]
     fn shown_urls_keep_no_credentials_or_query() {

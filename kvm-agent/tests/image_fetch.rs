@@ -62,7 +62,22 @@ async fn serve() -> String {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     return;
                 }
+                // user "user", password "p@ss:w" (RFC 7617 basic).
+                let authorized = text
+                    .lines()
+                    .any(|l| l.eq_ignore_ascii_case("authorization: Basic dXNlcjpwQHNzOnc="));
+                let to_other_origin = format!(
+                    "Location: http://localhost:{}/private\r\nContent-Length: 0\r\n",
+                    address.port()
+                );
                 let (head, payload): (String, &[u8]) = match path.as_str() {
+                    "/private" if authorized => (head("200 OK", &length), &body),
+                    "/private" => (head("401 Unauthorized", "Content-Length: 0\r\n"), b""),
+                    "/private-moved" => (
+                        head("302 Found", "Location: /private\r\nContent-Length: 0\r\n"),
+                        b"",
+                    ),
+                    "/private-elsewhere" => (head("302 Found", &to_other_origin), b""),
                     "/ok" => (head("200 OK", &length), &body),
                     "/no-length" => (head("200 OK", ""), &body),
                     "/short" => (head("200 OK", &length), &body[..SIZE / 2]),
@@ -123,6 +138,34 @@ async fn a_verified_download_streams_every_byte() {
     // No checksum configured: the bytes still arrive.
     let (read, _) = read_all(fetch(&format!("{base}/ok"), None, IDLE).await.unwrap()).await;
     assert_eq!(read.unwrap().len(), SIZE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_url_are_sent_as_basic_auth_to_its_origin_only() {
+    let base = serve().await;
+    let digest = sha256_hex(&body());
+    let with_credentials = base.replace("http://", "http://user:p%40ss%3Aw@");
+    for path in ["/private", "/private-moved"] {
+        let url = format!("{with_credentials}{path}");
+        let (read, failure) = read_all(fetch(&url, Some(&digest), IDLE).await.unwrap()).await;
+        assert_eq!(read.unwrap(), body(), "{path}");
+        assert!(failure.is_none(), "{path}: {failure:?}");
+    }
+    // Without credentials, and after a redirect to another origin (localhost is not
+    // 127.0.0.1), the server refuses: permanent, and the message shows no credentials.
+    for url in [
+        format!("{base}/private"),
+        format!("{with_credentials}/private-elsewhere"),
+    ] {
+        let error = fetch(&url, Some(&digest), IDLE).await.unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
+        assert_eq!(
+            error.to_provider_error().reason,
+            "IMAGE_FORBIDDEN",
+            "{error}"
+        );
+        assert!(!error.to_string().contains("p%40ss"), "{error}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,8 +3,8 @@
 //! One bounded libvirt call per host:
 //! 1. refresh the pool, so volumes made or changed outside libvirt are seen;
 //! 2. list every volume with its path and backing file (a volume that vanishes meanwhile
-//!    is skipped; one that cannot be read fails the eviction: never delete what you cannot
-//!    see);
+//!    is skipped; one that cannot be read, or whose XML does not parse, fails the eviction
+//!    before anything is deleted: never delete what you cannot see);
 //! 3. plan (`eviction_plan`): a base (`egressproxy-base-*.img`) is kept when any volume's
 //!    backing file is its path, when this process is downloading it, or when it or its
 //!    marker was written less than `min_age` ago by the hypervisor's clock (another agent
@@ -26,7 +26,7 @@ use virt::storage_vol::StorageVol;
 use super::host_volumes::{is, parse_volume_xml, refresh_pool};
 use super::{MARKER_SUFFIX, marker_volume};
 use crate::error::Error;
-use crate::libvirt_call::LibvirtOp;
+use crate::libvirt_call::{CallFailure, LibvirtOp};
 use crate::naming::BASE_PREFIX;
 use crate::pool::HostPool;
 
@@ -46,11 +46,11 @@ pub(super) async fn evict(
         refresh_pool(&pool)?;
         let mut listed = Vec::new();
         for vol in pool.list_all_volumes(0)? {
-            match describe(&vol) {
+            match describe(&vol, &host_name) {
                 Ok(volume) => listed.push(volume),
                 // Gone since the listing: nothing of it to keep.
-                Err(e) if is(&e, ErrorNumber::NoStorageVolume) => {}
-                Err(e) => return Err(e.into()),
+                Err(CallFailure::Libvirt(e)) if is(&e, ErrorNumber::NoStorageVolume) => {}
+                Err(e) => return Err(e),
             }
         }
         let plan = eviction_plan(&listed, &in_flight, SystemTime::now(), min_age);
@@ -211,22 +211,31 @@ fn eviction_plan(
     plan
 }
 
-fn describe(vol: &StorageVol) -> Result<ListedVolume, virt::error::Error> {
+fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure> {
     let name = vol.name()?;
     let path = vol.path()?;
     let xml = vol.xml_desc(0)?;
-    let facts = match parse_volume_xml(&xml) {
-        Ok(facts) => Some(facts),
-        Err(e) => {
-            tracing::warn!(volume = %name, error = %e, "cannot parse volume XML");
-            None
-        }
-    };
+    listed_volume(host, name, path, &xml).map_err(CallFailure::Agent)
+}
+
+/// A volume as eviction sees it, from its XML. XML that does not parse fails the eviction:
+/// the volume could be an overlay whose backing file is a base (never delete what you
+/// cannot see).
+fn listed_volume(host: &str, name: String, path: String, xml: &str) -> Result<ListedVolume, Error> {
+    let facts = parse_volume_xml(xml).map_err(|e| {
+        Error::io(
+            format!(
+                "host {host}: eviction stopped, nothing deleted: cannot read the XML of volume \
+                 {name} (is it an overlay on a base?)"
+            ),
+            std::io::Error::other(e),
+        )
+    })?;
     Ok(ListedVolume {
         name,
         path,
-        backing_path: facts.as_ref().and_then(|f| f.backing_path.clone()),
-        modified: facts.and_then(|f| f.modified),
+        backing_path: facts.backing_path,
+        modified: facts.modified,
     })
 }
 
@@ -244,6 +253,25 @@ mod tests {
             backing_path: backing.map(str::to_owned),
             modified: Some(SystemTime::UNIX_EPOCH + NOW - Duration::from_secs(age_secs)),
         }
+    }
+
+    #[test]
+    fn a_volume_whose_xml_does_not_parse_fails_the_eviction_naming_it() {
+        let err =
+            listed_volume("hv", "odd.qcow2".into(), "/p/odd".into(), "<volume><name>").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("odd.qcow2"), "{text}");
+        assert!(text.contains("host hv"), "{text}");
+        assert!(text.contains("nothing deleted"), "{text}");
+        let listed = listed_volume(
+            "hv",
+            "o".into(),
+            "/p/o".into(),
+            "<volume><target><path>/p/o</path></target>\
+             <backingStore><path>/p/a</path></backingStore></volume>",
+        )
+        .unwrap();
+        assert_eq!(listed.backing_path.as_deref(), Some("/p/a"));
     }
 
     #[test]
