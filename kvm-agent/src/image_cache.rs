@@ -28,8 +28,11 @@
 //!    either way.
 //! 6. **Verify.** The reader fails the read that would hand out the last bytes when the
 //!    digest is wrong (permanent) or the body is short (transient), so the upload never
-//!    completes with wrong content. On any failure the volume is deleted on the spot;
-//!    when even that fails (or the agent is killed), step 3 deletes it next time.
+//!    completes with wrong content. On any failure the download is cancelled, the upload
+//!    call is awaited (at most [`UPLOAD_SETTLE`]: libvirt refuses to delete a volume a
+//!    stream still holds), and the volume is deleted on the spot (retried while libvirt
+//!    still reports it in use); when even that fails (or the agent is killed), step 3
+//!    deletes it next time.
 //! 7. **Inspect.** A pool refresh makes libvirt probe the file: its format must be the
 //!    configured one and it must not name a backing file (a guest could otherwise read a
 //!    file of the hypervisor); its capacity is the virtual size, which an overlay must
@@ -75,6 +78,10 @@ pub const MARKER_SUFFIX: &str = ".complete";
 
 /// Buffer of the spool copy; the size the upload sends, too.
 const SPOOL_CHUNK: usize = 256 * 1024;
+
+/// How long a failed download waits for its upload call to return before deleting the
+/// half-written volume anyway (the next attempt deletes it when this one cannot).
+const UPLOAD_SETTLE: Duration = Duration::from_secs(5);
 
 /// Bounds of the retry hint given to a caller whose deadline passed mid-download.
 const RETRY_HINT_MIN: Duration = Duration::from_secs(1);
@@ -326,6 +333,7 @@ impl ImageCache {
             options: self.options.clone(),
             progress: flight.progress.clone(),
             deadline: Instant::now() + self.options.download_timeout,
+            uploading: Arc::default(),
         };
         tokio::spawn(
             async move {
@@ -398,6 +406,8 @@ struct Job {
     progress: Arc<Progress>,
     /// The end of `imageDownloadTimeout`.
     deadline: Instant,
+    /// Locked while the upload's libvirt call runs.
+    uploading: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Job {
@@ -426,7 +436,7 @@ impl Job {
         let attempt = tokio::time::timeout_at(self.deadline, self.download(&mut created)).await;
         let attempt = match attempt {
             // The upload's own deadline is the download's: whichever fires first, the
-            // download timed out.
+            // download timed out. The download is cancelled (dropped) by now.
             Err(_) => Err(self.timed_out()),
             Ok(Err(e))
                 if e.class() == ErrorClass::DeadlineExceeded && Instant::now() >= self.deadline =>
@@ -439,6 +449,19 @@ impl Job {
             Ok((path, capacity)) => Ok(self.base(path, capacity)),
             Err(error) => {
                 if created {
+                    // libvirt refuses to delete a volume an upload stream still holds:
+                    // let the upload call return first (its source is cancelled, its
+                    // connection cut at the deadline), within a bound.
+                    let uploading = self.uploading.clone();
+                    if tokio::time::timeout(UPLOAD_SETTLE, uploading.lock_owned())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(
+                            volume = %self.names.base,
+                            "the upload has not returned {UPLOAD_SETTLE:?} after its failure; deleting the volume anyway"
+                        );
+                    }
                     delete_half_written(host, pool, &self.names.base).await;
                 }
                 Err(error)
@@ -493,10 +516,29 @@ impl Job {
                 permanent: true,
             });
         }
+        // Held by the upload task until its libvirt call returns, even after this future
+        // is dropped (timeout): `run` waits for it before deleting a failed volume.
+        let uploading = self.uploading.clone().lock_owned().await;
         create_upload_target(host, pool, &names.base, length, self.call_deadline()).await?;
         *created = true;
-        upload_volume(host, pool, &names.base, source, length, self.deadline)
+        let upload = tokio::spawn({
+            let (host, pool, volume) = (host.clone(), pool.to_owned(), names.base.clone());
+            let deadline = self.deadline;
+            async move {
+                let _uploading = uploading;
+                upload_volume(&host, &pool, &volume, source, length, deadline).await
+            }
+            .in_current_span()
+        });
+        upload
             .await
+            .unwrap_or_else(|join| {
+                Err(Error::Worker {
+                    host: host.name().to_owned(),
+                    op: "virStorageVolUpload",
+                    reason: join.to_string(),
+                })
+            })
             .map_err(|e| take_failure().unwrap_or(e))?;
         let inspected = inspect(host, pool, &names.base, self.call_deadline()).await?;
         check_format(image, &inspected)?;

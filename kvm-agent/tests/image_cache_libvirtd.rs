@@ -691,3 +691,32 @@ async fn a_file_url_image_is_uploaded_from_the_agents_filesystem() {
         .unwrap();
     assert_complete(&fixture, &base, qcow2_image());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_timing_out_mid_upload_deletes_its_volume_on_the_spot() {
+    let fixture = Fixture::start().await;
+    // Bytes arrive all the time (64 KiB every 40 ms): the timeout finds the upload busy,
+    // and the half-written volume is deleted once the upload has let go of it.
+    let url = fixture
+        .server
+        .serve("/trickle.qcow2", qcow2_image().to_vec(), Mode::Slow);
+    let image = image(&url, qcow2_image());
+    for timeout_ms in [400, 700, 1000, 1300, 1600] {
+        let cache = ImageCache::new(ImageCacheOptions {
+            spool_dir: fixture.spool.path().to_owned(),
+            download_timeout: Duration::from_millis(timeout_ms),
+            ..ImageCacheOptions::default()
+        });
+        let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+        assert!(
+            error.to_string().contains("imageDownloadTimeout"),
+            "{error}"
+        );
+        assert!(
+            fixture.files().is_empty(),
+            "after {timeout_ms} ms: {:?}",
+            fixture.files()
+        );
+    }
+}

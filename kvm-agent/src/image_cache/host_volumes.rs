@@ -20,6 +20,10 @@ use crate::volume_xml::sparse_raw_volume;
 /// Deadline of the clean-up of a failed download (deleting the half-written volume).
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Attempts, and the pause between them, to delete a volume libvirt reports in use.
+const IN_USE_RETRIES: u32 = 50;
+const IN_USE_PAUSE: Duration = Duration::from_millis(100);
+
 /// The parts of libvirt's volume XML the cache reads.
 #[derive(Debug, Deserialize)]
 struct VolumeDesc {
@@ -288,10 +292,24 @@ pub(super) async fn delete_half_written(host: &Arc<HostPool>, pool: &str, volume
     let deleted = host
         .call(op, Instant::now() + CLEANUP_TIMEOUT, move |c| {
             let pool = c.lookup_storage_pool_by_name(&pool_name)?;
-            if let Some(vol) = lookup_volume(&pool, &name)? {
-                vol.delete(0)?;
+            let mut attempts = 0;
+            loop {
+                let Some(vol) = lookup_volume(&pool, &name)? else {
+                    return Ok(());
+                };
+                match vol.delete(0) {
+                    // "still in use": the server side of a cut upload stream lets go of
+                    // the volume a moment after the client side returned.
+                    Err(e)
+                        if is(&e, ErrorNumber::OperationInvalid) && attempts < IN_USE_RETRIES =>
+                    {
+                        attempts += 1;
+                        std::thread::sleep(IN_USE_PAUSE);
+                    }
+                    Err(e) if is(&e, ErrorNumber::NoStorageVolume) => return Ok(()),
+                    other => return other.map_err(Into::into),
+                }
             }
-            Ok(())
         })
         .await;
     if let Err(e) = deleted {
