@@ -720,3 +720,53 @@ async fn a_download_timing_out_mid_upload_deletes_its_volume_on_the_spot() {
         );
     }
 }
+
+/// What docs/kvm-agent.md and ADR 0003 say of eviction racing a Create that found an old
+/// base: the overlay step fails (transient) and the retry fetches the base again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlay_on_an_evicted_base_fails_transient_and_a_retry_fetches_the_base_again() {
+    let fixture = Fixture::start().await;
+    let url = fixture
+        .server
+        .serve("/old.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let image = image(&url, qcow2_image());
+    let cache = fixture.cache();
+    // A Create's cache hit...
+    let base = fixture.ensure(&cache, &image, GENEROUS).await.unwrap();
+    // ...then eviction, before that Create made its overlay.
+    let report = cache
+        .evict_unused(&fixture.host, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(report.deleted.len(), 2, "{report}");
+    let overlay = |base: &BaseImage| {
+        let xml = overlay_volume(
+            "egressproxy-uid-1.root.qcow2",
+            VIRTUAL_SIZE,
+            Path::new(&base.path),
+            ImageFormat::Qcow2,
+        )
+        .unwrap();
+        fixture.host.call(
+            LibvirtOp::new("virStorageVolCreateXML"),
+            deadline_in(GENEROUS),
+            move |c| {
+                let pool = c.lookup_storage_pool_by_name("default")?;
+                virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0)?;
+                Ok(())
+            },
+        )
+    };
+    let error = overlay(&base).await.unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Transient, "{error}");
+    assert!(
+        error.to_string().contains("inaccessible backing store"),
+        "{error}"
+    );
+    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    // The retry's cache lookup finds no base and fetches it again, at the same path.
+    let again = fixture.ensure(&cache, &image, GENEROUS).await.unwrap();
+    assert_eq!(again, base);
+    assert_eq!(fixture.server.requests("/old.qcow2"), 2);
+    overlay(&again).await.unwrap();
+}
