@@ -9,7 +9,8 @@
 //! 2. **base image**: the content-addressed base volume, from the image cache;
 //! 3. **overlay** ([`create_from_base`] from here on): a qcow2 overlay on the base file,
 //!    as large as the machine type's disk and never smaller than the base; created in one
-//!    libvirt call, reused when an earlier attempt made it;
+//!    libvirt call, reused when an earlier attempt made it for the same base and size
+//!    (remade when the image or machine type changed in between);
 //! 4. **seed**: any old seed volume deleted, a new one created and the NoCloud image
 //!    (built in memory) uploaded, always, before the domain exists (lesson 6);
 //! 5. **define** the domain: file disks whose paths libvirt reported for the volumes,
@@ -293,7 +294,12 @@ pub async fn create_from_base(
             },
         )
         .await?;
-    tracing::debug!(volume = %names.overlay_volume, reused = !overlay.created, "overlay ready");
+    tracing::debug!(
+        volume = %names.overlay_volume,
+        reused = !overlay.created,
+        replaced = overlay.replaced,
+        "overlay ready"
+    );
     faults.after(CreateStep::Overlay)?;
 
     let seed = build_seed(&plan.documents, &request.key, &plan.hostname);

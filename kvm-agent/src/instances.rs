@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use egressproxy_provider::{ProviderError, pb};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::config::{Attachment, Config, HostConfig};
 use crate::create_plan::plan_create;
@@ -97,8 +98,55 @@ impl Instances {
     /// [`Instances::create`] with another source of the base image: `ensure_base`
     /// provides the base image volume on the chosen host. See
     /// [`crate::instance_create`].
+    ///
+    /// Once the key's lock is taken, the steps run in a task of their own that holds the
+    /// lock until they end: a caller that goes away (tonic drops the handler's future
+    /// when the client cancels or its deadline passes) does not stop them half-way, nor
+    /// let a Delete or another Create of the key run beside them. The task ends when the
+    /// steps are done or the request's deadline has passed.
     pub async fn create_with<F, Fut>(
         &self,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+        ensure_base: F,
+    ) -> Result<pb::Instance, ProviderError>
+    where
+        F: FnOnce(Arc<HostPool>, crate::create_plan::CreatePlan) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<BaseImage, Error>> + Send + 'static,
+    {
+        let plan = plan_create(&self.config, request)?;
+        let host = self.pool.host(&plan.host.name)?;
+        let turn = self
+            .key_locks
+            .lock(host.name(), &request.key, deadline)
+            .await?;
+        let this = self.clone();
+        let owned_request = request.clone();
+        // Dropping the JoinHandle (when this future is dropped) detaches the task; it
+        // does not abort it.
+        let steps = tokio::spawn(
+            async move {
+                let _turn = turn;
+                this.create_locked(host, plan, &owned_request, deadline, ensure_base)
+                    .await
+            }
+            .in_current_span(),
+        );
+        match steps.await {
+            Ok(result) => result,
+            Err(e) => Err(ProviderError::transient(format!(
+                "Create of key {} stopped unexpectedly: {e}",
+                request.key
+            ))
+            .with_reason("AGENT_WORKER_FAILED")),
+        }
+    }
+
+    /// Create's steps, with the key's lock held.
+    async fn create_locked<F, Fut>(
+        &self,
+        host: Arc<HostPool>,
+        plan: crate::create_plan::CreatePlan,
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
         ensure_base: F,
@@ -107,12 +155,6 @@ impl Instances {
         F: FnOnce(Arc<HostPool>, crate::create_plan::CreatePlan) -> Fut,
         Fut: Future<Output = Result<BaseImage, Error>>,
     {
-        let plan = plan_create(&self.config, request)?;
-        let host = self.pool.host(&plan.host.name)?;
-        let _turn = self
-            .key_locks
-            .lock(host.name(), &request.key, deadline)
-            .await?;
         if let Some(existing) =
             instance_create::existing_instance(&host, &plan, &request.key, deadline).await?
         {

@@ -32,6 +32,8 @@ struct Agent {
     instances: Instances,
     /// The image's base volume and its completion marker.
     base: (String, String),
+    /// The loopback server of the images.
+    server: FileServer,
     _work: tempfile::TempDir,
 }
 
@@ -43,12 +45,25 @@ async fn agent(faults: FaultHook) -> Agent {
 
 /// [`agent`] with the configuration changed by `edit`.
 async fn agent_with(faults: FaultHook, edit: impl FnOnce(String) -> String) -> Agent {
+    agent_in(faults, |_, _, yaml| edit(yaml)).await
+}
+
+/// [`agent`] with the configuration changed by `edit`, which also gets the directory the
+/// image server serves and the server's base URL.
+async fn agent_in(
+    faults: FaultHook,
+    edit: impl FnOnce(&std::path::Path, &str, String) -> String,
+) -> Agent {
     let guest_host = GuestHost::start();
     let work = tempfile::tempdir().unwrap();
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
     let server = FileServer::start(work.path());
-    let yaml = edit(guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha));
+    let yaml = edit(
+        work.path(),
+        &server.base_url,
+        guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha),
+    );
     let config = Config::parse(&yaml).unwrap();
     config.validate().unwrap();
     let config = Arc::new(config);
@@ -58,6 +73,7 @@ async fn agent_with(faults: FaultHook, edit: impl FnOnce(String) -> String) -> A
         instances: Instances::new(config, pool).with_fault_hook(faults),
         guest_host,
         base: (marker_volume(&base), base),
+        server,
         _work: work,
     }
 }
@@ -416,4 +432,357 @@ async fn a_delete_during_a_create_of_the_key_waits_for_it_and_leaves_nothing() {
     create.await.unwrap().unwrap();
     assert!(agent.guest_host.domains().is_empty());
     agent.assert_pool_holds(&[]);
+}
+
+/// A hook that fails Create once after `step` each time `armed` is set.
+fn fail_after(step: CreateStep) -> (FaultHook, Arc<AtomicBool>) {
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let armed = armed.clone();
+        FaultHook::new(move |reached| {
+            if reached == step && armed.swap(false, Ordering::SeqCst) {
+                return Err(Error::Worker {
+                    host: "hv1".into(),
+                    op: "injected fault",
+                    reason: format!("after {reached:?}"),
+                });
+            }
+            Ok(())
+        })
+    };
+    (hook, armed)
+}
+
+/// Every domain's disk files exist (no domain outlived its volumes).
+fn assert_no_domain_misses_its_disks(guest_host: &GuestHost) {
+    for domain in guest_host.domains() {
+        let out = std::process::Command::new("virsh")
+            .args([
+                "-c",
+                &guest_host.libvirtd.uri(),
+                "domblklist",
+                "--details",
+                &domain,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for line in text.lines().filter(|l| l.trim_start().starts_with("file")) {
+            let source = line.split_whitespace().last().unwrap();
+            assert!(
+                std::path::Path::new(source).exists(),
+                "domain {domain} lost its disk {source}"
+            );
+        }
+    }
+}
+
+/// A change to a request's placement.
+type PlacementChange = fn(&mut pb::Placement);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlay_left_for_another_image_or_machine_type_is_made_again() {
+    let (hook, armed) = fail_after(CreateStep::Overlay);
+    // A second machine type with a larger disk, and a second image (the same iPXE with
+    // other qcow2 clusters: other bytes, so another digest and another base).
+    let mut second_sha = String::new();
+    let agent = agent_in(hook, |dir, base_url, yaml| {
+        let second = dir.join("ipxe-b.qcow2");
+        let out = std::process::Command::new("qemu-img")
+            .args([
+                "convert",
+                "-f",
+                "qcow2",
+                "-O",
+                "qcow2",
+                "-o",
+                "cluster_size=32768",
+            ])
+            .arg(dir.join("ipxe.qcow2"))
+            .arg(&second)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        second_sha = sha256_file(&second);
+        yaml.replace(
+            "  tiny: {vcpus: 1, memoryMiB: 128, diskGiB: 1}\n",
+            "  tiny: {vcpus: 1, memoryMiB: 128, diskGiB: 1}\n  \
+             roomy: {vcpus: 1, memoryMiB: 128, diskGiB: 2}\n",
+        )
+        .replace(
+            "transport:\n",
+            &format!(
+                "  ipxe-b:\n    url: {base_url}/ipxe-b.qcow2\n    sha256: {second_sha}\n    \
+                 format: qcow2\n    firmware: bios\ntransport:\n"
+            ),
+        )
+    })
+    .await;
+    let second_base = agent
+        .guest_host
+        .images
+        .join(base_volume(&second_sha).unwrap())
+        .display()
+        .to_string();
+
+    // (placement change, what the remade overlay must show)
+    let cases: [(&str, PlacementChange, String, &str); 2] = [
+        (
+            "uid-respec-machine",
+            |p| p.machine_type = "roomy".into(),
+            agent.base_path(),
+            "virtual size: 2 GiB",
+        ),
+        (
+            "uid-respec-image",
+            |p| p.image = "ipxe-b".into(),
+            second_base.clone(),
+            "virtual size: 1 GiB",
+        ),
+    ];
+    for (key, change, wanted_base, wanted_size) in cases {
+        let names = InstanceNames::for_key(key).unwrap();
+        let overlay = agent.guest_host.images.join(&names.overlay_volume);
+        // A Create that stops after its overlay, before any domain exists.
+        armed.store(true, Ordering::SeqCst);
+        let err = agent.create(&request(key)).await.unwrap_err();
+        assert!(err.message.contains("injected fault"), "{key}: {err}");
+        assert!(agent.guest_host.domains().is_empty(), "{key}");
+        let first = qemu_img_info(&overlay);
+        assert!(first.contains(&agent.base_path()), "{key}: {first}");
+        assert!(first.contains("virtual size: 1 GiB"), "{key}: {first}");
+
+        // The spec changes before the retry: the retry's overlay follows the new spec.
+        let mut changed = request(key);
+        change(changed.placement.as_mut().unwrap());
+        let instance = agent.create(&changed).await.unwrap();
+        let info = qemu_img_info(&overlay);
+        assert!(
+            info.contains(&format!("backing file: {wanted_base}")),
+            "{key}: {info}"
+        );
+        assert!(info.contains(wanted_size), "{key}: {info}");
+        assert_eq!(agent.guest_host.domstate(&names.domain), "running", "{key}");
+        assert_eq!(
+            instance.placement.unwrap().image,
+            changed.placement.unwrap().image
+        );
+        agent
+            .instances
+            .delete(&instance.id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+    }
+    assert!(agent.guest_host.domains().is_empty());
+    let mut bases = vec![
+        agent.base.0.clone(),
+        agent.base.1.clone(),
+        marker_volume(&base_volume(&second_sha).unwrap()),
+        base_volume(&second_sha).unwrap(),
+    ];
+    bases.sort();
+    assert_eq!(agent.guest_host.pool_files(), bases);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_create_finishes_under_its_lock_before_a_delete_of_the_key() {
+    let steps: Arc<std::sync::Mutex<Vec<CreateStep>>> = Arc::default();
+    let hook = {
+        let steps = steps.clone();
+        FaultHook::new(move |step| {
+            steps.lock().unwrap().push(step);
+            Ok(())
+        })
+    };
+    let agent = agent(hook).await;
+    let key = "uid-cancelled";
+    // The caller goes away a few milliseconds in (tonic drops the handler's future when
+    // the client cancels): the first connection to the host is not even up yet.
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(5), agent.create(&request(key))).await;
+    assert!(cancelled.is_err(), "Create finished within 5 ms?");
+    assert!(steps.lock().unwrap().is_empty(), "{steps:?}");
+
+    agent
+        .instances
+        .delete(&format!("hv1/{key}"), deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    // The Create went on to its end, holding the key's lock, and only then did the
+    // Delete run: it removed a complete instance, and nothing runs on afterwards.
+    assert_eq!(*steps.lock().unwrap(), CreateStep::ALL);
+    assert!(agent.guest_host.domains().is_empty());
+    agent.assert_pool_holds(&[]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(agent.guest_host.domains().is_empty());
+    assert_no_domain_misses_its_disks(&agent.guest_host);
+    agent.assert_pool_holds(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_of_different_keys_share_one_download() {
+    let agent = Arc::new(agent(FaultHook::default()).await);
+    let keys = ["uid-share-1", "uid-share-2", "uid-share-3"];
+    let creates: Vec<_> = keys
+        .iter()
+        .map(|&key| {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.create(&request(key)).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for create in creates {
+        ids.push(create.await.unwrap().unwrap().id);
+    }
+    assert_eq!(ids, keys.map(|k| format!("hv1/{k}")));
+    assert_eq!(agent.server.gets("ipxe.qcow2"), 1, "one download");
+    agent.assert_pool_holds(&keys);
+    for id in &ids {
+        agent
+            .instances
+            .delete(id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+    }
+    assert!(agent.guest_host.domains().is_empty());
+    agent.assert_pool_holds(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_fails_when_one_configured_host_is_unreachable() {
+    // A second hypervisor whose sshd has stopped (its address refuses connections).
+    // Its host key stays known (the configuration is valid), its server is gone.
+    let stopped = egressproxy_integration::sshd::Sshd::start().unwrap();
+    let stopped_address = stopped.address();
+    let hv2_files = tempfile::tempdir().unwrap();
+    let hv2_known_hosts = hv2_files.path().join("known_hosts");
+    std::fs::copy(stopped.known_hosts(), &hv2_known_hosts).unwrap();
+    drop(stopped);
+    let agent = agent_with(FaultHook::default(), |yaml| {
+        let hv1 = yaml
+            .split("machineTypes:\n")
+            .next()
+            .unwrap()
+            .strip_prefix("hosts:\n")
+            .unwrap()
+            .to_owned();
+        let address = hv1
+            .lines()
+            .find(|l| l.trim_start().starts_with("address:"))
+            .unwrap()
+            .to_owned();
+        let known_hosts = hv1
+            .lines()
+            .find(|l| l.trim_start().starts_with("knownHosts:"))
+            .unwrap()
+            .to_owned();
+        let hv2 = hv1
+            .replace("- name: hv1", "- name: hv2")
+            .replace(&address, &format!("    address: \"{stopped_address}\""))
+            .replace(
+                &known_hosts,
+                &format!("    knownHosts: {}", hv2_known_hosts.display()),
+            );
+        yaml.replace("machineTypes:\n", &format!("{hv2}machineTypes:\n"))
+    })
+    .await;
+    assert_eq!(agent.instances.config().hosts.len(), 2);
+    let key = "uid-list-partial";
+    let created = agent.create(&request(key)).await.unwrap();
+    assert_eq!(created.id, format!("hv1/{key}"));
+
+    // hv1's instance exists, but a list without hv2's would be short: the call fails.
+    let err = agent
+        .instances
+        .list(&selector(&[("cluster", "it")]), deadline_in(GENEROUS))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class, ErrorClass::Transient, "{err}");
+    assert!(err.message.contains("hv2"), "{err}");
+    // hv1 itself answers.
+    agent
+        .instances
+        .get(&created.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    agent
+        .instances
+        .delete(&created.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(agent.guest_host.domains().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_data_never_reaches_logs_or_spans() {
+    let agent = agent(FaultHook::default()).await;
+    let key = "uid-secret";
+    let marker = format!("ep-secret-{}-c4a9d1e0", std::process::id());
+    let mut request = request(key);
+    request.cloud_init = Some(pb::CloudInit {
+        user_data: format!(
+            "#cloud-config\npackages: [squid]\nwrite_files:\n- path: /etc/squid/secret\n  \
+             content: {marker}\n"
+        )
+        .into_bytes(),
+        vendor_data: None,
+    });
+
+    let trace = caller_trace("CreateInstance");
+    let created = agent
+        .create(&request)
+        .instrument(trace.request_span.clone())
+        .await
+        .unwrap();
+    // The seed carries it to the guest (so it did go through the agent).
+    let names = InstanceNames::for_key(key).unwrap();
+    let seed = std::fs::read(agent.guest_host.images.join(&names.seed_volume)).unwrap();
+    assert!(
+        seed.windows(marker.len()).any(|w| w == marker.as_bytes()),
+        "the seed holds the user-data"
+    );
+    // A repeated Create, a Get, a List and a Delete, under the same trace.
+    async {
+        agent.create(&request).await.unwrap();
+        agent
+            .instances
+            .get(&created.id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+        agent
+            .instances
+            .list(&[], deadline_in(GENEROUS))
+            .await
+            .unwrap();
+        agent
+            .instances
+            .delete(&created.id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+    }
+    .instrument(trace.request_span.clone())
+    .await;
+    drop(trace.request_span);
+
+    assert!(agent.guest_host.domains().is_empty());
+
+    let spans = common::all_spans();
+    assert!(
+        !spans_of(trace.trace_id).is_empty(),
+        "the Create's spans were captured"
+    );
+    for span in &spans {
+        let text = format!("{span:?}");
+        assert!(
+            !text.contains(&marker),
+            "span {} holds user-data",
+            span.name
+        );
+    }
+    let log = common::captured_log();
+    assert!(
+        log.contains("created instance") && log.contains(key),
+        "the agent's log was captured"
+    );
+    assert!(!log.contains(&marker), "the log holds user-data");
 }

@@ -44,13 +44,59 @@ fn telemetry() -> &'static Telemetry {
                 .with_test_writer()
                 .with_filter(tracing_subscriber::EnvFilter::from_default_env())
         });
-        let subscriber = tracing_subscriber::registry().with(otel).with(log);
+        // Every event and span of the agent, at every level, as text: for tests that
+        // check what never reaches a log.
+        let captured = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
+            .with_writer(|| CapturedLog)
+            .with_filter(tracing_subscriber::EnvFilter::new(
+                "warn,kvm_agent=trace,egressproxy_provider=trace",
+            ));
+        let subscriber = tracing_subscriber::registry()
+            .with(otel)
+            .with(log)
+            .with(captured);
         tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
         Telemetry {
             exporter,
             _provider: provider,
         }
     })
+}
+
+static CAPTURED_LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Appends to [`CAPTURED_LOG`].
+struct CapturedLog;
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURED_LOG
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything the agent logged in this process so far (every level, span fields
+/// included), as text.
+pub fn captured_log() -> String {
+    telemetry();
+    String::from_utf8_lossy(&CAPTURED_LOG.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
+
+/// Every finished span of this process, whatever its trace.
+pub fn all_spans() -> Vec<SpanData> {
+    telemetry()
+        .exporter
+        .get_finished_spans()
+        .expect("read spans")
 }
 
 /// A caller's trace: the request span and the trace id it continues.

@@ -182,6 +182,8 @@ pub fn qemu_img_info(path: &Path) -> String {
 /// connection at a time on a thread; it lives as long as the process.
 pub struct FileServer {
     pub base_url: String,
+    /// The request line of every request received, in order.
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl FileServer {
@@ -190,16 +192,20 @@ impl FileServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base_url = format!("http://{}", listener.local_addr().unwrap());
         let dir = dir.to_owned();
+        let requests = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+        let log = requests.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let dir = dir.clone();
+                let log = log.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().unwrap());
                     let mut request_line = String::new();
                     if reader.read_line(&mut request_line).is_err() {
                         return;
                     }
+                    log.lock().unwrap().push(request_line.trim_end().to_owned());
                     loop {
                         let mut line = String::new();
                         match reader.read_line(&mut line) {
@@ -228,6 +234,17 @@ impl FileServer {
                 });
             }
         });
-        Self { base_url }
+        Self { base_url, requests }
+    }
+
+    /// How many `GET` requests for `/NAME` the server received.
+    pub fn gets(&self, name: &str) -> usize {
+        let wanted = format!("GET /{name} ");
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| line.starts_with(&wanted))
+            .count()
     }
 }
