@@ -216,3 +216,34 @@ fn the_documented_pool_and_network_commands_prepare_a_hypervisor() {
         "{out:?}"
     );
 }
+
+#[test]
+fn the_documented_commands_and_their_options_exist() {
+    let block = documented_block("Commands", "sh");
+    let mut seen = 0;
+    for line in block.lines().filter(|l| l.starts_with("kvm-agent ")) {
+        let command = line.split(" #").next().unwrap();
+        let words: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let Some(sub) = words.iter().find(|w| !w.starts_with('-')) else {
+            continue;
+        };
+        if *sub == "..." {
+            // `kvm-agent -v ...`: the global flag.
+            let (ok, stdout, _) = kvm_agent(&["--help"]);
+            assert!(ok && stdout.contains("--verbose"), "{stdout}");
+            continue;
+        }
+        let (ok, help, stderr) = kvm_agent(&[sub, "--help"]);
+        assert!(ok, "{line}: {stderr}");
+        for word in &words {
+            let flag = word.trim_start_matches('[').trim_end_matches(']');
+            if flag.starts_with("--") {
+                assert!(help.contains(flag), "{line}: {flag} not in\n{help}");
+            } else if flag.chars().all(|c| c.is_ascii_uppercase()) {
+                assert!(help.contains(&format!("[{flag}]")), "{line}: {help}");
+            }
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 5, "{block}");
+}
