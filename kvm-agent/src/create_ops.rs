@@ -182,7 +182,9 @@ impl OverlayFacts {
             ImageFormat::Qcow2 => "qcow2",
             ImageFormat::Raw => "raw",
         };
-        self.capacity_bytes == capacity_bytes
+        // qemu-img rounds a size up to whole 512-byte sectors.
+        (self.capacity_bytes == capacity_bytes
+            || self.capacity_bytes == capacity_bytes.next_multiple_of(512))
             && self.backing_path.as_deref() == Some(base_path)
             && self.backing_format.as_deref().is_none_or(|f| f == format)
     }
@@ -291,6 +293,12 @@ mod tests {
         assert!(!facts.matches(2 << 30, "/p/egressproxy-base-ab.img", ImageFormat::Qcow2));
         assert!(!facts.matches(1 << 30, "/p/egressproxy-base-cd.img", ImageFormat::Qcow2));
         assert!(!facts.matches(1 << 30, "/p/egressproxy-base-ab.img", ImageFormat::Raw));
+        // A size qemu-img rounded up to whole sectors is the wanted one.
+        assert!(facts.matches(
+            (1 << 30) - 100,
+            "/p/egressproxy-base-ab.img",
+            ImageFormat::Qcow2
+        ));
 
         let plain = OverlayFacts::parse(
             "<volume><name>v</name><capacity unit='KiB'>64</capacity><target/></volume>",
