@@ -29,10 +29,10 @@
 //! 6. **Verify.** The reader fails the read that would hand out the last bytes when the
 //!    digest is wrong (permanent) or the body is short (transient), so the upload never
 //!    completes with wrong content. On any failure the download is cancelled, the upload
-//!    call is awaited (at most [`UPLOAD_SETTLE`]: libvirt refuses to delete a volume a
-//!    stream still holds), and the volume is deleted on the spot (retried while libvirt
-//!    still reports it in use); when even that fails (or the agent is killed), step 3
-//!    deletes it next time.
+//!    call is awaited (at most [`UPLOAD_SETTLE`], so the volume is not deleted under a
+//!    stream still writing it), and the volume is deleted on the spot (retried while
+//!    libvirt reports it in use; libvirt 11 does not on a dir pool, a test shows); when
+//!    even that fails (or the agent is killed), step 3 deletes it next time.
 //! 7. **Inspect.** A pool refresh makes libvirt probe the file: its format must be the
 //!    configured one and it must not name a backing file (a guest could otherwise read a
 //!    file of the hypervisor); its capacity is the virtual size, which an overlay must
@@ -449,9 +449,9 @@ impl Job {
             Ok((path, capacity)) => Ok(self.base(path, capacity)),
             Err(error) => {
                 if created {
-                    // libvirt refuses to delete a volume an upload stream still holds:
-                    // let the upload call return first (its source is cancelled, its
-                    // connection cut at the deadline), within a bound.
+                    // Not under a stream still writing it: let the upload call return
+                    // first (its source is cancelled, its connection cut at the
+                    // deadline), within a bound.
                     let uploading = self.uploading.clone();
                     if tokio::time::timeout(UPLOAD_SETTLE, uploading.lock_owned())
                         .await

@@ -347,6 +347,52 @@ mod tests {
         assert_eq!(parse_timestamp("x.1"), None);
     }
 
+    /// A volume an upload stream still writes is deleted: libvirt 11 allows it on a dir
+    /// pool (the stream writes on into the unlinked file); versions that refuse with
+    /// OPERATION_INVALID get retries until the stream lets go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_half_written_volume_is_deleted_while_its_upload_still_holds_it() {
+        use egressproxy_integration::libvirtd::Libvirtd;
+
+        let libvirtd = Libvirtd::start().unwrap();
+        let images = libvirtd.dir().join("images");
+        std::fs::create_dir(&images).unwrap();
+        let config = crate::config::Config::parse(&format!(
+            "hosts:\n- name: here\n  local: true\n  libvirtSocket: {}\n",
+            libvirtd.socket().display()
+        ))
+        .unwrap();
+        let pool = crate::pool::Pool::new(&config).unwrap();
+        let host = pool.host("here").unwrap();
+        // An upload in progress, on a connection of its own (as the bulk one).
+        virt::error::clear_error_callback();
+        let conn = virt::connect::Connect::open(Some(&libvirtd.uri())).unwrap();
+        let xml = format!(
+            "<pool type='dir'><name>default</name><target><path>{}</path></target></pool>",
+            images.display()
+        );
+        let storage = conn.create_storage_pool_xml(&xml, 0).unwrap();
+        let length = 1 << 20;
+        let vol = StorageVol::create_xml(
+            &storage,
+            &crate::volume_xml::raw_volume("half.img", length).unwrap(),
+            0,
+        )
+        .unwrap();
+        let stream = virt::stream::Stream::new(&conn, 0).unwrap();
+        vol.upload(&stream, 0, length, 0).unwrap();
+        stream.send(&[7u8; 4096]).unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            stream.abort().unwrap();
+            drop((vol, storage, conn));
+        });
+        delete_half_written(&host, "default", "half.img").await;
+        assert!(!images.join("half.img").exists());
+        releaser.join().unwrap();
+        assert_eq!(std::fs::read_dir(&images).unwrap().count(), 0);
+    }
+
     #[test]
     fn a_format_other_than_configured_or_a_backing_file_is_refused() {
         let image = |format| ImageConfig {
