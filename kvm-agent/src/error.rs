@@ -24,6 +24,9 @@ pub enum ErrorClass {
     NotFound,
     /// The caller's deadline passed; the operation's outcome is unknown.
     DeadlineExceeded,
+    /// Something else holds the name the request needs; retrying cannot help until it is
+    /// removed or the request changes.
+    Conflict,
 }
 
 /// One problem in the configuration file.
@@ -345,6 +348,64 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// A domain has the instance's name but was not created by the agent (no metadata);
+    /// it is never touched.
+    #[error(
+        "key {key}: host {host} has a domain named {domain} that this agent did not create; \
+         it is left alone: rename or remove it, or use another key"
+    )]
+    DomainNameTaken {
+        /// Host name from the configuration.
+        host: String,
+        /// The instance key.
+        key: String,
+        /// The domain's name.
+        domain: String,
+    },
+
+    /// The domain XML could not be built from the request (a bug or an unencodable value).
+    #[error("cannot build the domain XML of {domain}: {reason}")]
+    DomainXmlInvalid {
+        /// The domain's name.
+        domain: String,
+        /// The serializer's error.
+        reason: String,
+    },
+
+    /// The host check found problems that make Create fail; each with what to fix.
+    #[error("host {host} is not ready: {}", failures.join("; "))]
+    HostNotReady {
+        /// Host name from the configuration.
+        host: String,
+        /// Each failed check with its fix.
+        failures: Vec<String>,
+    },
+
+    /// Another Create (or Delete) of the same key in this agent still ran when the
+    /// caller's deadline passed; its outcome decides this one's.
+    #[error(
+        "key {key} on host {host}: another Create or Delete of the same key is in progress \
+         (waited {waited:?}); retry"
+    )]
+    CreateInProgress {
+        /// Host name from the configuration.
+        host: String,
+        /// The instance key.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The `domainType: auto` KVM probe of the host (up to 15 s, under its own deadline)
+    /// still ran when the caller's deadline passed; a later call gets its answer.
+    #[error("host {host}: the KVM probe (domainType: auto) is still running; retry")]
+    KvmProbeRunning {
+        /// Host name from the configuration.
+        host: String,
+        /// When the probe should be done at the latest (the retry hint).
+        retry_in: Duration,
+    },
+
     /// A blocking libvirt task panicked or was cancelled.
     #[error("host {host}: {op} worker ended abnormally: {reason}")]
     Worker {
@@ -386,7 +447,11 @@ impl Error {
             | Error::UnknownHost { .. }
             | Error::HostKeyUnknown { .. }
             | Error::HostKeyChanged { .. }
-            | Error::SshAuthRejected { .. } => ErrorClass::Permanent,
+            | Error::SshAuthRejected { .. }
+            | Error::DomainXmlInvalid { .. }
+            | Error::HostNotReady { .. } => ErrorClass::Permanent,
+            Error::DomainNameTaken { .. } => ErrorClass::Conflict,
+            Error::CreateInProgress { .. } | Error::KvmProbeRunning { .. } => ErrorClass::Transient,
             Error::SshConnect { .. }
             | Error::SshHandshakeTimeout { .. }
             | Error::Ssh { .. }
@@ -469,10 +534,18 @@ impl Error {
             Error::Libvirt { failure, .. } => match failure.class {
                 _ if failure.transport => (C::Transient, "LIBVIRT_CONNECTION_FAILED"),
                 ErrorClass::NotFound => (C::Permanent, "LIBVIRT_OBJECT_MISSING"),
-                ErrorClass::Permanent => (C::Permanent, "LIBVIRT_REJECTED"),
+                ErrorClass::Permanent | ErrorClass::Conflict => (C::Permanent, "LIBVIRT_REJECTED"),
                 ErrorClass::DeadlineExceeded => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
+                ErrorClass::Transient if failure.code == SYSTEM_ERROR => {
+                    (C::Transient, "LIBVIRT_HOST_ERROR")
+                }
                 ErrorClass::Transient => (C::Transient, "LIBVIRT_FAILED"),
             },
+            Error::DomainNameTaken { .. } => (C::AlreadyExists, "DOMAIN_NAME_TAKEN"),
+            Error::DomainXmlInvalid { .. } => (C::Permanent, "DOMAIN_XML_INVALID"),
+            Error::HostNotReady { .. } => (C::Permanent, "HOST_NOT_READY"),
+            Error::CreateInProgress { .. } => (C::Transient, "CREATE_IN_PROGRESS"),
+            Error::KvmProbeRunning { .. } => (C::Transient, "KVM_PROBE_RUNNING"),
             Error::DeadlineExceeded { .. } => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
             Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
             Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
@@ -494,7 +567,9 @@ impl Error {
         };
         let retry_after = match self {
             Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
-            Error::ImageDownloading { retry_in, .. } => Some(*retry_in),
+            Error::ImageDownloading { retry_in, .. } | Error::KvmProbeRunning { retry_in, .. } => {
+                Some(*retry_in)
+            }
             _ => None,
         };
         ProviderError::new(class, self.to_string())
@@ -509,14 +584,46 @@ impl From<Error> for ProviderError {
     }
 }
 
+/// `VIR_ERR_SYSTEM_ERROR`: an OS call failed, on the agent's side (the transport) or on
+/// the hypervisor (EACCES, ENOSPC, EROFS, a failed qemu-img).
+const SYSTEM_ERROR: i32 = 38;
+
 /// Classifies a libvirt error. `connection_alive` is `virConnectIsAlive` after the failure.
 pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> LibvirtFailure {
+    classify_libvirt_parts(
+        error.code(),
+        error.domain(),
+        error.message(),
+        connection_alive,
+    )
+}
+
+/// [`classify_libvirt`] on the error's parts.
+///
+/// | error | transport (drops the connection) | class |
+/// |---|---|---|
+/// | any, on a dead connection | yes | transient |
+/// | any from the RPC or remote layer (`VIR_FROM_RPC`, `VIR_FROM_REMOTE`) | yes | transient |
+/// | `Rpc`, `NoConnect`, `InvalidConn`, `AuthFailed`, `Ssh`, `Libssh` | yes | transient |
+/// | `SystemError` from the hypervisor's drivers (storage, qemu) on a live connection | no | transient (`LIBVIRT_HOST_ERROR`: fix the host, e.g. permissions or disk space; retried with backoff) |
+/// | `No*` (domain, pool, volume, network, ...) | no | not found |
+/// | invalid argument, XML, unsupported, denied, CPU incompatible | no | permanent |
+/// | anything else | no | transient |
+///
+/// A `SystemError` libvirtd reports about the host (its own OS call failed) arrives on a
+/// healthy connection: dropping that connection would not help and would break lesson 5's
+/// last rule. Only the client's own system errors (RPC/remote layer: EOF, reset) and any
+/// error on a dead connection are transport failures.
+pub fn classify_libvirt_parts(
+    code: virt::error::ErrorNumberEnum,
+    domain: virt::error::ErrorDomainEnum,
+    message: &str,
+    connection_alive: bool,
+) -> LibvirtFailure {
     use ErrorNumber as N;
-    let code = error.code();
     let transport = !connection_alive
-        || error.domain().is(ErrorDomain::Rpc)
+        || domain.is_any(vec![ErrorDomain::Rpc, ErrorDomain::Remote])
         || code.is_any(vec![
-            N::SystemError,
             N::Rpc,
             N::NoConnect,
             N::InvalidConn,
@@ -558,7 +665,7 @@ pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> L
     LibvirtFailure {
         code: code.to_raw() as i32,
         code_name: code.to_string(),
-        message: error.message().to_owned(),
+        message: message.to_owned(),
         transport,
         class,
     }
@@ -604,6 +711,7 @@ mod tests {
     #[test]
     fn every_error_maps_to_one_contract_class_and_reason() {
         use egressproxy_provider::ErrorClass as C;
+        use virt::error::{ErrorDomain as D, ErrorNumber as N};
         let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         let backing_off = |last_class| Error::SshBackingOff {
             host: "hv".into(),
@@ -821,6 +929,62 @@ mod tests {
                 "IMAGE_FORMAT_MISMATCH",
             ),
             (
+                Error::Libvirt {
+                    host: "hv".into(),
+                    op: "virStorageVolCreateXML",
+                    failure: classify_libvirt_parts(
+                        N::SystemError.into(),
+                        D::Storage.into(),
+                        "cannot create file: Read-only file system",
+                        true,
+                    ),
+                },
+                C::Transient,
+                "LIBVIRT_HOST_ERROR",
+            ),
+            (
+                Error::DomainNameTaken {
+                    host: "hv".into(),
+                    key: "k".into(),
+                    domain: "egressproxy-k".into(),
+                },
+                C::AlreadyExists,
+                "DOMAIN_NAME_TAKEN",
+            ),
+            (
+                Error::DomainXmlInvalid {
+                    domain: "egressproxy-k".into(),
+                    reason: "bad".into(),
+                },
+                C::Permanent,
+                "DOMAIN_XML_INVALID",
+            ),
+            (
+                Error::HostNotReady {
+                    host: "hv".into(),
+                    failures: vec!["network: missing".into()],
+                },
+                C::Permanent,
+                "HOST_NOT_READY",
+            ),
+            (
+                Error::CreateInProgress {
+                    host: "hv".into(),
+                    key: "k".into(),
+                    waited: Duration::from_secs(1),
+                },
+                C::Transient,
+                "CREATE_IN_PROGRESS",
+            ),
+            (
+                Error::KvmProbeRunning {
+                    host: "hv".into(),
+                    retry_in: Duration::from_secs(9),
+                },
+                C::Transient,
+                "KVM_PROBE_RUNNING",
+            ),
+            (
                 Error::Shared(std::sync::Arc::new(image_http(404))),
                 C::Permanent,
                 "IMAGE_NOT_FOUND",
@@ -846,6 +1010,7 @@ mod tests {
                     assert_eq!(class, C::Permanent, "{error}")
                 }
                 ErrorClass::DeadlineExceeded => assert_eq!(class, C::DeadlineExceeded),
+                ErrorClass::Conflict => assert_eq!(class, C::AlreadyExists, "{error}"),
             }
             // Round trip through the wire mapping.
             let status = mapped.to_status();
@@ -868,6 +1033,132 @@ mod tests {
             downloading.to_provider_error().retry_after,
             Some(Duration::from_secs(7))
         );
+    }
+
+    /// Which libvirt errors are the transport's (the connection is dropped) and which
+    /// libvirtd reports about the host on a healthy connection.
+    #[test]
+    fn libvirt_errors_classify_by_code_domain_and_liveness() {
+        use virt::error::{ErrorDomain as D, ErrorNumber as N};
+        let table: Vec<(N, D, bool, bool, ErrorClass, &str)> = vec![
+            // (code, domain, alive) -> (transport, class, reason)
+            // libvirtd's own OS errors (EACCES, ENOSPC, EROFS, qemu-img) on a live
+            // connection: the connection stays, the host needs fixing, retried.
+            (
+                N::SystemError,
+                D::Storage,
+                true,
+                false,
+                ErrorClass::Transient,
+                "LIBVIRT_HOST_ERROR",
+            ),
+            (
+                N::SystemError,
+                D::Qemu,
+                true,
+                false,
+                ErrorClass::Transient,
+                "LIBVIRT_HOST_ERROR",
+            ),
+            // The client's socket failed (EOF, reset): the RPC/remote layer reports it.
+            (
+                N::SystemError,
+                D::Rpc,
+                true,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                N::SystemError,
+                D::Remote,
+                true,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            // Any error on a dead connection is the transport's.
+            (
+                N::SystemError,
+                D::Storage,
+                false,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                N::NoDomain,
+                D::Dom,
+                false,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                N::Rpc,
+                D::None,
+                true,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                N::NoConnect,
+                D::None,
+                true,
+                true,
+                ErrorClass::Transient,
+                "LIBVIRT_CONNECTION_FAILED",
+            ),
+            (
+                N::NoDomain,
+                D::Qemu,
+                true,
+                false,
+                ErrorClass::NotFound,
+                "LIBVIRT_OBJECT_MISSING",
+            ),
+            (
+                N::NoStorageVolume,
+                D::Storage,
+                true,
+                false,
+                ErrorClass::NotFound,
+                "LIBVIRT_OBJECT_MISSING",
+            ),
+            (
+                N::XmlError,
+                D::Dom,
+                true,
+                false,
+                ErrorClass::Permanent,
+                "LIBVIRT_REJECTED",
+            ),
+            (
+                N::OperationInvalid,
+                D::Qemu,
+                true,
+                false,
+                ErrorClass::Transient,
+                "LIBVIRT_FAILED",
+            ),
+        ];
+        for (code, domain, alive, transport, class, reason) in table {
+            let failure = classify_libvirt_parts(code.into(), domain.into(), "m", alive);
+            let case = format!("{code:?} from {domain:?}, alive {alive}");
+            assert_eq!(
+                (failure.transport, failure.class),
+                (transport, class),
+                "{case}"
+            );
+            let error = Error::Libvirt {
+                host: "hv".into(),
+                op: "virStorageVolCreateXML",
+                failure,
+            };
+            assert_eq!(error.drops_connection(), transport, "{case}");
+            assert_eq!(error.to_provider_error().reason, reason, "{case}");
+        }
     }
 
     #[test]

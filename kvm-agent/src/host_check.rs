@@ -19,6 +19,7 @@ use virt::error::ErrorNumber;
 
 use crate::config::{Attachment, DomainType, HostConfig};
 use crate::domain_xml::VirtType;
+use crate::error::classify_libvirt;
 use crate::host_capabilities::{detect_virt_type, domain_capabilities};
 use crate::libvirt_call::CallFailure;
 use crate::volume_xml::raw_volume;
@@ -242,33 +243,43 @@ fn check_pool(conn: &Connect, name: &str) -> Result<Check, CallFailure> {
             format!("`virsh pool-start {name} && virsh pool-autostart {name}`"),
         ));
     }
-    let probe = "egressproxy-check-host.probe";
-    // A probe left by an interrupted check is replaced.
-    if let Ok(old) = pool.lookup_storage_vol_by_name(probe) {
-        let _ = old.delete(0);
-    }
-    match virt::storage_vol::StorageVol::create_xml(
+    let probe = probe_volume_name();
+    let created = virt::storage_vol::StorageVol::create_xml(
         &pool,
-        &raw_volume(probe, 4096).expect("fixed volume XML"),
+        &raw_volume(&probe, 4096).expect("fixed volume XML"),
         0,
-    ) {
-        Ok(vol) => {
-            vol.delete(0)?;
-            Ok(ok(NAME, format!("{name:?} active and writable")))
-        }
-        Err(e)
-            if e.code()
-                .is_any(vec![ErrorNumber::SystemError, ErrorNumber::Rpc]) =>
-        {
-            Err(e.into())
-        }
+    );
+    match created {
+        Ok(vol) => match vol.delete(0) {
+            // Deleted by someone else in between (e.g. a pool refresh and cleanup): fine.
+            Err(e) if !e.code().is(ErrorNumber::NoStorageVolume) => Err(e.into()),
+            _ => Ok(ok(NAME, format!("{name:?} active and writable"))),
+        },
+        // The transport failed: the caller reports the connection's error.
+        Err(e) if classify_libvirt(&e, conn.is_alive().unwrap_or(false)).transport => Err(e.into()),
+        // libvirtd reported it (EACCES, EROFS, ENOSPC arrive as a system error).
         Err(e) => Ok(problem(
             NAME,
             Status::Fail,
             format!("{name:?} is not writable: {}", e.message()),
-            "give libvirt write access to the pool's directory, or use another pool",
+            format!(
+                "give libvirt write access to the pool's directory (`virsh pool-dumpxml {name}` \
+                 shows it; check that it is mounted read-write and has free space), or use \
+                 another pool"
+            ),
         )),
     }
+}
+
+/// A probe volume name no concurrent check shares: this process and a counter (checks
+/// from other processes differ in the pid).
+fn probe_volume_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "egressproxy-check-host-{}-{}.probe",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 fn check_attachment(conn: &Connect, attachment: &Attachment) -> Result<Check, CallFailure> {
@@ -300,10 +311,7 @@ fn check_attachment(conn: &Connect, attachment: &Attachment) -> Result<Check, Ca
                 format!("bridge {name:?} does not exist"),
                 "create the bridge on the hypervisor, or set `bridge` to an existing one",
             )),
-            Err(e)
-                if e.code()
-                    .is_any(vec![ErrorNumber::SystemError, ErrorNumber::Rpc]) =>
-            {
+            Err(e) if classify_libvirt(&e, conn.is_alive().unwrap_or(false)).transport => {
                 Err(e.into())
             }
             Err(e) => Ok(problem(
