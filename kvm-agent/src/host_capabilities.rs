@@ -8,22 +8,153 @@
 //!    boot device and `rebootTimeout='0'`, so a working vCPU reaches "no bootable device"
 //!    within a second and reboots, and `on_reboot='destroy'` ends the domain. If it is
 //!    still there after [`PROBE_TIMEOUT`], KVM hangs: the probe is destroyed and the
-//!    answer is `qemu`, with the reason.
+//!    answer is `qemu`, with the reason. The probe is started with
+//!    `VIR_DOMAIN_START_AUTODESTROY`: should its connection close first (a deadline cut
+//!    it, the agent died), libvirtd destroys the guest, so no probe is ever left running.
+//!
+//! [`VirtTypes`] caches the answer per host for the agent's run and runs at most one probe
+//! per host at a time, in a task of its own under [`PROBE_DEADLINE`] (not the caller's
+//! deadline): callers whose deadline passes first get [`crate::Error::KvmProbeRunning`]
+//! and a later call gets the answer.
 //!
 //! [`DomainCapabilities::parse`] also tells whether UEFI firmware (OVMF) is available,
 //! which UEFI images need.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use virt::connect::Connect;
+use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
+use crate::config::DomainType;
 use crate::domain_xml::{VirtType, XmlError};
-use crate::libvirt_call::CallFailure;
+use crate::error::Error;
+use crate::libvirt_call::{CallFailure, LibvirtOp};
+use crate::pool::HostPool;
 
 /// How long a probe domain may take to run its firmware and reboot.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The deadline of the whole `auto` detection on a host (capabilities, then the probe),
+/// whatever the caller's deadline.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(45);
+
+/// A probe's outcome as the waiting callers see it.
+type Answer = Option<Result<VirtTypeChoice, Arc<Error>>>;
+
+#[derive(Debug)]
+enum Slot {
+    Known(VirtTypeChoice),
+    Probing {
+        answer: watch::Receiver<Answer>,
+        until: tokio::time::Instant,
+    },
+}
+
+/// The domain type of each host with `domainType: auto`, probed once per agent run (a
+/// failed detection is retried by the next caller); one probe per host at a time. See
+/// the module docs.
+#[derive(Debug, Default, Clone)]
+pub struct VirtTypes(Arc<Mutex<HashMap<String, Slot>>>);
+
+impl VirtTypes {
+    /// The domain type new domains on `host` get.
+    pub async fn for_host(
+        &self,
+        host: &Arc<HostPool>,
+        deadline: tokio::time::Instant,
+    ) -> Result<VirtType, Error> {
+        match host.config().domain_type {
+            DomainType::Kvm => Ok(VirtType::Kvm),
+            DomainType::Qemu => Ok(VirtType::Qemu),
+            DomainType::Auto => Ok(self.auto_choice(host, deadline).await?.virt_type),
+        }
+    }
+
+    /// The `auto` choice for `host` (whatever its configured type): cached, or from the
+    /// host's one running probe, started when none runs.
+    pub async fn auto_choice(
+        &self,
+        host: &Arc<HostPool>,
+        deadline: tokio::time::Instant,
+    ) -> Result<VirtTypeChoice, Error> {
+        let (mut answer, until) = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(host.name()) {
+                Some(Slot::Known(choice)) => return Ok(choice.clone()),
+                Some(Slot::Probing { answer, until }) => (answer.clone(), *until),
+                None => {
+                    let until = tokio::time::Instant::now() + PROBE_DEADLINE;
+                    let answer = self.start_probe(host.clone(), until);
+                    map.insert(
+                        host.name().to_owned(),
+                        Slot::Probing {
+                            answer: answer.clone(),
+                            until,
+                        },
+                    );
+                    (answer, until)
+                }
+            }
+        };
+        let done = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await;
+        match done {
+            Err(_) => Err(Error::KvmProbeRunning {
+                host: host.name().to_owned(),
+                retry_in: until.saturating_duration_since(tokio::time::Instant::now()),
+            }),
+            Ok(Err(_)) => Err(Error::Worker {
+                host: host.name().to_owned(),
+                op: "virDomainCreateXML",
+                reason: "the KVM probe task ended without an answer".into(),
+            }),
+            Ok(Ok(answer)) => match answer.as_ref().expect("waited for Some") {
+                Ok(choice) => Ok(choice.clone()),
+                Err(error) => Err(Error::Shared(error.clone())),
+            },
+        }
+    }
+
+    fn start_probe(
+        &self,
+        host: Arc<HostPool>,
+        until: tokio::time::Instant,
+    ) -> watch::Receiver<Answer> {
+        let (tx, rx) = watch::channel(None);
+        let map = self.0.clone();
+        tokio::spawn(async move {
+            let probe = format!(
+                "egressproxy-probe-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos())
+            );
+            let result = host
+                .call(LibvirtOp::new("virDomainCreateXML"), until, move |conn| {
+                    detect_virt_type(conn, &probe)
+                })
+                .await;
+            let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+            match &result {
+                Ok(choice) => {
+                    tracing::info!(host = host.name(), virt_type = ?choice.virt_type, reason = %choice.reason, "domainType auto");
+                    map.insert(host.name().to_owned(), Slot::Known(choice.clone()));
+                }
+                Err(error) => {
+                    tracing::warn!(host = host.name(), %error, "domainType auto: detection failed");
+                    map.remove(host.name());
+                }
+            }
+            let _ = tx.send(Some(result.map_err(Arc::new)));
+        });
+        rx
+    }
+}
 
 /// The parts of `virConnectGetDomainCapabilities` the agent uses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -194,12 +325,9 @@ pub fn probe(
         ))
     })?;
     let started = Instant::now();
-    let domain = match conn.create_domain_xml(&xml, 0) {
+    let domain = match start_probe_domain(conn, &xml)? {
         Ok(domain) => domain,
-        Err(e) if !e.code().is(ErrorNumber::SystemError) && !e.code().is(ErrorNumber::Rpc) => {
-            return Ok(ProbeOutcome::Failed(e.message().to_owned()));
-        }
-        Err(e) => return Err(e.into()),
+        Err(message) => return Ok(ProbeOutcome::Failed(message)),
     };
     while started.elapsed() < timeout {
         match domain.is_active() {
@@ -208,7 +336,10 @@ pub fn probe(
                 return Ok(ProbeOutcome::Ran(started.elapsed()));
             }
             Ok(true) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let _ = domain.destroy();
+                return Err(e.into());
+            }
         }
     }
     match domain.destroy() {
@@ -221,6 +352,23 @@ pub fn probe(
             Ok(ProbeOutcome::Ran(started.elapsed()))
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Starts the transient probe domain `xml`, destroyed by libvirtd when `conn` closes
+/// (`VIR_DOMAIN_START_AUTODESTROY`); `Err(message)` when libvirt refuses it.
+pub fn start_probe_domain(
+    conn: &Connect,
+    xml: &str,
+) -> Result<Result<Domain, String>, CallFailure> {
+    match conn.create_domain_xml(xml, virt::sys::VIR_DOMAIN_START_AUTODESTROY) {
+        Ok(domain) => Ok(Ok(domain)),
+        Err(e)
+            if crate::error::classify_libvirt(&e, conn.is_alive().unwrap_or(false)).transport =>
+        {
+            Err(e.into())
+        }
+        Err(e) => Ok(Err(e.message().to_owned())),
     }
 }
 

@@ -20,7 +20,7 @@ use virt::error::ErrorNumber;
 use crate::config::{Attachment, DomainType, HostConfig};
 use crate::domain_xml::VirtType;
 use crate::error::classify_libvirt;
-use crate::host_capabilities::{detect_virt_type, domain_capabilities};
+use crate::host_capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
 use crate::libvirt_call::CallFailure;
 use crate::volume_xml::raw_volume;
 
@@ -119,6 +119,17 @@ pub fn check_host(
     host: &HostConfig,
     needs_uefi: bool,
 ) -> Result<HostReport, CallFailure> {
+    check_host_with(conn, host, needs_uefi, None)
+}
+
+/// [`check_host`] with the `auto` domain type already known (`auto`, e.g. from
+/// [`crate::host_capabilities::VirtTypes`]), so that it does not probe again.
+pub fn check_host_with(
+    conn: &Connect,
+    host: &HostConfig,
+    needs_uefi: bool,
+    auto: Option<VirtTypeChoice>,
+) -> Result<HostReport, CallFailure> {
     let mut checks = Vec::new();
     let version = conn.lib_version()?;
     checks.push(ok(
@@ -177,7 +188,10 @@ pub fn check_host(
             ),
         },
         DomainType::Auto => {
-            let choice = detect_virt_type(conn, &probe_domain_name())?;
+            let choice = match auto {
+                Some(choice) => choice,
+                None => detect_virt_type(conn, &probe_domain_name())?,
+            };
             let status = if choice.virt_type == VirtType::Kvm {
                 Status::Ok
             } else {

@@ -29,12 +29,10 @@ use std::sync::{Arc, Mutex, Weak};
 use egressproxy_provider::{ProviderError, pb};
 use tokio::time::Instant;
 
-use crate::config::DomainType;
 use crate::create_ops::{self, FoundDomain};
 use crate::create_plan::CreatePlan;
 use crate::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use crate::error::Error;
-use crate::host_capabilities::detect_virt_type;
 use crate::image_cache::BaseImage;
 use crate::instance_ops::{self, NicKind};
 use crate::instances::to_contract_instance;
@@ -133,53 +131,15 @@ impl KeyLocks {
         let waited_from = Instant::now();
         tokio::time::timeout_at(deadline, lock.lock_owned())
             .await
-            .map_err(|_| Error::DeadlineExceeded {
+            .map_err(|_| Error::CreateInProgress {
                 host: host.to_owned(),
-                op: "another Create of the same key",
-                after: deadline.saturating_duration_since(waited_from),
+                key: key.to_owned(),
+                waited: waited_from.elapsed(),
             })
     }
 }
 
-/// The domain type of each host with `domainType: auto`, probed once per agent run.
-#[derive(Debug, Default)]
-pub struct VirtTypes(Mutex<HashMap<String, VirtType>>);
-
-impl VirtTypes {
-    /// The domain type new domains on `host` get.
-    pub async fn for_host(&self, host: &HostPool, deadline: Instant) -> Result<VirtType, Error> {
-        match host.config().domain_type {
-            DomainType::Kvm => return Ok(VirtType::Kvm),
-            DomainType::Qemu => return Ok(VirtType::Qemu),
-            DomainType::Auto => {}
-        }
-        let known = self.lock().get(host.name()).copied();
-        if let Some(known) = known {
-            return Ok(known);
-        }
-        let probe = format!(
-            "egressproxy-probe-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        );
-        let choice = host
-            .call(
-                LibvirtOp::new("virConnectGetDomainCapabilities"),
-                deadline,
-                move |conn| detect_virt_type(conn, &probe),
-            )
-            .await?;
-        tracing::info!(host = host.name(), virt_type = ?choice.virt_type, reason = %choice.reason, "domainType auto");
-        self.lock().insert(host.name().to_owned(), choice.virt_type);
-        Ok(choice.virt_type)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, VirtType>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+pub use crate::host_capabilities::VirtTypes;
 
 fn nic_kind(plan: &CreatePlan) -> NicKind {
     match plan.host.attachment() {
@@ -206,12 +166,12 @@ pub async fn existing_instance(
         .await?;
     match found {
         FoundDomain::Nothing => Ok(None),
-        FoundDomain::Foreign => Err(ProviderError::already_exists(format!(
-            "key {key}: host {} has a domain named {domain} that this agent did not create; \
-             it is left alone: rename or remove it, or use another key",
-            host.name()
-        ))
-        .with_reason("DOMAIN_NAME_TAKEN")),
+        FoundDomain::Foreign => Err(Error::DomainNameTaken {
+            host: host.name().to_owned(),
+            key: key.to_owned(),
+            domain,
+        }
+        .into()),
         FoundDomain::Ours { spec_sha256, .. } if spec_sha256 != plan.spec_sha256 => {
             Err(ProviderError::already_exists(format!(
                 "key {key} belongs to instance {}/{key}, created with a different placement, \
@@ -352,9 +312,9 @@ pub async fn create_from_base(
                 .collect(),
         },
     };
-    let xml = spec.to_xml().map_err(|e| {
-        ProviderError::permanent(format!("cannot build the domain XML: {e}"))
-            .with_reason("DOMAIN_XML_INVALID")
+    let xml = spec.to_xml().map_err(|e| Error::DomainXmlInvalid {
+        domain: names.domain.clone(),
+        reason: e.to_string(),
     })?;
     host.call(
         LibvirtOp::new("virDomainDefineXML").domain(names.domain.clone()),

@@ -70,6 +70,11 @@ impl Instances {
         &self.pool
     }
 
+    /// The `domainType: auto` answers, shared by Create and ValidatePlacement.
+    pub fn virt_types(&self) -> &VirtTypes {
+        &self.virt_types
+    }
+
     /// The configuration.
     pub fn config(&self) -> &Arc<Config> {
         &self.config

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::config::Firmware;
+use crate::config::{DomainType, Firmware};
 use crate::create_plan::resolve_placement;
 use crate::host_check::{self, Status as CheckStatus};
 use crate::instances::Instances;
@@ -78,30 +78,38 @@ impl KvmProvider {
         let host = self.instances.pool().host(&resolved.host.name)?;
         let needs_uefi = resolved.image.1.firmware == Firmware::Uefi;
         let host_config = resolved.host.clone();
+        // `auto`: the agent's cached answer (one probe per host per run, shared with
+        // Create), not a probe per call.
+        let auto = match host_config.domain_type {
+            DomainType::Auto => Some(
+                self.instances
+                    .virt_types()
+                    .auto_choice(&host, deadline)
+                    .await?,
+            ),
+            _ => None,
+        };
         let report = host
-            .call(
-                LibvirtOp::new("virConnectGetCapabilities"),
-                deadline,
-                move |conn| host_check::check_host(conn, &host_config, needs_uefi),
-            )
+            .call(LibvirtOp::new("check-host"), deadline, move |conn| {
+                host_check::check_host_with(conn, &host_config, needs_uefi, auto)
+            })
             .await?;
         let line = |check: &host_check::Check| match &check.fix {
             Some(fix) => format!("{}: {} (fix: {fix})", check.name, check.detail),
             None => format!("{}: {}", check.name, check.detail),
         };
-        let failed: Vec<String> = report
+        let failures: Vec<String> = report
             .checks
             .iter()
             .filter(|c| c.status == CheckStatus::Fail)
             .map(line)
             .collect();
-        if !failed.is_empty() {
-            return Err(ProviderError::permanent(format!(
-                "host {} is not ready: {}",
-                report.host,
-                failed.join("; ")
-            ))
-            .with_reason("HOST_NOT_READY"));
+        if !failures.is_empty() {
+            return Err(crate::Error::HostNotReady {
+                host: report.host,
+                failures,
+            }
+            .into());
         }
         Ok(pb::ValidatePlacementResponse {
             resolved: Some(resolved.to_contract()),
