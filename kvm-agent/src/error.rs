@@ -1161,6 +1161,28 @@ mod tests {
         }
     }
 
+    /// A Create that waits past its deadline for another Create of the same key is told
+    /// so (transient, CREATE_IN_PROGRESS), not that libvirt timed out.
+    #[tokio::test]
+    async fn a_busy_key_is_create_in_progress() {
+        let locks = crate::instance_create::KeyLocks::default();
+        let soon = || tokio::time::Instant::now() + Duration::from_millis(50);
+        let _first = locks.lock("hv", "k", soon()).await.unwrap();
+        let err = locks.lock("hv", "k", soon()).await.unwrap_err();
+        let mapped = err.to_provider_error();
+        assert_eq!(
+            (mapped.class, mapped.reason.as_str()),
+            (
+                egressproxy_provider::ErrorClass::Transient,
+                "CREATE_IN_PROGRESS"
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("key k on host hv"), "{err}");
+        // Another key is not held up.
+        assert!(locks.lock("hv", "other", soon()).await.is_ok());
+    }
+
     #[test]
     fn reported_libvirt_error_keeps_the_connection() {
         let err = Error::Libvirt {

@@ -227,11 +227,9 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
         let deadline = pool.default_deadline() + PROBE_TIMEOUT;
         let checked = pool
             .host(&name)?
-            .call(
-                LibvirtOp::new("virConnectGetCapabilities"),
-                deadline,
-                move |c| kvm_agent::host_check::check_host(c, &host, needs_uefi),
-            )
+            .call(LibvirtOp::new("check-host"), deadline, move |c| {
+                kvm_agent::host_check::check_host(c, &host, needs_uefi)
+            })
             .await;
         match checked {
             Ok(report) => {
