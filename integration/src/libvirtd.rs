@@ -20,6 +20,10 @@
 //! `lo` up; [`Libvirtd::netns_command`] runs a client in it. Test traffic to guests stays
 //! inside that namespace. It is deleted on drop.
 //!
+//! [`Libvirtd::start_with_socket_group`] gives the read-write socket to a group (mode
+//! 0770, as Debian's `libvirt` group) and lets every user traverse the directory to it, so
+//! a non-root member of that group can connect.
+//!
 //! Clients reach it only through `qemu+unix:///system?socket=<socket()>` ([`Libvirtd::uri`]).
 //! The socket lives on the shared filesystem, so processes outside the namespace (sshd, the
 //! agent) reach it. [`Libvirtd::pause`]/[`Libvirtd::resume`] SIGSTOP/SIGCONT the daemon and
@@ -100,15 +104,21 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
 impl Libvirtd {
     /// Starts libvirtd and waits (up to 30 s) until its socket accepts connections.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_with(None)
+        Self::start_with(None, None)
     }
 
     /// Like [`Libvirtd::start`], inside a new network namespace (for guest networking).
     pub fn start_in_new_netns() -> anyhow::Result<Self> {
-        Self::start_with(Some(NetNs::create()?))
+        Self::start_with(Some(NetNs::create()?), None)
     }
 
-    fn start_with(netns: Option<NetNs>) -> anyhow::Result<Self> {
+    /// Like [`Libvirtd::start`], with the read-write socket owned by `group` (mode 0770,
+    /// `unix_sock_group`) and its directory path traversable (not listable) by every user.
+    pub fn start_with_socket_group(group: &str) -> anyhow::Result<Self> {
+        Self::start_with(None, Some(group))
+    }
+
+    fn start_with(netns: Option<NetNs>, socket_group: Option<&str>) -> anyhow::Result<Self> {
         for tool in ["/usr/sbin/libvirtd", "/usr/bin/tini", "/usr/bin/unshare"] {
             if !Path::new(tool).exists() {
                 bail!("{tool} not found: run integration/tools/install-system-packages.sh");
@@ -120,8 +130,7 @@ impl Libvirtd {
         for (name, _) in MOUNTS {
             std::fs::create_dir_all(d.join(name))?;
         }
-        std::fs::write(
-            d.join("etc/libvirtd.conf"),
+        let mut libvirtd_conf = String::from(
             "unix_sock_rw_perms = \"0770\"\n\
              auth_unix_rw = \"none\"\n\
              auth_unix_ro = \"none\"\n\
@@ -129,7 +138,14 @@ impl Libvirtd {
              keepalive_count = 5\n\
              max_clients = 200\n\
              max_workers = 20\n",
-        )?;
+        );
+        if let Some(group) = socket_group {
+            libvirtd_conf.push_str(&format!("unix_sock_group = \"{group}\"\n"));
+            // The temporary directory is 0700.
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?;
+            std::fs::set_permissions(d.join("run"), std::fs::Permissions::from_mode(0o711))?;
+        }
+        std::fs::write(d.join("etc/libvirtd.conf"), libvirtd_conf)?;
         std::fs::write(
             d.join("etc/qemu.conf"),
             "namespaces = [ ]\n\

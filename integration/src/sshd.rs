@@ -10,6 +10,10 @@
 //!    `AllowTcpForwarding local`, without which OpenSSH refuses `direct-streamlocal`
 //!    channels (the libvirt socket forward).
 //!
+//! [`Sshd::start_with`] changes that configuration for one test ([`SshdOptions`]): another
+//! global `AllowTcpForwarding`, logins of system accounts, and lines appended last (a
+//! `Match` block).
+//!
 //! The server keeps its port across [`Sshd::restart`], so the same `known_hosts` stays valid.
 //! It runs as root (tests run as root) and is stopped on drop.
 
@@ -25,6 +29,19 @@ use crate::process::{Daemon, wait_until};
 
 const SSHD: &str = "/usr/sbin/sshd";
 
+/// What [`Sshd::start_with`] changes in [`Sshd::start`]'s configuration.
+#[derive(Debug, Clone, Default)]
+pub struct SshdOptions {
+    /// The global `AllowTcpForwarding` (`local` when `None`).
+    pub allow_tcp_forwarding: Option<String>,
+    /// Let local accounts log in as a stock Debian sshd does: `UsePAM yes` (without PAM,
+    /// OpenSSH refuses accounts whose password is locked, as `useradd --system` leaves it)
+    /// and keys also from each user's `~/.ssh/authorized_keys`.
+    pub system_users: bool,
+    /// Appended to `sshd_config` after everything else (a `Match` block goes here).
+    pub extra_config: String,
+}
+
 /// A running private sshd. See the module docs.
 #[derive(Debug)]
 pub struct Sshd {
@@ -36,6 +53,11 @@ pub struct Sshd {
 impl Sshd {
     /// Generates keys and configuration, starts sshd, and waits until it sends its banner.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&SshdOptions::default())
+    }
+
+    /// Like [`Sshd::start`], with `options` applied to the configuration.
+    pub fn start_with(options: &SshdOptions) -> anyhow::Result<Self> {
         if !Path::new(SSHD).exists() {
             bail!("{SSHD} not found: run integration/tools/install-system-packages.sh");
         }
@@ -70,24 +92,36 @@ impl Sshd {
              ListenAddress 127.0.0.1\n\
              HostKey {host_key}\n\
              PidFile {pid}\n\
-             AuthorizedKeysFile {authorized}\n\
+             AuthorizedKeysFile {authorized}{user_keys}\n\
              StrictModes no\n\
-             UsePAM no\n\
+             UsePAM {use_pam}\n\
              PermitRootLogin prohibit-password\n\
              PubkeyAuthentication yes\n\
              PasswordAuthentication no\n\
              KbdInteractiveAuthentication no\n\
-             AllowTcpForwarding local\n\
+             AllowTcpForwarding {tcp_forwarding}\n\
              AllowStreamLocalForwarding local\n\
              MaxStartups 100\n\
              LogLevel VERBOSE\n",
             host_key = d.join("host_ed25519").display(),
             pid = d.join("sshd.pid").display(),
             authorized = d.join("authorized_keys").display(),
+            user_keys = if options.system_users {
+                " .ssh/authorized_keys"
+            } else {
+                ""
+            },
+            use_pam = if options.system_users { "yes" } else { "no" },
+            tcp_forwarding = options.allow_tcp_forwarding.as_deref().unwrap_or("local"),
         );
         // OpenSSH 9.8+ penalises sources that fail repeatedly; tests fail on purpose.
         if accepts_option("PerSourcePenalties no")? {
             config.push_str("PerSourcePenalties no\n");
+        }
+        // Last: a `Match` block applies to every line after it.
+        config.push_str(&options.extra_config);
+        if !config.ends_with('\n') {
+            config.push('\n');
         }
         std::fs::write(d.join("sshd_config"), config)?;
 
