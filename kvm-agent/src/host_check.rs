@@ -359,7 +359,7 @@ fn check_confinement(conn: &Connect) -> Result<Check, CallFailure> {
             .secmodel
             .into_iter()
             .map(|m| m.model)
-            .filter(|m| m != "dac")
+            .filter(|m| m != "dac" && m != "none")
             .collect(),
         Err(e) => {
             return Ok(problem(
