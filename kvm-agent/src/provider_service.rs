@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use egressproxy_provider::{CONTRACT_VERSION, ProviderError, pb};
+use egressproxy_provider::{CONTRACT_VERSION, ProviderError, parse_grpc_timeout, pb};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
@@ -177,27 +177,6 @@ fn log_failure(call: &str, error: &ProviderError) {
     }
 }
 
-/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
-fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    if value.len() < 2 || value.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len() - 1);
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount * 3600),
-        "M" => Duration::from_secs(amount * 60),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
-}
-
 #[tonic::async_trait]
 impl pb::provider_server::Provider for KvmProvider {
     async fn get_plugin_info(
@@ -331,18 +310,5 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["b/1", "b/2"]
         );
-    }
-
-    #[test]
-    fn grpc_timeouts_parse_in_every_unit() {
-        assert_eq!(parse_grpc_timeout("300m"), Some(Duration::from_millis(300)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("5M"), Some(Duration::from_secs(300)));
-        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(parse_grpc_timeout("9n"), Some(Duration::from_nanos(9)));
-        for bad in ["", "S", "10", "10x", "123456789S", "-1S", "+1S"] {
-            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
-        }
     }
 }

@@ -70,12 +70,16 @@ fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
-fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+/// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
+/// Servers use it to bound their own work by the caller's deadline.
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     if value.len() < 2 || value.len() > 9 {
         return None;
     }
     let (digits, unit) = value.split_at(value.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
         "H" => Duration::from_secs(amount * 3600),
@@ -100,7 +104,7 @@ mod tests {
         assert_eq!(parse_grpc_timeout("5M"), Some(Duration::from_secs(300)));
         assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
         assert_eq!(parse_grpc_timeout("9n"), Some(Duration::from_nanos(9)));
-        for bad in ["", "S", "10", "10x", "123456789S", "-1S"] {
+        for bad in ["", "S", "10", "10x", "123456789S", "-1S", "+1S"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
         }
     }

@@ -21,6 +21,7 @@ pub mod telemetry;
 mod trace_context;
 pub mod validation;
 
+pub use deadline::parse_grpc_timeout;
 pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from
