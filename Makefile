@@ -6,7 +6,7 @@ TOOLS_DIR ?= $(or $(EGRESSPROXY_TOOLS_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache
 TOOLS_BIN := $(TOOLS_DIR)/bin
 BUF := $(TOOLS_BIN)/buf
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy buf-lint breaking generate generate-check test demo bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint breaking generate generate-check test demo bench
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -30,11 +30,15 @@ fmt-check:
 	cargo fmt --all --check
 	$(BUF) format --diff --exit-code
 
-## lint: clippy with warnings as errors, buf lint
-lint: clippy buf-lint
+## lint: clippy and rustdoc with warnings as errors, buf lint
+lint: clippy doc-check buf-lint
 
 clippy:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+## doc-check: API docs build without broken or private intra-doc links
+doc-check:
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 buf-lint:
 	$(BUF) lint

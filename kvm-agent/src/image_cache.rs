@@ -29,7 +29,7 @@
 //! 6. **Verify.** The reader fails the read that would hand out the last bytes when the
 //!    digest is wrong (permanent) or the body is short (transient), so the upload never
 //!    completes with wrong content. On any failure the download is cancelled, the upload
-//!    call is awaited (at most [`UPLOAD_SETTLE`], so the volume is not deleted under a
+//!    call is awaited (at most `UPLOAD_SETTLE`, so the volume is not deleted under a
 //!    stream still writing it), and the volume is deleted on the spot (retried while
 //!    libvirt reports it in use; libvirt 11 does not on a dir pool, a test shows); when
 //!    even that fails (or the agent is killed), step 3 deletes it next time.

@@ -165,7 +165,7 @@ fn source_cannot_answer(error: &virt::error::Error, source: AddressSource) -> bo
 /// seconds per domain to answer).
 ///
 /// One sweep is few round trips whatever the domain count: the states come from three
-/// state-filtered listings ([`states_by_listing`]), and the metadata reads, one per
+/// state-filtered listings (`states_by_listing`), and the metadata reads, one per
 /// domain, are spread over [`METADATA_READERS`] threads on the same connection, which
 /// libvirt pipelines, so a sweep costs about one round trip per reader per domain share.
 pub fn list_instances(

@@ -12,7 +12,7 @@
 //! - [`bulk_runtime`]: the low-priority runtime bulk streams run on.
 //! - [`error`]: the crate's error type and the classification of libvirt and SSH errors.
 //!
-//! The Provider on top (issue 5):
+//! The Provider on top:
 //! - [`naming`]: domain, volume and host names and instance ids from keys.
 //! - [`create_plan`]: Create's request checked and resolved against the config.
 //! - [`cloud_init`]: the guest-agent bootstrap merged into the user's cloud-init.
@@ -24,7 +24,10 @@
 //! - [`instance_create`]: Create's steps in order, idempotent, with a test fault hook.
 //! - [`instances`]: Create, Get, List and Delete across hosts, through
 //!   [`pool::HostPool::call`].
+//! - [`image_fetch`]: an image's HTTP(S) or `file://` body, streamed through SHA-256.
 //! - [`image_cache`]: content-addressed base volumes, downloaded once per host and image.
+//! - [`host_capabilities`]: UEFI firmware and the KVM probe (`domainType: auto`).
+//! - [`host_check`]: `kvm-agent check-host` and ValidatePlacement's report.
 //! - [`provider_service`]: the gRPC Provider service (`kvm-agent serve`) over [`instances`].
 
 pub use egressproxy_provider as contract;

@@ -8,7 +8,7 @@
 //!   and graceful shutdown.
 //! - [`client`]: connect to a provider, with trace context and a deadline on every call.
 //! - [`telemetry`]: logging and OpenTelemetry export configured by `OTEL_*` variables.
-//! - [`reference`]: an in-memory provider with fault injection, the example to copy.
+//! - [`reference`](mod@reference): an in-memory provider with fault injection, the example to copy.
 //! - [`conformance`]: checks any provider must pass, run against a live endpoint.
 
 pub mod client;
