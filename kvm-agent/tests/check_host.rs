@@ -8,24 +8,10 @@ mod common;
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 
-use common::local_host;
+use common::{kvm_agent, local_host};
 use kvm_agent::host_check::{Status, check_host};
 
 use egressproxy_integration::libvirtd::Libvirtd;
-
-fn kvm_agent(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn check_host_reports_each_requirement_with_its_fix() {

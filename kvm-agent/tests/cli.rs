@@ -1,23 +1,13 @@
 //! `kvm-agent check-config` and `check-hosts` as an operator runs them.
 
+mod common;
+
+use common::kvm_agent;
+
 use std::process::Command;
 
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-
-fn kvm_agent(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn check_config_names_the_bad_field_and_check_hosts_reaches_libvirt() {

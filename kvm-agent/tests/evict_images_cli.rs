@@ -2,6 +2,10 @@
 //! overlay uses stays with its marker; an old unused base, its marker and a stray marker
 //! go; a base written a moment ago (another agent's upload) stays until `--min-age 0s`.
 
+mod common;
+
+use common::kvm_agent;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -11,20 +15,6 @@ use kvm_agent::image_cache::marker_volume;
 use kvm_agent::naming::base_volume;
 use kvm_agent::volume_xml::{overlay_volume, raw_volume};
 use virt::storage_vol::StorageVol;
-
-fn kvm_agent(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// The `evict-images` example of docs/kvm-agent.md: its arguments and output lines.
 fn documented_eviction() -> (Vec<String>, Vec<String>) {

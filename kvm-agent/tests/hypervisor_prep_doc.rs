@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{config, deadline_in, ssh_host};
+use common::{config, deadline_in, kvm_agent, ssh_host};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::{Sshd, SshdOptions};
 use kvm_agent::error::Error;
@@ -328,21 +328,14 @@ fn documented_user_and_sshd_match_block_let_the_agent_reach_libvirt() {
     );
     let config_path = work.path().join("config.yaml");
     std::fs::write(&config_path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-        .args([
-            "check-host",
-            "--config",
-            config_path.to_str().unwrap(),
-            "hv1",
-        ])
-        .env_remove("RUST_LOG")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (succeeded, stdout, stderr) = kvm_agent(&[
+        "check-host",
+        "--config",
+        config_path.to_str().unwrap(),
+        "hv1",
+    ]);
     assert!(
-        !out.status.success(),
+        !succeeded,
         "an inactive network is not ready\n{stdout}{stderr}"
     );
     assert_report_matches_sample(&fenced_block(&section, ""), &stdout, &stderr);

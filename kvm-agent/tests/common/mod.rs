@@ -231,3 +231,19 @@ pub fn config(hosts: Vec<HostConfig>) -> Config {
 pub fn deadline_in(d: Duration) -> tokio::time::Instant {
     tokio::time::Instant::now() + d
 }
+
+/// Runs the `kvm-agent` binary with `args` (no logging or OTLP from the environment):
+/// whether it succeeded, its stdout and its stderr.
+pub fn kvm_agent(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
