@@ -14,40 +14,32 @@ use crate::domain_xml::XmlError;
 
 /// A raw volume of `capacity_bytes` (the seed ISO, or a base image's upload target).
 pub fn raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
-    to_xml(&Volume {
-        kind: "file",
-        name,
-        capacity: Capacity {
-            unit: "bytes",
-            value: capacity_bytes,
-        },
-        allocation: None,
-        target: Target {
-            format: Format { kind: "raw" },
-        },
-        backing_store: None,
-    })
+    to_xml(&raw(name, capacity_bytes, None))
 }
 
 /// A raw volume of `capacity_bytes` with nothing allocated: an upload target that libvirt
 /// creates sparse instead of first writing `capacity_bytes` of zeros.
 pub fn sparse_raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
-    to_xml(&Volume {
+    to_xml(&raw(name, capacity_bytes, Some(0)))
+}
+
+fn raw(name: &str, capacity_bytes: u64, allocation_bytes: Option<u64>) -> Volume<'_> {
+    Volume {
         kind: "file",
         name,
         capacity: Capacity {
             unit: "bytes",
             value: capacity_bytes,
         },
-        allocation: Some(Capacity {
+        allocation: allocation_bytes.map(|value| Capacity {
             unit: "bytes",
-            value: 0,
+            value,
         }),
         target: Target {
             format: Format { kind: "raw" },
         },
         backing_store: None,
-    })
+    }
 }
 
 /// A qcow2 overlay of `capacity_bytes` whose backing file is `base_path` in
