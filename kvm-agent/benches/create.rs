@@ -20,6 +20,7 @@
 
 #[path = "../tests/guest_env/mod.rs"]
 mod guest_env;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ use kvm_agent::naming::{InstanceNames, base_volume};
 use kvm_agent::pool::Pool;
 use kvm_agent::seed::build_seed;
 use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use support::{median, percentile};
 use virt::connect::Connect;
 use virt::stream::Stream;
 
@@ -216,16 +218,6 @@ fn delete_directly(
         pool.lookup_storage_vol_by_name(volume)?.delete(0)?;
     }
     Ok(())
-}
-
-fn percentile(samples: &[Duration], p: f64) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    percentile(samples, 0.5)
 }
 
 fn ms(d: Duration) -> f64 {

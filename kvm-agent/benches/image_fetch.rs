@@ -25,11 +25,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::Config;
 use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
 use sha2::{Digest, Sha256};
+use support::{median, verdict, write_ssh_wrapper};
 use virt::connect::Connect;
 
 const CHILD_ENV: &str = "KVM_AGENT_BENCH_CHILD";
@@ -303,20 +306,6 @@ fn answer(socket: TcpStream, file: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// An `ssh` that libvirt's `command=` runs: strict host keys and the fixture's client key.
-fn write_ssh_wrapper(path: &Path, sshd: &Sshd) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let script = format!(
-        "#!/bin/sh\nexec ssh -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -o BatchMode=yes \
-         -o IdentitiesOnly=yes -i {} \"$@\"\n",
-        sshd.known_hosts().display(),
-        sshd.client_key().display()
-    );
-    std::fs::write(path, script)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
-}
-
 fn vm_hwm_kib() -> anyhow::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     status
@@ -333,24 +322,11 @@ fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn median(samples: &[Duration]) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[sorted.len() / 2]
-}
-
 fn row(label: &str, bytes: u64, took: Duration) {
     let mib_s = bytes as f64 / (1024.0 * 1024.0) / took.as_secs_f64();
     println!(
         "   {label:<58} {:>7.2} s {mib_s:>7.0} MiB/s",
         took.as_secs_f64()
-    );
-}
-
-fn verdict(what: &str, target: &str, ok: bool) {
-    println!(
-        "   => {what:<50} target {target:<9} {}",
-        if ok { "MET" } else { "MISSED" }
     );
 }
 

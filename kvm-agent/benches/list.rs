@@ -14,17 +14,18 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::config::{
-    Attachment, Config, DomainType, Firmware, HostConfig, SshConfig, TransportConfig,
-};
+use kvm_agent::config::{Attachment, Config, Firmware};
 use kvm_agent::contract::pb;
 use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use kvm_agent::instances::Instances;
 use kvm_agent::naming::InstanceNames;
 use kvm_agent::pool::Pool;
 use kvm_agent::provider_service::KvmProvider;
+use support::ssh_and_local_config;
 use virt::connect::Connect;
 
 const SWEEPS: usize = 5;
@@ -52,7 +53,13 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let config = Arc::new(bench_config(&sshd, &libvirtd));
+    let config = Arc::new(ssh_and_local_config(
+        &sshd,
+        &libvirtd,
+        "default",
+        Some("default"),
+        Duration::from_secs(60),
+    ));
     println!();
     println!("   ListInstances, {SWEEPS} sweeps ({domains} domains)      median      worst");
     let mut met = true;
@@ -174,40 +181,6 @@ fn define_domains(uri: &str, count: usize) -> anyhow::Result<Duration> {
         conn.define_domain_xml(&xml)?;
     }
     Ok(started.elapsed())
-}
-
-fn bench_config(sshd: &Sshd, libvirtd: &Libvirtd) -> Config {
-    let host = |name: &str, ssh: Option<SshConfig>| HostConfig {
-        name: name.to_owned(),
-        local: ssh.is_none(),
-        ssh,
-        libvirt_socket: libvirtd.socket(),
-        storage_pool: "default".to_owned(),
-        network: Some("default".to_owned()),
-        bridge: None,
-        domain_type: DomainType::Qemu,
-    };
-    Config {
-        hosts: vec![
-            host(
-                "ssh",
-                Some(SshConfig {
-                    address: sshd.address(),
-                    user: sshd.user().to_owned(),
-                    private_key: sshd.client_key(),
-                    known_hosts: Some(sshd.known_hosts()),
-                    insecure_skip_host_key_verification: false,
-                }),
-            ),
-            host("local", None),
-        ],
-        machine_types: Default::default(),
-        images: Default::default(),
-        transport: TransportConfig {
-            default_call_timeout: Duration::from_secs(60),
-            ..TransportConfig::default()
-        },
-    }
 }
 
 fn deadline() -> tokio::time::Instant {

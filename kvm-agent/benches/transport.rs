@@ -15,17 +15,18 @@
 //! `BENCH_UPLOAD_MIB` changes the upload size.
 
 use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::config::{Config, DomainType, HostConfig, SshConfig, TransportConfig};
 use kvm_agent::libvirt_call::LibvirtOp;
 use kvm_agent::pool::{HostPool, Pool};
 use kvm_agent::volume_upload::upload_volume;
+use support::{median, percentile, ssh_and_local_config, verdict, write_ssh_wrapper};
 use virt::connect::Connect;
 use virt::stream::Stream;
 
@@ -69,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let config = bench_config(&sshd, &libvirtd);
+    let config = ssh_and_local_config(&sshd, &libvirtd, "bench", None, Duration::from_secs(600));
     let pool = Pool::new(&config)?;
     let ssh_host = pool.host("ssh")?;
     let local_host = pool.host("local")?;
@@ -205,55 +206,6 @@ fn main() -> anyhow::Result<()> {
         max_added <= Duration::from_millis(10),
     );
     drop(pool);
-    Ok(())
-}
-
-fn bench_config(sshd: &Sshd, libvirtd: &Libvirtd) -> Config {
-    let host = |name: &str, ssh: Option<SshConfig>| HostConfig {
-        name: name.to_owned(),
-        local: ssh.is_none(),
-        ssh,
-        libvirt_socket: libvirtd.socket(),
-        storage_pool: "bench".to_owned(),
-        network: None,
-        bridge: None,
-        domain_type: DomainType::Qemu,
-    };
-    Config {
-        hosts: vec![
-            host(
-                "ssh",
-                Some(SshConfig {
-                    address: sshd.address(),
-                    user: sshd.user().to_owned(),
-                    private_key: sshd.client_key(),
-                    known_hosts: Some(sshd.known_hosts()),
-                    insecure_skip_host_key_verification: false,
-                }),
-            ),
-            host("local", None),
-        ],
-        machine_types: Default::default(),
-        images: Default::default(),
-        transport: TransportConfig {
-            default_call_timeout: Duration::from_secs(600),
-            ..TransportConfig::default()
-        },
-    }
-}
-
-/// An `ssh` that libvirt's `command=` runs: strict host keys from the fixture's
-/// known_hosts and its client key, so the baseline verifies the host like the agent does.
-fn write_ssh_wrapper(path: &Path, sshd: &Sshd) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let script = format!(
-        "#!/bin/sh\nexec ssh -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -o BatchMode=yes \
-         -o IdentitiesOnly=yes -i {} \"$@\"\n",
-        sshd.known_hosts().display(),
-        sshd.client_key().display()
-    );
-    std::fs::write(path, script)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }
 
@@ -419,25 +371,6 @@ async fn calls_during_upload(
     Ok((baseline, during))
 }
 
-fn sorted(samples: &[Duration]) -> Vec<Duration> {
-    let mut s = samples.to_vec();
-    s.sort();
-    s
-}
-
-fn percentile(samples: &[Duration], p: f64) -> Duration {
-    let s = sorted(samples);
-    if s.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((s.len() as f64 - 1.0) * p).round() as usize;
-    s[index]
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    percentile(samples, 0.5)
-}
-
 fn fmt_duration(d: Duration) -> String {
     if d < Duration::from_millis(1) {
         format!("{} µs", d.as_micros())
@@ -459,13 +392,6 @@ fn throughput_row(label: &str, bytes: u64, took: Duration) {
     println!(
         "   {label:<44} {mib_s:>8.0} MiB/s ({:.2} s)",
         took.as_secs_f64()
-    );
-}
-
-fn verdict(what: &str, target: &str, ok: bool) {
-    println!(
-        "   => {what:<50} target {target:<9} {}",
-        if ok { "MET" } else { "MISSED" }
     );
 }
 
