@@ -5,8 +5,11 @@ SHELL := bash
 TOOLS_DIR ?= $(or $(EGRESSPROXY_TOOLS_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/egressproxy/tools)
 TOOLS_BIN := $(TOOLS_DIR)/bin
 BUF := $(TOOLS_BIN)/buf
+HELM := $(TOOLS_BIN)/helm
+HADOLINT := $(TOOLS_BIN)/hadolint
+CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint breaking generate generate-check test demo bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo bench
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -20,6 +23,7 @@ setup-system:
 
 setup-tools:
 	integration/tools/install-go-tools.sh
+	integration/tools/install-hadolint.sh
 
 ## fmt: format Rust code and proto files
 fmt:
@@ -30,8 +34,8 @@ fmt-check:
 	cargo fmt --all --check
 	$(BUF) format --diff --exit-code
 
-## lint: clippy and rustdoc with warnings as errors, buf lint
-lint: clippy doc-check buf-lint
+## lint: clippy and rustdoc with warnings as errors, buf lint, helm lint, hadolint
+lint: clippy doc-check buf-lint chart-lint dockerfile-lint
 
 clippy:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -43,18 +47,29 @@ doc-check:
 buf-lint:
 	$(BUF) lint
 
+## chart-lint: helm lint of the chart with its default values and every example
+chart-lint:
+	$(HELM) lint --strict $(CHART)
+	for values in $(CHART)/examples/*.yaml; do $(HELM) lint --strict $(CHART) -f "$$values"; done
+
+## dockerfile-lint: hadolint on every Dockerfile (no container engine runs in CI)
+dockerfile-lint:
+	$(HADOLINT) deploy/docker/*.Dockerfile
+
 ## breaking: buf breaking against the previous commit of main
 breaking:
 	integration/tools/buf-breaking.sh "$(BUF)"
 
-## generate: regenerate checked-in generated files (the CRD); generate-check fails on drift
-CRD := charts/egressproxy/crds/proxies.egressproxy.dev.yaml
+## generate: regenerate checked-in generated files (the CRD, the chart's values table);
+## generate-check fails on drift
+CRD := charts/egressproxy/files/proxies.egressproxy.dev.yaml
 generate:
 	cargo build -p egressproxy-provider --locked
 	cargo run -q -p egressproxy-operator --bin crdgen --locked > $(CRD)
+	integration/tools/chart-values-table.py $(CHART)
 
 generate-check: generate
-	@git diff --exit-code -- proto $(CRD) || { echo "generated files drifted: run 'make generate' and commit the result"; exit 1; }
+	@git diff --exit-code -- proto $(CRD) $(CHART)/README.md || { echo "generated files drifted: run 'make generate' and commit the result"; exit 1; }
 
 ## test: build every binary the tests spawn, then run every test
 test:

@@ -21,7 +21,7 @@ use egressproxy_provider::pb::reference::v1::{
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ListParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 const TARGET_READY: Duration = Duration::from_secs(60);
 
 #[tokio::main]

@@ -16,7 +16,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Operator {

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 const WAIT: Duration = Duration::from_secs(40);
 
 struct Harness {

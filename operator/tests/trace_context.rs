@@ -17,7 +17,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
 
-const CRD: &str = include_str!("../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 
 #[tokio::test(flavor = "current_thread")]
 async fn provider_spans_are_children_of_the_reconcile_span() {

@@ -1,5 +1,5 @@
 //! Prints the Proxy CRD as YAML. Its output is checked in at
-//! `charts/egressproxy/crds/proxies.egressproxy.dev.yaml`; `make generate-check` fails on drift.
+//! `charts/egressproxy/files/proxies.egressproxy.dev.yaml`; `make generate-check` fails on drift.
 
 use kube::CustomResourceExt;
 

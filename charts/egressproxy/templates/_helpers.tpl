@@ -1,0 +1,165 @@
+{{/*
+Names, labels and images shared by every template. Per-component helpers take the root
+context and return that component's name, labels or selector.
+*/}}
+
+{{- define "egressproxy.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "egressproxy.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "egressproxy.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "egressproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.global.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference: registry/repository, then @digest or :tag (default appVersion). */}}
+{{- define "egressproxy.image" -}}
+{{- $image := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $repository := $image.repository -}}
+{{- with $root.Values.global.imageRegistry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "egressproxy.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The container security context every component runs with. */}}
+{{- define "egressproxy.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "egressproxy.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* OTEL_* variables for component $name, when an endpoint is set. */}}
+{{- define "egressproxy.otelEnv" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- with $root.Values.global.otel -}}
+{{- if .endpoint }}
+- name: OTEL_SERVICE_NAME
+  value: {{ $name | quote }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+{{- if .resourceAttributes }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ .resourceAttributes | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* ---- operator ---- */}}
+
+{{- define "egressproxy.operator.fullname" -}}
+{{- printf "%s-operator" (include "egressproxy.fullname" .) -}}
+{{- end -}}
+
+{{- define "egressproxy.operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "egressproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "egressproxy.operator.labels" -}}
+{{ include "egressproxy.labels" . }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "egressproxy.operator.serviceAccountName" -}}
+{{- default (include "egressproxy.operator.fullname" .) .Values.operator.serviceAccount.name -}}
+{{- end -}}
+
+{{/* ---- kvm-agent ---- */}}
+
+{{- define "egressproxy.kvmAgent.fullname" -}}
+{{- printf "%s-kvm-agent" (include "egressproxy.fullname" .) -}}
+{{- end -}}
+
+{{- define "egressproxy.kvmAgent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "egressproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kvm-agent
+{{- end -}}
+
+{{- define "egressproxy.kvmAgent.labels" -}}
+{{ include "egressproxy.labels" . }}
+app.kubernetes.io/component: kvm-agent
+{{- end -}}
+
+{{- define "egressproxy.kvmAgent.serviceAccountName" -}}
+{{- default (include "egressproxy.kvmAgent.fullname" .) .Values.kvmAgent.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "egressproxy.kvmAgent.serverSecretName" -}}
+{{- default (printf "%s-tls" (include "egressproxy.kvmAgent.fullname" .)) .Values.kvmAgent.tls.serverSecretName -}}
+{{- end -}}
+
+{{- define "egressproxy.kvmAgent.clientSecretName" -}}
+{{- default (printf "%s-client-tls" (include "egressproxy.operator.fullname" .)) .Values.kvmAgent.tls.mtls.clientSecretName -}}
+{{- end -}}
+
+{{/* The in-cluster DNS name of the agent's Service (also in its certificate). */}}
+{{- define "egressproxy.kvmAgent.host" -}}
+{{- printf "%s.%s.svc" (include "egressproxy.kvmAgent.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+The providers the operator is configured with: operator.providers plus, with
+kvmAgent.enabled, the in-cluster agent. A dict of name -> values entry.
+*/}}
+{{- define "egressproxy.operator.providerValues" -}}
+{{- $providers := deepCopy .Values.operator.providers -}}
+{{- if .Values.kvmAgent.enabled -}}
+{{- $agent := dict "callTimeout" .Values.kvmAgent.callTimeout -}}
+{{- if .Values.kvmAgent.tls.enabled -}}
+{{- $_ := set $agent "endpoint" (printf "https://%s:%v" (include "egressproxy.kvmAgent.host" .) .Values.kvmAgent.port) -}}
+{{- $_ := set $agent "tls" (dict "secretName" (include "egressproxy.kvmAgent.serverSecretName" .) "clientCertificate" .Values.kvmAgent.tls.mtls.enabled "clientSecretName" (include "egressproxy.kvmAgent.clientSecretName" .)) -}}
+{{- else -}}
+{{- $_ := set $agent "endpoint" (printf "http://%s:%v" (include "egressproxy.kvmAgent.host" .) .Values.kvmAgent.port) -}}
+{{- end -}}
+{{- $_ := set $providers .Values.kvmAgent.providerName $agent -}}
+{{- end -}}
+{{- toJson $providers -}}
+{{- end -}}
