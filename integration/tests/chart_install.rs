@@ -1,0 +1,285 @@
+//! The chart installed by the real `helm` into the real kube-apiserver, then used the way
+//! a cluster would use it. The apiserver runs no pods, so the operator binary runs here,
+//! out of cluster, as the chart's ServiceAccount (a token the apiserver issued) with the
+//! args of the chart's Deployment and the providers config of the chart's ConfigMap:
+//!
+//! 1. `helm install` (all namespaces: a ClusterRole); `kubectl auth can-i --as` the
+//!    operator's ServiceAccount for what it needs and what it must not do.
+//! 2. The operator reconciles a Proxy whose cloud-init is in a Secret against the
+//!    reference provider to Ready.
+//! 3. `helm upgrade` to one watched namespace and two replicas: the permissions shrink to
+//!    a Role there (no Secrets elsewhere, no cluster-wide Proxies), a PDB appears, and the
+//!    operator still brings a Proxy to Ready with them.
+//! 4. `helm uninstall`: the chart's objects go, the CRD (`crds.keep`) and the Proxies stay.
+//!
+//! One test function: the release owns the cluster-wide CRD, which only one release in
+//! this apiserver can own. `chart_crds.rs` covers `crds.keep=false` in its own process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::helm::{Helm, Kubectl};
+use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::config::Kubeconfig;
+
+const RELEASE: &str = "ep";
+const OPERATOR: &str = "ep-egressproxy-operator";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn proxy_api(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("egressproxy.dev", "v1alpha1", "Proxy");
+    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a token the
+/// apiserver issued, as a pod running under that account would.
+async fn service_account_kubeconfig(
+    env: &KubeTestEnv,
+    namespace: &str,
+    name: &str,
+    dir: &Path,
+) -> PathBuf {
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let mut config = Kubeconfig::read_from(env.apiserver().kubeconfig_path()).unwrap();
+    for user in &mut config.auth_infos {
+        user.auth_info = Some(
+            serde_json::from_value(serde_json::json!({ "token": token })).unwrap(),
+        );
+    }
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// The operator binary started with the args and providers config the chart rendered.
+struct Operator(Child);
+
+impl Operator {
+    async fn start_as_the_chart_says(
+        env: &KubeTestEnv,
+        release_ns: &str,
+        kubeconfig: &Path,
+        dir: &Path,
+    ) -> Operator {
+        let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), release_ns);
+        let providers = config_maps
+            .get(&format!("{OPERATOR}-providers"))
+            .await
+            .unwrap()
+            .data
+            .unwrap()
+            .remove("providers.yaml")
+            .unwrap();
+        let providers_file = dir.join("providers.yaml");
+        std::fs::write(&providers_file, providers).unwrap();
+
+        let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), release_ns);
+        let deployment = deployments.get(OPERATOR).await.unwrap();
+        let container = &deployment.spec.unwrap().template.spec.unwrap().containers[0];
+        let http = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        // The chart's args, with the two paths that differ outside the pod.
+        let args: Vec<String> = container
+            .args
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|arg| {
+                if arg.starts_with("--providers=") {
+                    format!("--providers={}", providers_file.display())
+                } else if arg.starts_with("--http-listen=") {
+                    format!("--http-listen={http}")
+                } else {
+                    arg
+                }
+            })
+            .collect();
+        let child = Command::new(workspace_binary("egressproxy-operator").unwrap())
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig)
+            // What the Deployment's downward API sets.
+            .env("POD_NAME", format!("{OPERATOR}-test"))
+            .env("POD_NAMESPACE", release_ns)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        Operator(child)
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Creates a Proxy whose cloud-init is in a Secret (so the operator must read it) and
+/// whose proxy port is a local listener (the reference provider reports 127.0.0.1).
+async fn create_proxy(env: &KubeTestEnv, namespace: &str, name: &str, port: u16) {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-user-data")},
+        "stringData": {"user-data": "#cloud-config\npackages: [squid]\n"},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let proxy: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "provider": "reference",
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "cloudInit": {"userDataSecretRef": {"name": format!("{name}-user-data"), "key": "user-data"}},
+            "proxyPort": port,
+            "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
+        },
+    }))
+    .unwrap();
+    proxy_api(&env.client, namespace)
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+}
+
+async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
+    let api = proxy_api(&env.client, namespace);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let proxy = api.get(name).await.unwrap();
+        let status = proxy.data.get("status").cloned().unwrap_or_default();
+        if status.get("phase").and_then(|phase| phase.as_str()) == Some("Ready") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Proxy {namespace}/{name} never became Ready: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn install_reconcile_upgrade_and_uninstall() {
+    let env = KubeTestEnv::new("chart-release").await.unwrap();
+    let proxies_env = KubeTestEnv::new("chart-proxies").await.unwrap();
+    let other_env = KubeTestEnv::new("chart-other").await.unwrap();
+    let (release_ns, proxies_ns, other_ns) = (
+        env.namespace.as_str(),
+        proxies_env.namespace.as_str(),
+        other_env.namespace.as_str(),
+    );
+    let kubeconfig = env.apiserver().kubeconfig_path();
+    let helm = Helm::new(kubeconfig).unwrap();
+    let kubectl = Kubectl::new(kubeconfig);
+    let provider = ReferenceProvider::start(&["--provisioning-delay", "200ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sa = format!("system:serviceaccount:{release_ns}:{OPERATOR}");
+    let can = |question: &[&str]| kubectl.can_i(&sa, question).unwrap();
+
+    // 1. Install for all namespaces.
+    let endpoint = format!("operator.providers.reference.endpoint={}", provider.endpoint());
+    let cluster = format!("operator.clusterName=chart-{release_ns}");
+    helm.install(RELEASE, release_ns, &[], &[&endpoint, &cluster])
+        .unwrap();
+    let proxies = "proxies.egressproxy.dev";
+    assert!(can(&["list", proxies, "-A"]));
+    assert!(can(&["watch", proxies, "-A"]));
+    assert!(can(&["patch", proxies, "-n", proxies_ns]));
+    assert!(can(&["patch", proxies, "--subresource=status", "-n", proxies_ns]));
+    assert!(can(&["get", "secrets", "-n", proxies_ns]));
+    assert!(can(&["create", "events.events.k8s.io", "-n", proxies_ns]));
+    assert!(can(&["update", "leases.coordination.k8s.io/ep-egressproxy-operator", "-n", release_ns]));
+    assert!(!can(&["update", "leases.coordination.k8s.io/someone-elses", "-n", release_ns]));
+    assert!(!can(&["delete", proxies, "-n", proxies_ns]), "Proxies belong to their users");
+    assert!(!can(&["create", proxies, "-n", proxies_ns]));
+    assert!(!can(&["update", proxies, "-n", proxies_ns]));
+    assert!(!can(&["list", "secrets", "-n", proxies_ns]), "only Secrets a Proxy names, by name");
+    assert!(!can(&["watch", "secrets", "-A"]));
+    assert!(!can(&["create", "secrets", "-n", proxies_ns]));
+    assert!(!can(&["create", "leases.coordination.k8s.io", "-n", proxies_ns]));
+
+    // 2. The operator, as the chart runs it, brings a Proxy to Ready.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let token_kubeconfig = service_account_kubeconfig(&env, release_ns, OPERATOR, dir.path()).await;
+    {
+        let _operator =
+            Operator::start_as_the_chart_says(&env, release_ns, &token_kubeconfig, dir.path())
+                .await;
+        create_proxy(&env, proxies_ns, "first", port).await;
+        wait_ready(&env, proxies_ns, "first").await;
+    }
+
+    // 3. Upgrade to one watched namespace and two replicas.
+    let watch = format!("operator.watchNamespace={proxies_ns}");
+    helm.upgrade(
+        RELEASE,
+        release_ns,
+        &[],
+        &[&endpoint, &cluster, &watch, "operator.replicas=2"],
+    )
+    .unwrap();
+    assert!(can(&["list", proxies, "-n", proxies_ns]));
+    assert!(can(&["get", "secrets", "-n", proxies_ns]));
+    assert!(!can(&["list", proxies, "-A"]), "a Role now, not a ClusterRole");
+    assert!(!can(&["get", "secrets", "-n", other_ns]), "no Secrets outside the watched namespace");
+    assert!(!can(&["get", "secrets", "-n", release_ns]));
+    assert!(!can(&["delete", proxies, "-n", proxies_ns]));
+    let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
+    assert!(cluster_roles.get_opt(OPERATOR).await.unwrap().is_none());
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), release_ns);
+    let budget = budgets.get(OPERATOR).await.unwrap();
+    assert_eq!(
+        budget.spec.unwrap().min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), release_ns);
+    assert_eq!(deployments.get(OPERATOR).await.unwrap().spec.unwrap().replicas, Some(2));
+    {
+        let _operator =
+            Operator::start_as_the_chart_says(&env, release_ns, &token_kubeconfig, dir.path())
+                .await;
+        create_proxy(&env, proxies_ns, "second", port).await;
+        wait_ready(&env, proxies_ns, "second").await;
+    }
+
+    // 4. Uninstall: the CRD and the Proxies stay (crds.keep defaults to true).
+    helm.uninstall(RELEASE, release_ns).unwrap();
+    assert!(deployments.get_opt(OPERATOR).await.unwrap().is_none());
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    assert!(
+        crds.get_opt("proxies.egressproxy.dev").await.unwrap().is_some(),
+        "crds.keep: the CRD outlives the release"
+    );
+    let left = proxy_api(&env.client, proxies_ns).get("first").await.unwrap();
+    assert!(left.metadata.deletion_timestamp.is_none());
+    drop(listener);
+}

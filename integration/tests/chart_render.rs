@@ -1,0 +1,233 @@
+//! The Helm chart rendered by the real `helm`: it lints, every rendering (default values,
+//! every example, the namespaced and multi-replica variants) passes a server-side dry
+//! run on the real kube-apiserver, and values the schema or the templates must refuse
+//! are refused with a message naming the field.
+
+use std::path::Path;
+
+use egressproxy_integration::helm::{self, Helm, Kubectl};
+use egressproxy_integration::kube_apiserver;
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+
+/// Stand-ins for cert-manager's Certificate and the Prometheus Operator's ServiceMonitor
+/// CRDs: they only make the kinds known to the apiserver (any content is accepted), so
+/// that a dry run checks the rest of a rendering that contains them.
+const THIRD_PARTY_KINDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: certificates.cert-manager.io }
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: { kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: servicemonitors.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+"#;
+
+fn offline_helm() -> Helm {
+    // lint and template never contact the cluster; any kubeconfig path will do.
+    Helm::new(Path::new("/nonexistent-kubeconfig")).unwrap()
+}
+
+#[test]
+fn helm_lint_passes_for_the_defaults_and_every_example() {
+    let helm = offline_helm();
+    helm.lint(&[]).unwrap();
+    let examples = helm::example_values().unwrap();
+    assert!(
+        examples.len() >= 3,
+        "the chart ships its three example set-ups: {examples:?}"
+    );
+    for values in &examples {
+        helm.lint(&[values]).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn every_rendering_passes_a_server_side_dry_run() {
+    let env = KubeTestEnv::new("chart-dry-run").await.unwrap();
+    apply_crds_yaml(&env.client, THIRD_PARTY_KINDS)
+        .await
+        .unwrap();
+    let apiserver = kube_apiserver::shared().unwrap();
+    let helm = Helm::new(apiserver.kubeconfig_path()).unwrap();
+    let kubectl = Kubectl::new(apiserver.kubeconfig_path());
+    let ns = env.namespace.as_str();
+
+    let watch = format!("operator.watchNamespace={ns}");
+    let mut renderings = vec![
+        ("defaults".to_owned(), helm.template("rel", ns, &[], &[]).unwrap()),
+        (
+            "namespaced, 2 replicas, plaintext agent".to_owned(),
+            helm.template(
+                "rel",
+                ns,
+                &[],
+                &[
+                    &watch,
+                    "operator.replicas=2",
+                    "operator.networkPolicy.enabled=true",
+                    "kvmAgent.enabled=true",
+                    "kvmAgent.tls.enabled=false",
+                    "kvmAgent.podDisruptionBudget.enabled=true",
+                    "crds.enabled=false",
+                ],
+            )
+            .unwrap(),
+        ),
+    ];
+    for values in helm::example_values().unwrap() {
+        let rendered = helm.template("rel", ns, &[&values], &[]).unwrap();
+        renderings.push((values.display().to_string(), rendered));
+    }
+
+    for (name, rendered) in &renderings {
+        let answer = kubectl
+            .dry_run_apply(rendered)
+            .unwrap_or_else(|error| panic!("{name}: the apiserver refused the rendering: {error:#}"));
+        assert!(
+            answer.contains("serverside-applied (server dry run)"),
+            "{name}: {answer}"
+        );
+    }
+    // The variants really differ where the values say they do.
+    let (_, defaults) = &renderings[0];
+    let (_, namespaced) = &renderings[1];
+    assert!(defaults.contains("kind: ClusterRole\n") && defaults.contains("kind: CustomResourceDefinition"));
+    assert!(!namespaced.contains("kind: ClusterRole\n") && !namespaced.contains("kind: CustomResourceDefinition"));
+    assert!(namespaced.contains("kind: PodDisruptionBudget"));
+}
+
+/// `helm template` with `values` (YAML) must fail, and its message contain `expected`.
+fn assert_rejected(helm: &Helm, values: &str, expected: &str) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), values).unwrap();
+    match helm.template("rel", "egressproxy", &[file.path()], &[]) {
+        Ok(_) => panic!("values were accepted, want an error with {expected:?}:\n{values}"),
+        Err(error) => {
+            let message = format!("{error:#}");
+            assert!(
+                message.contains(expected),
+                "values:\n{values}\nwant {expected:?} in the error, got:\n{message}"
+            );
+        }
+    }
+}
+
+#[test]
+fn values_the_chart_must_refuse_are_refused_naming_the_field() {
+    let helm = offline_helm();
+    let cases = [
+        (
+            "operatr:\n  replicas: 2\n",
+            "additional properties 'operatr' not allowed",
+        ),
+        (
+            "operator:\n  replicas: two\n",
+            "at '/operator/replicas': got string, want integer",
+        ),
+        (
+            "operator:\n  gc:\n    interval: soon\n",
+            "at '/operator/gc/interval': 'soon' does not match pattern",
+        ),
+        (
+            "operator:\n  providers:\n    hv1:\n      endpoint: https://hv1.example.org:50051\n",
+            "at '/operator/providers/hv1': missing property 'tls'",
+        ),
+        (
+            "operator:\n  providers:\n    Bad_Name:\n      endpoint: http://x:1\n",
+            "invalid propertyName 'Bad_Name'",
+        ),
+        (
+            "kvmAgent:\n  tls:\n    source: vault\n",
+            "at '/kvmAgent/tls/source': value must be one of 'secret', 'certManager'",
+        ),
+        (
+            "kvmAgent:\n  config:\n    hosts:\n      - name: hv1\n        ssh: { adress: hv1, user: u }\n",
+            "at '/kvmAgent/config/hosts/0/ssh': additional properties 'adress' not allowed",
+        ),
+        (
+            "crds:\n  keep: yes please\n",
+            "at '/crds/keep': got string, want boolean",
+        ),
+        // Checks the schema cannot express, made by the templates.
+        (
+            "kvmAgent:\n  enabled: true\n  config:\n    hosts:\n      - name: hv1\n        ssh: { address: hv1, user: u }\n",
+            "kvmAgent.ssh.secretName: host \"hv1\" connects over SSH",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  tls:\n    source: certManager\n",
+            "kvmAgent.tls.certManager.issuerRef.name: name the cert-manager Issuer",
+        ),
+    ];
+    for (values, expected) in cases {
+        assert_rejected(&helm, values, expected);
+    }
+}
+
+#[test]
+fn the_values_table_in_the_chart_readme_is_up_to_date() {
+    // The same generator `make generate` runs, on a copy: the committed README must
+    // not change.
+    let chart = helm::chart_dir();
+    let copy = tempfile::tempdir().unwrap();
+    for file in ["README.md", "values.yaml"] {
+        std::fs::copy(chart.join(file), copy.path().join(file)).unwrap();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/chart-values-table.py");
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(copy.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let committed = std::fs::read_to_string(chart.join("README.md")).unwrap();
+    let regenerated = std::fs::read_to_string(copy.path().join("README.md")).unwrap();
+    assert!(
+        committed == regenerated,
+        "charts/egressproxy/README.md is stale: run `make generate`"
+    );
+}
+
+#[test]
+fn the_values_table_generator_refuses_an_undocumented_key() {
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::write(
+        copy.path().join("README.md"),
+        "<!-- values:start -->\n<!-- values:end -->\n",
+    )
+    .unwrap();
+    std::fs::write(
+        copy.path().join("values.yaml"),
+        "# -- documented\noperator:\n  # -- documented\n  replicas: 1\n  silent: true\n",
+    )
+    .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/chart-values-table.py");
+    let output = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(copy.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("values.yaml:5: operator.silent has no '# --' comment"),
+        "{stderr}"
+    );
+}
