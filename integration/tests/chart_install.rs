@@ -10,7 +10,8 @@
 //! 3. `helm upgrade` to one watched namespace and two replicas: the permissions shrink to
 //!    a Role there (no Secrets elsewhere, no cluster-wide Proxies), a PDB appears, and the
 //!    operator still brings a Proxy to Ready with them.
-//! 4. `helm uninstall`: the chart's objects go, the CRD (`crds.keep`) and the Proxies stay.
+//! 4. `helm uninstall`: the chart's objects go, the CRD (`crds.keep`) and the Proxies stay;
+//!    installing the release again adopts the kept CRD.
 //!
 //! One test function: the release owns the cluster-wide CRD, which only one release in
 //! this apiserver can own. `chart_crds.rs` covers `crds.keep=false` in its own process.
@@ -281,5 +282,8 @@ async fn install_reconcile_upgrade_and_uninstall() {
     );
     let left = proxy_api(&env.client, proxies_ns).get("first").await.unwrap();
     assert!(left.metadata.deletion_timestamp.is_none());
+    // The kept CRD still carries the release's ownership: the same release adopts it.
+    helm.install(RELEASE, release_ns, &[], &[&endpoint, &cluster])
+        .unwrap();
     drop(listener);
 }
