@@ -231,3 +231,67 @@ fn the_values_table_generator_refuses_an_undocumented_key() {
         "{stderr}"
     );
 }
+
+/// The agent config the chart renders from the in-cluster example parses with the
+/// agent's own `check-config`, once the mounted paths (SSH key, known_hosts, spool) are
+/// moved to files that exist here.
+#[test]
+fn the_rendered_agent_config_passes_kvm_agent_check_config() {
+    use serde::Deserialize as _;
+
+    let example = helm::chart_dir().join("examples/in-cluster-agent-ssh.yaml");
+    let rendered = offline_helm()
+        .template("rel", "egressproxy", &[&example], &[])
+        .unwrap();
+    let config = serde_yaml::Deserializer::from_str(&rendered)
+        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
+        .find(|doc| {
+            doc["kind"] == "ConfigMap"
+                && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
+        })
+        .expect("a kvm-agent ConfigMap")["data"]["config.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(config.contains("privateKey: /etc/kvm-agent/ssh/id_ed25519"), "{config}");
+    assert!(config.contains("knownHosts: /etc/kvm-agent/ssh/known_hosts"), "{config}");
+    assert!(config.contains("imageSpoolDir: /var/spool/kvm-agent"), "{config}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id_ed25519");
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let public = std::fs::read_to_string(dir.path().join("id_ed25519.pub")).unwrap();
+    let host_key = public.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+    std::fs::write(
+        dir.path().join("known_hosts"),
+        format!("hv1.example.org {host_key}\nhv2.example.org {host_key}\n"),
+    )
+    .unwrap();
+    let spool = dir.path().join("spool");
+    std::fs::create_dir(&spool).unwrap();
+    let local = config
+        .replace("/etc/kvm-agent/ssh", &dir.path().display().to_string())
+        .replace("/var/spool/kvm-agent", &spool.display().to_string());
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, local).unwrap();
+
+    let binary = egressproxy_integration::reference_provider::workspace_binary("kvm-agent").unwrap();
+    let output = std::process::Command::new(binary)
+        .arg("check-config")
+        .arg("--config")
+        .arg(&config_file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("ok (2 hosts, 2 machine types, 1 images)"), "{stdout}");
+}
