@@ -123,10 +123,12 @@ impl Helm {
         set: &[&str],
     ) -> anyhow::Result<String> {
         let mut command = self.command();
-        command
-            .args(["template", release])
-            .arg(chart_dir())
-            .args(["--namespace", namespace, "--kube-version", KUBE_VERSION]);
+        command.args(["template", release]).arg(chart_dir()).args([
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+        ]);
         add_values(&mut command, values, set);
         run(command, None)
     }

@@ -20,12 +20,20 @@ async fn the_crd_follows_crds_enabled_and_crds_keep() {
     let helm = Helm::new(env.apiserver().kubeconfig_path()).unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
 
-    helm.install("temporary", ns, &[], &["crds.keep=false"]).unwrap();
+    helm.install("temporary", ns, &[], &["crds.keep=false"])
+        .unwrap();
     let crd = crds.get(CRD).await.unwrap();
     let labels = crd.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get("app.kubernetes.io/instance").map(String::as_str), Some("temporary"));
+    assert_eq!(
+        labels.get("app.kubernetes.io/instance").map(String::as_str),
+        Some("temporary")
+    );
     assert!(
-        !crd.metadata.annotations.clone().unwrap_or_default().contains_key("helm.sh/resource-policy"),
+        !crd.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key("helm.sh/resource-policy"),
         "keep=false must not ask Helm to keep the CRD"
     );
     let uid = crd.metadata.uid.clone().unwrap();
@@ -39,7 +47,8 @@ async fn the_crd_follows_crds_enabled_and_crds_keep() {
     .expect("the CRD outlived a release with crds.keep=false")
     .unwrap();
 
-    helm.install("without-crd", ns, &[], &["crds.enabled=false"]).unwrap();
+    helm.install("without-crd", ns, &[], &["crds.enabled=false"])
+        .unwrap();
     assert!(
         crds.get_opt(CRD).await.unwrap().is_none(),
         "crds.enabled=false installed the CRD"

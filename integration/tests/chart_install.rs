@@ -66,9 +66,8 @@ async fn service_account_kubeconfig(
         .token;
     let mut config = Kubeconfig::read_from(env.apiserver().kubeconfig_path()).unwrap();
     for user in &mut config.auth_infos {
-        user.auth_info = Some(
-            serde_json::from_value(serde_json::json!({ "token": token })).unwrap(),
-        );
+        user.auth_info =
+            Some(serde_json::from_value(serde_json::json!({ "token": token })).unwrap());
     }
     let path = dir.join(format!("{name}.kubeconfig"));
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
@@ -99,7 +98,7 @@ impl Operator {
 
         let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), release_ns);
         let deployment = deployments.get(OPERATOR).await.unwrap();
-        let container = &deployment.spec.unwrap().template.spec.unwrap().containers[0];
+        let container = &deployment.spec.template.spec.unwrap().containers[0];
         let http = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -150,7 +149,10 @@ async fn create_proxy(env: &KubeTestEnv, namespace: &str, name: &str, port: u16)
         "stringData": {"user-data": "#cloud-config\npackages: [squid]\n"},
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let proxy: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "egressproxy.dev/v1alpha1",
         "kind": "Proxy",
@@ -206,7 +208,10 @@ async fn install_reconcile_upgrade_and_uninstall() {
     let can = |question: &[&str]| kubectl.can_i(&sa, question).unwrap();
 
     // 1. Install for all namespaces.
-    let endpoint = format!("operator.providers.reference.endpoint={}", provider.endpoint());
+    let endpoint = format!(
+        "operator.providers.reference.endpoint={}",
+        provider.endpoint()
+    );
     let cluster = format!("operator.clusterName=chart-{release_ns}");
     helm.install(RELEASE, release_ns, &[], &[&endpoint, &cluster])
         .unwrap();
@@ -214,18 +219,45 @@ async fn install_reconcile_upgrade_and_uninstall() {
     assert!(can(&["list", proxies, "-A"]));
     assert!(can(&["watch", proxies, "-A"]));
     assert!(can(&["patch", proxies, "-n", proxies_ns]));
-    assert!(can(&["patch", proxies, "--subresource=status", "-n", proxies_ns]));
+    assert!(can(&[
+        "patch",
+        proxies,
+        "--subresource=status",
+        "-n",
+        proxies_ns
+    ]));
     assert!(can(&["get", "secrets", "-n", proxies_ns]));
     assert!(can(&["create", "events.events.k8s.io", "-n", proxies_ns]));
-    assert!(can(&["update", "leases.coordination.k8s.io/ep-egressproxy-operator", "-n", release_ns]));
-    assert!(!can(&["update", "leases.coordination.k8s.io/someone-elses", "-n", release_ns]));
-    assert!(!can(&["delete", proxies, "-n", proxies_ns]), "Proxies belong to their users");
+    assert!(can(&[
+        "update",
+        "leases.coordination.k8s.io/ep-egressproxy-operator",
+        "-n",
+        release_ns
+    ]));
+    assert!(!can(&[
+        "update",
+        "leases.coordination.k8s.io/someone-elses",
+        "-n",
+        release_ns
+    ]));
+    assert!(
+        !can(&["delete", proxies, "-n", proxies_ns]),
+        "Proxies belong to their users"
+    );
     assert!(!can(&["create", proxies, "-n", proxies_ns]));
     assert!(!can(&["update", proxies, "-n", proxies_ns]));
-    assert!(!can(&["list", "secrets", "-n", proxies_ns]), "only Secrets a Proxy names, by name");
+    assert!(
+        !can(&["list", "secrets", "-n", proxies_ns]),
+        "only Secrets a Proxy names, by name"
+    );
     assert!(!can(&["watch", "secrets", "-A"]));
     assert!(!can(&["create", "secrets", "-n", proxies_ns]));
-    assert!(!can(&["create", "leases.coordination.k8s.io", "-n", proxies_ns]));
+    assert!(!can(&[
+        "create",
+        "leases.coordination.k8s.io",
+        "-n",
+        proxies_ns
+    ]));
 
     // 2. The operator, as the chart runs it, brings a Proxy to Ready.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -250,8 +282,14 @@ async fn install_reconcile_upgrade_and_uninstall() {
     .unwrap();
     assert!(can(&["list", proxies, "-n", proxies_ns]));
     assert!(can(&["get", "secrets", "-n", proxies_ns]));
-    assert!(!can(&["list", proxies, "-A"]), "a Role now, not a ClusterRole");
-    assert!(!can(&["get", "secrets", "-n", other_ns]), "no Secrets outside the watched namespace");
+    assert!(
+        !can(&["list", proxies, "-A"]),
+        "a Role now, not a ClusterRole"
+    );
+    assert!(
+        !can(&["get", "secrets", "-n", other_ns]),
+        "no Secrets outside the watched namespace"
+    );
     assert!(!can(&["get", "secrets", "-n", release_ns]));
     assert!(!can(&["delete", proxies, "-n", proxies_ns]));
     let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
@@ -263,7 +301,10 @@ async fn install_reconcile_upgrade_and_uninstall() {
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
     );
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), release_ns);
-    assert_eq!(deployments.get(OPERATOR).await.unwrap().spec.unwrap().replicas, Some(2));
+    assert_eq!(
+        deployments.get(OPERATOR).await.unwrap().spec.replicas,
+        Some(2)
+    );
     {
         let _operator =
             Operator::start_as_the_chart_says(&env, release_ns, &token_kubeconfig, dir.path())
@@ -277,10 +318,16 @@ async fn install_reconcile_upgrade_and_uninstall() {
     assert!(deployments.get_opt(OPERATOR).await.unwrap().is_none());
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     assert!(
-        crds.get_opt("proxies.egressproxy.dev").await.unwrap().is_some(),
+        crds.get_opt("proxies.egressproxy.dev")
+            .await
+            .unwrap()
+            .is_some(),
         "crds.keep: the CRD outlives the release"
     );
-    let left = proxy_api(&env.client, proxies_ns).get("first").await.unwrap();
+    let left = proxy_api(&env.client, proxies_ns)
+        .get("first")
+        .await
+        .unwrap();
     assert!(left.metadata.deletion_timestamp.is_none());
     // The kept CRD still carries the release's ownership: the same release adopts it.
     helm.install(RELEASE, release_ns, &[], &[&endpoint, &cluster])

@@ -72,7 +72,10 @@ async fn every_rendering_passes_a_server_side_dry_run() {
 
     let watch = format!("operator.watchNamespace={ns}");
     let mut renderings = vec![
-        ("defaults".to_owned(), helm.template("rel", ns, &[], &[]).unwrap()),
+        (
+            "defaults".to_owned(),
+            helm.template("rel", ns, &[], &[]).unwrap(),
+        ),
         (
             "namespaced, 2 replicas, plaintext agent".to_owned(),
             helm.template(
@@ -98,9 +101,9 @@ async fn every_rendering_passes_a_server_side_dry_run() {
     }
 
     for (name, rendered) in &renderings {
-        let answer = kubectl
-            .dry_run_apply(rendered)
-            .unwrap_or_else(|error| panic!("{name}: the apiserver refused the rendering: {error:#}"));
+        let answer = kubectl.dry_run_apply(rendered).unwrap_or_else(|error| {
+            panic!("{name}: the apiserver refused the rendering: {error:#}")
+        });
         assert!(
             answer.contains("serverside-applied (server dry run)"),
             "{name}: {answer}"
@@ -109,8 +112,14 @@ async fn every_rendering_passes_a_server_side_dry_run() {
     // The variants really differ where the values say they do.
     let (_, defaults) = &renderings[0];
     let (_, namespaced) = &renderings[1];
-    assert!(defaults.contains("kind: ClusterRole\n") && defaults.contains("kind: CustomResourceDefinition"));
-    assert!(!namespaced.contains("kind: ClusterRole\n") && !namespaced.contains("kind: CustomResourceDefinition"));
+    assert!(
+        defaults.contains("kind: ClusterRole\n")
+            && defaults.contains("kind: CustomResourceDefinition")
+    );
+    assert!(
+        !namespaced.contains("kind: ClusterRole\n")
+            && !namespaced.contains("kind: CustomResourceDefinition")
+    );
     assert!(namespaced.contains("kind: PodDisruptionBudget"));
 }
 
@@ -246,16 +255,24 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
     let config = serde_yaml::Deserializer::from_str(&rendered)
         .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
         .find(|doc| {
-            doc["kind"] == "ConfigMap"
-                && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
+            doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
         })
         .expect("a kvm-agent ConfigMap")["data"]["config.yaml"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(config.contains("privateKey: /etc/kvm-agent/ssh/id_ed25519"), "{config}");
-    assert!(config.contains("knownHosts: /etc/kvm-agent/ssh/known_hosts"), "{config}");
-    assert!(config.contains("imageSpoolDir: /var/spool/kvm-agent"), "{config}");
+    assert!(
+        config.contains("privateKey: /etc/kvm-agent/ssh/id_ed25519"),
+        "{config}"
+    );
+    assert!(
+        config.contains("knownHosts: /etc/kvm-agent/ssh/known_hosts"),
+        "{config}"
+    );
+    assert!(
+        config.contains("imageSpoolDir: /var/spool/kvm-agent"),
+        "{config}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id_ed25519");
@@ -266,7 +283,11 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         .unwrap();
     assert!(status.success());
     let public = std::fs::read_to_string(dir.path().join("id_ed25519.pub")).unwrap();
-    let host_key = public.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+    let host_key = public
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
     std::fs::write(
         dir.path().join("known_hosts"),
         format!("hv1.example.org {host_key}\nhv2.example.org {host_key}\n"),
@@ -280,7 +301,8 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, local).unwrap();
 
-    let binary = egressproxy_integration::reference_provider::workspace_binary("kvm-agent").unwrap();
+    let binary =
+        egressproxy_integration::reference_provider::workspace_binary("kvm-agent").unwrap();
     let output = std::process::Command::new(binary)
         .arg("check-config")
         .arg("--config")
@@ -293,5 +315,8 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         "{stdout}{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("ok (2 hosts, 2 machine types, 1 images)"), "{stdout}");
+    assert!(
+        stdout.contains("ok (2 hosts, 2 machine types, 1 images)"),
+        "{stdout}"
+    );
 }
