@@ -150,6 +150,27 @@ impl Helm {
         run(command, None)
     }
 
+    /// The NOTES.txt a user would see after `helm install` with `values` files, from an
+    /// install with `--dry-run=server` (nothing is stored).
+    pub fn install_notes(
+        &self,
+        release: &str,
+        namespace: &str,
+        values: &[&Path],
+    ) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command
+            .args(["install", release, "--dry-run=server"])
+            .arg(chart_dir())
+            .args(["--namespace", namespace]);
+        add_values(&mut command, values, &[]);
+        let output = run(command, None)?;
+        let (_, notes) = output
+            .split_once("\nNOTES:\n")
+            .context("helm install printed no NOTES")?;
+        Ok(notes.to_owned())
+    }
+
     /// `helm upgrade` with new values (replacing, not reusing, the old ones).
     pub fn upgrade(
         &self,

@@ -109,6 +109,29 @@ async fn every_rendering_passes_a_server_side_dry_run() {
             "{name}: {answer}"
         );
     }
+    // What NOTES.txt tells the user to do next, with the in-cluster agent.
+    let example = helm::chart_dir().join("examples/in-cluster-agent-ssh.yaml");
+    let notes = helm.install_notes("rel", ns, &[&example]).unwrap();
+    for expected in [
+        "Providers it can use (spec.provider): kvm.",
+        "provider: kvm",
+        "kubectl get proxies -n default -w",
+        &format!("kubectl port-forward -n {ns} svc/rel-egressproxy-kvm-agent 50051:50051"),
+        "grpcurl -cacert ca.crt -authority rel-egressproxy-kvm-agent.",
+        "/metrics",
+        "Traces: set global.otel.endpoint",
+    ] {
+        assert!(
+            notes.contains(expected),
+            "NOTES lack {expected:?}:\n{notes}"
+        );
+    }
+    let defaults_notes = helm.install_notes("rel", ns, &[]).unwrap();
+    assert!(
+        defaults_notes.contains("WARNING: no provider is configured"),
+        "{defaults_notes}"
+    );
+
     // The variants really differ where the values say they do.
     let (_, defaults) = &renderings[0];
     let (_, namespaced) = &renderings[1];
