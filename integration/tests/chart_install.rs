@@ -26,10 +26,11 @@ use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_b
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::config::Kubeconfig;
 
 const RELEASE: &str = "ep";
@@ -270,6 +271,20 @@ async fn install_reconcile_upgrade_and_uninstall() {
         create_proxy(&env, proxies_ns, "first", port).await;
         wait_ready(&env, proxies_ns, "first").await;
     }
+    // Its Events were allowed too (a refused Event is only a log line in the operator).
+    let events: Api<Event> = Api::namespaced(env.client.clone(), proxies_ns);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|event| event.reason)
+        .collect();
+    assert!(
+        reasons.iter().any(|reason| reason == "Created"),
+        "{reasons:?}"
+    );
 
     // 3. Upgrade to one watched namespace and two replicas.
     let watch = format!("operator.watchNamespace={proxies_ns}");
