@@ -16,179 +16,22 @@
 //! One test function: the release owns the cluster-wide CRD, which only one release in
 //! this apiserver can own. `chart_crds.rs` covers `crds.keep=false` in its own process.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod chart_support;
 
+use chart_support::{create_proxy, proxy_api, wait_ready};
+use egressproxy_integration::chart_operator::ChartOperator;
 use egressproxy_integration::helm::{Helm, Kubectl};
 use egressproxy_integration::kube_env::KubeTestEnv;
-use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
+use egressproxy_integration::reference_provider::ReferenceProvider;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
-use kube::config::Kubeconfig;
+use kube::api::{Api, ListParams};
 
 const RELEASE: &str = "ep";
 const OPERATOR: &str = "ep-egressproxy-operator";
-const WAIT: Duration = Duration::from_secs(90);
-
-fn proxy_api(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("egressproxy.dev", "v1alpha1", "Proxy");
-    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
-}
-
-/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a token the
-/// apiserver issued, as a pod running under that account would.
-async fn service_account_kubeconfig(
-    env: &KubeTestEnv,
-    namespace: &str,
-    name: &str,
-    dir: &Path,
-) -> PathBuf {
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut config = Kubeconfig::read_from(env.apiserver().kubeconfig_path()).unwrap();
-    for user in &mut config.auth_infos {
-        user.auth_info =
-            Some(serde_json::from_value(serde_json::json!({ "token": token })).unwrap());
-    }
-    let path = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    path
-}
-
-/// The operator binary started with the args and providers config the chart rendered.
-struct Operator(Child);
-
-impl Operator {
-    async fn start_as_the_chart_says(
-        env: &KubeTestEnv,
-        release_ns: &str,
-        kubeconfig: &Path,
-        dir: &Path,
-    ) -> Operator {
-        let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), release_ns);
-        let providers = config_maps
-            .get(&format!("{OPERATOR}-providers"))
-            .await
-            .unwrap()
-            .data
-            .unwrap()
-            .remove("providers.yaml")
-            .unwrap();
-        let providers_file = dir.join("providers.yaml");
-        std::fs::write(&providers_file, providers).unwrap();
-
-        let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), release_ns);
-        let deployment = deployments.get(OPERATOR).await.unwrap();
-        let container = &deployment.spec.template.spec.unwrap().containers[0];
-        let http = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        // The chart's args, with the two paths that differ outside the pod.
-        let args: Vec<String> = container
-            .args
-            .clone()
-            .unwrap()
-            .into_iter()
-            .map(|arg| {
-                if arg.starts_with("--providers=") {
-                    format!("--providers={}", providers_file.display())
-                } else if arg.starts_with("--http-listen=") {
-                    format!("--http-listen={http}")
-                } else {
-                    arg
-                }
-            })
-            .collect();
-        let child = Command::new(workspace_binary("egressproxy-operator").unwrap())
-            .args(&args)
-            .env("KUBECONFIG", kubeconfig)
-            // What the Deployment's downward API sets.
-            .env("POD_NAME", format!("{OPERATOR}-test"))
-            .env("POD_NAMESPACE", release_ns)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        Operator(child)
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Creates a Proxy whose cloud-init is in a Secret (so the operator must read it) and
-/// whose proxy port is a local listener (the reference provider reports 127.0.0.1).
-async fn create_proxy(env: &KubeTestEnv, namespace: &str, name: &str, port: u16) {
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-user-data")},
-        "stringData": {"user-data": "#cloud-config\npackages: [squid]\n"},
-    }))
-    .unwrap();
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let proxy: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "egressproxy.dev/v1alpha1",
-        "kind": "Proxy",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "provider": "reference",
-            "placement": {"machineType": "small", "image": "debian-12"},
-            "cloudInit": {"userDataSecretRef": {"name": format!("{name}-user-data"), "key": "user-data"}},
-            "proxyPort": port,
-            "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
-        },
-    }))
-    .unwrap();
-    proxy_api(&env.client, namespace)
-        .create(&PostParams::default(), &proxy)
-        .await
-        .unwrap();
-}
-
-async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
-    let api = proxy_api(&env.client, namespace);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let proxy = api.get(name).await.unwrap();
-        let status = proxy.data.get("status").cloned().unwrap_or_default();
-        if status.get("phase").and_then(|phase| phase.as_str()) == Some("Ready") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Proxy {namespace}/{name} never became Ready: {status:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 #[tokio::test]
 async fn install_reconcile_upgrade_and_uninstall() {
@@ -204,7 +47,6 @@ async fn install_reconcile_upgrade_and_uninstall() {
     let helm = Helm::new(kubeconfig).unwrap();
     let kubectl = Kubectl::new(kubeconfig);
     let provider = ReferenceProvider::start(&["--provisioning-delay", "200ms"]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let sa = format!("system:serviceaccount:{release_ns}:{OPERATOR}");
     let can = |question: &[&str]| kubectl.can_i(&sa, question).unwrap();
 
@@ -263,11 +105,10 @@ async fn install_reconcile_upgrade_and_uninstall() {
     // 2. The operator, as the chart runs it, brings a Proxy to Ready.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let token_kubeconfig = service_account_kubeconfig(&env, release_ns, OPERATOR, dir.path()).await;
     {
-        let _operator =
-            Operator::start_as_the_chart_says(&env, release_ns, &token_kubeconfig, dir.path())
-                .await;
+        let _operator = ChartOperator::start(&env, release_ns, OPERATOR, OPERATOR)
+            .await
+            .unwrap();
         create_proxy(&env, proxies_ns, "first", port).await;
         wait_ready(&env, proxies_ns, "first").await;
     }
@@ -321,9 +162,9 @@ async fn install_reconcile_upgrade_and_uninstall() {
         Some(2)
     );
     {
-        let _operator =
-            Operator::start_as_the_chart_says(&env, release_ns, &token_kubeconfig, dir.path())
-                .await;
+        let _operator = ChartOperator::start(&env, release_ns, OPERATOR, OPERATOR)
+            .await
+            .unwrap();
         create_proxy(&env, proxies_ns, "second", port).await;
         wait_ready(&env, proxies_ns, "second").await;
     }

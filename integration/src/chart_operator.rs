@@ -1,0 +1,265 @@
+//! The operator binary run out of cluster exactly as the chart's Deployment would run it,
+//! for tests of an installed release (the test apiserver runs no pods):
+//!
+//! 1. A kubeconfig with a token the apiserver issued for the chart's ServiceAccount, so
+//!    the chart's RBAC applies as it would to the pod.
+//! 2. The container's volumes materialised under a private root directory: the providers
+//!    ConfigMap and every Secret or projected Secret volume (the TLS files), with the
+//!    items and paths the Deployment names.
+//! 3. The container's args, with every path under a mount moved under that root and
+//!    `--http-listen` on a free loopback port; `POD_NAME` and `POD_NAMESPACE` as the
+//!    downward API sets them.
+//!
+//! The process is killed when the [`ChartOperator`] is dropped.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, KeyToPath, Secret, ServiceAccount, Volume};
+use kube::api::{Api, PostParams};
+use kube::config::Kubeconfig;
+
+use crate::kube_env::KubeTestEnv;
+use crate::reference_provider::workspace_binary;
+
+/// A running operator process started from an installed release's Deployment.
+#[derive(Debug)]
+pub struct ChartOperator {
+    child: Child,
+    root: tempfile::TempDir,
+}
+
+impl ChartOperator {
+    /// Starts the operator of Deployment `deployment` in `namespace`, as ServiceAccount
+    /// `service_account` of that namespace.
+    pub async fn start(
+        env: &KubeTestEnv,
+        namespace: &str,
+        deployment: &str,
+        service_account: &str,
+    ) -> anyhow::Result<Self> {
+        let root = tempfile::tempdir().context("operator root directory")?;
+        let kubeconfig =
+            service_account_kubeconfig(env, namespace, service_account, root.path()).await?;
+        let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), namespace);
+        let deployment = deployments
+            .get(deployment)
+            .await
+            .with_context(|| format!("read Deployment {namespace}/{deployment}"))?;
+        let pod = deployment
+            .spec
+            .template
+            .spec
+            .context("Deployment without a pod spec")?;
+        let container = pod.containers.first().context("pod without containers")?;
+        let volumes: BTreeMap<&str, &Volume> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|volume| (volume.name.as_str(), volume))
+            .collect();
+
+        let mut mounts = Vec::new();
+        for mount in container.volume_mounts.iter().flatten() {
+            let volume = volumes
+                .get(mount.name.as_str())
+                .with_context(|| format!("volumeMount {} names no volume", mount.name))?;
+            let target = root.path().join(mount.mount_path.trim_start_matches('/'));
+            materialise(env, namespace, volume, mount.sub_path.as_deref(), &target).await?;
+            mounts.push(mount.mount_path.clone());
+        }
+        // Longest first, through placeholders, so that neither a mount inside another nor
+        // one whose path starts with another's (hv1, hv10) is moved twice.
+        mounts.sort_by_key(|path| std::cmp::Reverse(path.len()));
+        let relocate = |text: &str| -> String {
+            let mut text = text.to_owned();
+            for (index, mount) in mounts.iter().enumerate() {
+                text = text.replace(mount.as_str(), &format!("\u{0}{index}\u{0}"));
+            }
+            for (index, mount) in mounts.iter().enumerate() {
+                let moved = root.path().join(mount.trim_start_matches('/'));
+                text = text.replace(&format!("\u{0}{index}\u{0}"), &moved.display().to_string());
+            }
+            text
+        };
+        // Config files name paths under other mounts (TLS files): move those too.
+        for mount in &mounts {
+            let file = root.path().join(mount.trim_start_matches('/'));
+            if file.is_file() {
+                let text = std::fs::read_to_string(&file)?;
+                std::fs::write(&file, relocate(&text))?;
+            }
+        }
+
+        let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let args: Vec<String> = container
+            .args
+            .iter()
+            .flatten()
+            .map(|arg| {
+                if arg.starts_with("--http-listen=") {
+                    format!("--http-listen={http}")
+                } else {
+                    relocate(arg)
+                }
+            })
+            .collect();
+        let child = Command::new(workspace_binary("egressproxy-operator")?)
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env(
+                "POD_NAME",
+                format!("{}-0", deployment.metadata.name.unwrap_or_default()),
+            )
+            .env("POD_NAMESPACE", namespace)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("spawn egressproxy-operator")?;
+        Ok(Self { child, root })
+    }
+
+    /// The directory standing in for the pod's filesystem.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+}
+
+impl Drop for ChartOperator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes what `volume` would show at `target` (or, with `sub_path`, the one file).
+async fn materialise(
+    env: &KubeTestEnv,
+    namespace: &str,
+    volume: &Volume,
+    sub_path: Option<&str>,
+    target: &Path,
+) -> anyhow::Result<()> {
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    if let Some(config_map) = &volume.config_map {
+        let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), namespace);
+        let data = api.get(&config_map.name).await?.data.unwrap_or_default();
+        for (key, value) in data {
+            files.insert(key, value.into_bytes());
+        }
+    } else if let Some(secret) = &volume.secret {
+        let name = secret
+            .secret_name
+            .as_deref()
+            .context("secret volume without a name")?;
+        add_secret(env, namespace, name, secret.items.as_deref(), &mut files).await?;
+    } else if let Some(projected) = &volume.projected {
+        for source in projected.sources.iter().flatten() {
+            let secret = source
+                .secret
+                .as_ref()
+                .context("projected volume with a source other than a Secret")?;
+            add_secret(
+                env,
+                namespace,
+                &secret.name,
+                secret.items.as_deref(),
+                &mut files,
+            )
+            .await?;
+        }
+    } else {
+        // emptyDir and the like: an empty directory.
+        std::fs::create_dir_all(target)?;
+        return Ok(());
+    }
+    match sub_path {
+        Some(sub_path) => {
+            let content = files
+                .get(sub_path)
+                .with_context(|| format!("volume {} has no {sub_path}", volume.name))?;
+            std::fs::create_dir_all(target.parent().context("mount path without parent")?)?;
+            std::fs::write(target, content)?;
+        }
+        None => {
+            for (path, content) in files {
+                let file = target.join(path);
+                std::fs::create_dir_all(file.parent().context("file without parent")?)?;
+                std::fs::write(file, content)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds Secret `name`'s keys (or only `items`, at their paths) to `files`; a missing
+/// Secret or key is an error, as it keeps a pod from starting.
+async fn add_secret(
+    env: &KubeTestEnv,
+    namespace: &str,
+    name: &str,
+    items: Option<&[KeyToPath]>,
+    files: &mut BTreeMap<String, Vec<u8>>,
+) -> anyhow::Result<()> {
+    let api: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
+    let data = api
+        .get(name)
+        .await
+        .with_context(|| format!("Secret {namespace}/{name}"))?
+        .data
+        .unwrap_or_default();
+    match items {
+        Some(items) => {
+            for item in items {
+                let Some(value) = data.get(&item.key) else {
+                    bail!("Secret {namespace}/{name} has no key {}", item.key);
+                };
+                files.insert(item.path.clone(), value.0.clone());
+            }
+        }
+        None => {
+            for (key, value) in data {
+                files.insert(key, value.0);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a token the
+/// apiserver issued, as a pod running under that account would.
+async fn service_account_kubeconfig(
+    env: &KubeTestEnv,
+    namespace: &str,
+    name: &str,
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("request a token for ServiceAccount {namespace}/{name}"))?
+        .status
+        .and_then(|status| status.token)
+        .context("the apiserver issued no token")?;
+    let mut config = Kubeconfig::read_from(env.apiserver().kubeconfig_path())?;
+    for user in &mut config.auth_infos {
+        user.auth_info = Some(serde_json::from_value(
+            serde_json::json!({ "token": token }),
+        )?);
+    }
+    let path = dir.join("serviceaccount.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    Ok(path)
+}

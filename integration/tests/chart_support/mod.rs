@@ -1,0 +1,64 @@
+//! Proxies for the chart tests: made through the real apiserver as untyped objects (the
+//! integration crate does not depend on the operator), and waited on until Ready.
+
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::kube_env::KubeTestEnv;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+pub(crate) fn proxy_api(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("egressproxy.dev", "v1alpha1", "Proxy");
+    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+/// Creates a Proxy whose cloud-init is in a Secret (so the operator must read it) and
+/// whose proxy port is a local listener (the reference provider reports 127.0.0.1).
+pub(crate) async fn create_proxy(env: &KubeTestEnv, namespace: &str, name: &str, port: u16) {
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-user-data")},
+        "stringData": {"user-data": "#cloud-config\npackages: [squid]\n"},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let proxy: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "provider": "reference",
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "cloudInit": {"userDataSecretRef": {"name": format!("{name}-user-data"), "key": "user-data"}},
+            "proxyPort": port,
+            "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
+        },
+    }))
+    .unwrap();
+    proxy_api(&env.client, namespace)
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+}
+
+pub(crate) async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
+    let api = proxy_api(&env.client, namespace);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let proxy = api.get(name).await.unwrap();
+        let status = proxy.data.get("status").cloned().unwrap_or_default();
+        if status.get("phase").and_then(|phase| phase.as_str()) == Some("Ready") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Proxy {namespace}/{name} never became Ready: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
