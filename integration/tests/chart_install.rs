@@ -128,7 +128,7 @@ async fn install_reconcile_upgrade_and_uninstall() {
     );
 
     // 3. Upgrade to one watched namespace and two replicas.
-    let watch = format!("operator.watchNamespace={proxies_ns}");
+    let watch = format!("operator.watchNamespaces={{{proxies_ns}}}");
     helm.upgrade(
         RELEASE,
         release_ns,

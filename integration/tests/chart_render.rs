@@ -70,7 +70,7 @@ async fn every_rendering_passes_a_server_side_dry_run() {
     let kubectl = Kubectl::new(apiserver.kubeconfig_path());
     let ns = env.namespace.as_str();
 
-    let watch = format!("operator.watchNamespace={ns}");
+    let watch = format!("operator.watchNamespaces={{{ns}}}");
     let mut renderings = vec![
         (
             "defaults".to_owned(),
@@ -185,6 +185,10 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
         (
             "operator:\n  providers:\n    Bad_Name:\n      endpoint: http://x:1\n",
             "invalid propertyName 'Bad_Name'",
+        ),
+        (
+            "operator:\n  watchNamespaces: [team-a, team-b]\n",
+            "at '/operator/watchNamespaces': maxItems: got 2, want 1",
         ),
         (
             "kvmAgent:\n  tls:\n    source: vault\n",
