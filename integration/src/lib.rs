@@ -1,7 +1,7 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
 //! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm, kube-harness).
-//! - [`chart_operator`]: the operator run as an installed chart's Deployment would run it.
+//! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
@@ -10,7 +10,7 @@
 //! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
-pub mod chart_operator;
+pub mod chart_pod;
 pub mod helm;
 pub mod kube_apiserver;
 pub mod kube_env;

@@ -19,7 +19,7 @@
 mod chart_support;
 
 use chart_support::{create_proxy, proxy_api, wait_ready};
-use egressproxy_integration::chart_operator::ChartOperator;
+use egressproxy_integration::chart_pod::ChartPod;
 use egressproxy_integration::helm::{Helm, Kubectl};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -106,9 +106,15 @@ async fn install_reconcile_upgrade_and_uninstall() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     {
-        let _operator = ChartOperator::start(&env, release_ns, OPERATOR, OPERATOR)
-            .await
-            .unwrap();
+        let _operator = ChartPod::start(
+            &env,
+            release_ns,
+            OPERATOR,
+            "egressproxy-operator",
+            Some(OPERATOR),
+        )
+        .await
+        .unwrap();
         create_proxy(&env, proxies_ns, "first", port).await;
         wait_ready(&env, proxies_ns, "first").await;
     }
@@ -162,9 +168,15 @@ async fn install_reconcile_upgrade_and_uninstall() {
         Some(2)
     );
     {
-        let _operator = ChartOperator::start(&env, release_ns, OPERATOR, OPERATOR)
-            .await
-            .unwrap();
+        let _operator = ChartPod::start(
+            &env,
+            release_ns,
+            OPERATOR,
+            "egressproxy-operator",
+            Some(OPERATOR),
+        )
+        .await
+        .unwrap();
         create_proxy(&env, proxies_ns, "second", port).await;
         wait_ready(&env, proxies_ns, "second").await;
     }

@@ -6,11 +6,8 @@
 
 mod chart_support;
 
-use std::path::Path;
-use std::process::Command;
-
-use chart_support::{create_proxy, wait_ready};
-use egressproxy_integration::chart_operator::ChartOperator;
+use chart_support::{create_proxy, make_certificates, wait_ready};
+use egressproxy_integration::chart_pod::ChartPod;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -19,99 +16,12 @@ use kube::api::{Api, PostParams};
 
 const OPERATOR: &str = "tls-egressproxy-operator";
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A CA, a server certificate for localhost and a client certificate, in `dir`.
-fn make_certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    openssl(
-        dir,
-        &[
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=test-ca",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-            ][..],
-            &ec[..],
-        ]
-        .concat(),
-    );
-    for (name, extensions) in [
-        (
-            "server",
-            "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n",
-        ),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        let subject = format!("/CN={name}");
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        std::fs::write(dir.join(&ext), extensions).unwrap();
-        openssl(
-            dir,
-            &[
-                &["req", "-subj", &subject, "-keyout", &key, "-out", &csr][..],
-                &ec[..],
-            ]
-            .concat(),
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                &ext,
-                "-out",
-                &crt,
-            ],
-        );
-    }
-}
-
 #[tokio::test]
 async fn mutual_tls_to_a_provider_from_a_secret_named_in_values() {
     let env = KubeTestEnv::new("chart-tls").await.unwrap();
     let ns = env.namespace.as_str();
     let certs = tempfile::tempdir().unwrap();
-    make_certificates(certs.path());
+    make_certificates(certs.path(), "localhost");
     let path = |name: &str| certs.path().join(name).display().to_string();
     let provider = ReferenceProvider::start(&[
         "--provisioning-delay",
@@ -154,7 +64,7 @@ async fn mutual_tls_to_a_provider_from_a_secret_named_in_values() {
     let helm = Helm::new(env.apiserver().kubeconfig_path()).unwrap();
     helm.install("tls", ns, &[values.path()], &[]).unwrap();
 
-    let operator = ChartOperator::start(&env, ns, OPERATOR, OPERATOR)
+    let operator = ChartPod::start(&env, ns, OPERATOR, "egressproxy-operator", Some(OPERATOR))
         .await
         .unwrap();
     // The chart mounted the Secret's three keys where its provider config says.

@@ -1,16 +1,16 @@
-//! The operator binary run out of cluster exactly as the chart's Deployment would run it,
-//! for tests of an installed release (the test apiserver runs no pods):
+//! A binary of this workspace run out of cluster exactly as an installed release's
+//! Deployment would run it, for tests of the chart (the test apiserver runs no pods):
 //!
-//! 1. A kubeconfig with a token the apiserver issued for the chart's ServiceAccount, so
+//! 1. With a ServiceAccount: a kubeconfig with a token the apiserver issued for it, so
 //!    the chart's RBAC applies as it would to the pod.
 //! 2. The container's volumes materialised under a private root directory: the providers
 //!    ConfigMap and every Secret or projected Secret volume (the TLS files), with the
 //!    items and paths the Deployment names.
-//! 3. The container's args, with every path under a mount moved under that root and
-//!    `--http-listen` on a free loopback port; `POD_NAME` and `POD_NAMESPACE` as the
-//!    downward API sets them.
+//! 3. The container's args and plain env values, with every path under a mount moved
+//!    under that root and `--listen`/`--http-listen` on a free loopback port; `POD_NAME`
+//!    and `POD_NAMESPACE` as the downward API sets them.
 //!
-//! The process is killed when the [`ChartOperator`] is dropped.
+//! The process is killed when the [`ChartPod`] is dropped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,25 +26,32 @@ use kube::config::Kubeconfig;
 use crate::kube_env::KubeTestEnv;
 use crate::reference_provider::workspace_binary;
 
-/// A running operator process started from an installed release's Deployment.
+/// A running process started from an installed release's Deployment.
 #[derive(Debug)]
-pub struct ChartOperator {
+pub struct ChartPod {
     child: Child,
     root: tempfile::TempDir,
+    listen: std::net::SocketAddr,
 }
 
-impl ChartOperator {
-    /// Starts the operator of Deployment `deployment` in `namespace`, as ServiceAccount
-    /// `service_account` of that namespace.
+impl ChartPod {
+    /// Starts workspace binary `binary` as the first container of Deployment
+    /// `deployment` in `namespace` runs it, as ServiceAccount `service_account` of that
+    /// namespace when given.
     pub async fn start(
         env: &KubeTestEnv,
         namespace: &str,
         deployment: &str,
-        service_account: &str,
+        binary: &str,
+        service_account: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let root = tempfile::tempdir().context("operator root directory")?;
-        let kubeconfig =
-            service_account_kubeconfig(env, namespace, service_account, root.path()).await?;
+        let root = tempfile::tempdir().context("pod root directory")?;
+        let kubeconfig = match service_account {
+            Some(account) => {
+                Some(service_account_kubeconfig(env, namespace, account, root.path()).await?)
+            }
+            None => None,
+        };
         let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), namespace);
         let deployment = deployments
             .get(deployment)
@@ -95,22 +102,27 @@ impl ChartOperator {
             }
         }
 
-        let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let args: Vec<String> = container
             .args
             .iter()
             .flatten()
-            .map(|arg| {
-                if arg.starts_with("--http-listen=") {
-                    format!("--http-listen={http}")
-                } else {
-                    relocate(arg)
-                }
+            .map(|arg| match arg.split_once('=') {
+                Some((flag @ ("--listen" | "--http-listen"), _)) => format!("{flag}={listen}"),
+                _ => relocate(arg),
             })
             .collect();
-        let child = Command::new(workspace_binary("egressproxy-operator")?)
-            .args(&args)
-            .env("KUBECONFIG", &kubeconfig)
+        let mut command = Command::new(workspace_binary(binary)?);
+        command.args(&args);
+        for var in container.env.iter().flatten() {
+            if let Some(value) = &var.value {
+                command.env(&var.name, relocate(value));
+            }
+        }
+        if let Some(kubeconfig) = &kubeconfig {
+            command.env("KUBECONFIG", kubeconfig);
+        }
+        let child = command
             .env(
                 "POD_NAME",
                 format!("{}-0", deployment.metadata.name.unwrap_or_default()),
@@ -119,17 +131,26 @@ impl ChartOperator {
             .env("RUST_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .spawn()
-            .context("spawn egressproxy-operator")?;
-        Ok(Self { child, root })
+            .with_context(|| format!("spawn {binary}"))?;
+        Ok(Self {
+            child,
+            root,
+            listen,
+        })
     }
 
     /// The directory standing in for the pod's filesystem.
     pub fn root(&self) -> &Path {
         self.root.path()
     }
+
+    /// The loopback address given to the container's `--listen`/`--http-listen` flag.
+    pub fn listen(&self) -> std::net::SocketAddr {
+        self.listen
+    }
 }
 
-impl Drop for ChartOperator {
+impl Drop for ChartPod {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

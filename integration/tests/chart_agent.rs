@@ -1,0 +1,161 @@
+//! The in-cluster kvm-agent as the chart runs it: its Deployment's args, env and volumes
+//! (the rendered config, the SSH key Secret, the server TLS Secret, the spool and runtime
+//! emptyDirs) materialised out of cluster. It starts, serves mutual TLS with the chart's
+//! certificate paths, answers grpcurl with the operator's client certificate, and refuses
+//! a client without one.
+
+mod chart_support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use chart_support::make_certificates;
+use egressproxy_integration::chart_pod::ChartPod;
+use egressproxy_integration::helm::Helm;
+use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_integration::tools;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+
+const AGENT: &str = "ag-egressproxy-kvm-agent";
+
+/// Hosts on loopback only (nothing is dialled to serve GetPluginInfo; if anything were,
+/// it stays on this machine), an image that is never fetched.
+const VALUES: &str = "\
+kvmAgent:
+  enabled: true
+  ssh:
+    secretName: kvm-agent-ssh
+  tls:
+    mtls:
+      enabled: true
+  config:
+    hosts:
+      - name: hv1
+        ssh: { address: \"127.0.0.1:1\", user: egressproxy }
+    machineTypes:
+      small: { vcpus: 1, memoryMiB: 1024, diskGiB: 10 }
+    images:
+      debian-12: { url: \"file:///nonexistent/debian-12.qcow2\" }
+";
+
+async fn create_secret(env: &KubeTestEnv, name: &str, files: &[(&str, &Path)]) {
+    let data: serde_json::Map<String, serde_json::Value> = files
+        .iter()
+        .map(|(key, path)| {
+            let text = std::fs::read_to_string(path).unwrap();
+            ((*key).to_owned(), serde_json::Value::String(text))
+        })
+        .collect();
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "stringData": data,
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+fn grpcurl(
+    address: &str,
+    authority: &str,
+    certs: &Path,
+    client_cert: bool,
+) -> std::process::Output {
+    let mut command = Command::new(tools::bin("grpcurl").unwrap());
+    command.arg("-cacert").arg(certs.join("ca.crt")).args([
+        "-authority",
+        authority,
+        "-max-time",
+        "5",
+    ]);
+    if client_cert {
+        command
+            .arg("-cert")
+            .arg(certs.join("client.crt"))
+            .arg("-key")
+            .arg(certs.join("client.key"));
+    }
+    command
+        .args([address, "egressproxy.provider.v1.Provider/GetPluginInfo"])
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_agent_serves_mutual_tls_as_the_chart_runs_it() {
+    let env = KubeTestEnv::new("chart-agent").await.unwrap();
+    let ns = env.namespace.clone();
+    let authority = format!("{AGENT}.{ns}.svc");
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path();
+    make_certificates(certs, &authority);
+    let key = certs.join("id_ed25519");
+    let status = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let public = std::fs::read_to_string(certs.join("id_ed25519.pub")).unwrap();
+    let host_key: Vec<&str> = public.split_whitespace().take(2).collect();
+    std::fs::write(
+        certs.join("known_hosts"),
+        format!("[127.0.0.1]:1 {}\n", host_key.join(" ")),
+    )
+    .unwrap();
+    create_secret(
+        &env,
+        "kvm-agent-ssh",
+        &[
+            ("id_ed25519", &key),
+            ("known_hosts", &certs.join("known_hosts")),
+        ],
+    )
+    .await;
+    create_secret(
+        &env,
+        &format!("{AGENT}-tls"),
+        &[
+            ("tls.crt", &certs.join("server.crt")),
+            ("tls.key", &certs.join("server.key")),
+            ("ca.crt", &certs.join("ca.crt")),
+        ],
+    )
+    .await;
+
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, VALUES).unwrap();
+    let helm = Helm::new(env.apiserver().kubeconfig_path()).unwrap();
+    helm.install("ag", &ns, &[&values], &[]).unwrap();
+
+    let agent = ChartPod::start(&env, &ns, AGENT, "kvm-agent", None)
+        .await
+        .unwrap();
+    let address = agent.listen().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let output = grpcurl(&address, &authority, certs, true);
+        if output.status.success() {
+            break String::from_utf8_lossy(&output.stdout).into_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never answered over mutual TLS: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // The agent is still starting (nothing listens yet): ask again shortly.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(answer.contains("\"contractVersion\""), "{answer}");
+
+    let refused = grpcurl(&address, &authority, certs, false);
+    assert!(
+        !refused.status.success(),
+        "a client without a certificate was served: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+}
