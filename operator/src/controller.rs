@@ -38,6 +38,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (reader, writer) = reflector::store();
+    // kube-runtime holds reconciles until the store has its first list; a shutdown that
+    // ends the watch before then would leave that wait, and the controller, hanging.
+    let store = reader.clone();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = store.wait_until_ready().await;
+    };
     let stream = watcher(proxies, watcher::Config::default())
         .default_backoff()
         .reflect(writer)

@@ -23,6 +23,10 @@ use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::{controller, gc, http, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
+/// How long running reconciles may take to finish after SIGTERM before they are
+/// cancelled (dropping them stops them): within Kubernetes' default 30 s grace period.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
 /// Kubernetes operator for egress-proxy VMs.
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -74,6 +78,7 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = telemetry::init("egressproxy-operator", args.verbose)?;
+    let stopping = listen_for_shutdown();
     let config_text = std::fs::read_to_string(&args.providers).map_err(|error| {
         anyhow::anyhow!(
             "cannot read provider config {}: {error}",
@@ -109,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease) => leadership,
-        () = shutdown_signal() => return Ok(()),
+        () = stopping() => return Ok(()),
     };
     metrics.set_leader(true);
 
@@ -142,8 +147,14 @@ async fn main() -> anyhow::Result<()> {
         args.providers_reload_interval,
         metrics.clone(),
     );
+    let stopped_in_time = async {
+        stopping().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
+    };
     let lost = tokio::select! {
-        () = controller::run(ctx.clone(), proxies, shutdown_signal()) => false,
+        () = controller::run(ctx.clone(), proxies, stopping()) => false,
+        () = stopped_in_time => false,
         () = collector => false,
         () = reloader => false,
         () = leadership.lost() => true,
@@ -156,4 +167,22 @@ async fn main() -> anyhow::Result<()> {
     // successor wait for it to expire.
     leadership.release().await;
     Ok(())
+}
+
+/// Starts listening for SIGTERM and SIGINT at once and for the whole run, and returns
+/// a maker of futures that complete once one arrived. A listener made only when it is
+/// needed would miss a signal that came in between (and the process would run on).
+fn listen_for_shutdown() -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+    let (tell, told) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing running reconciles");
+        let _ = tell.send(true);
+    });
+    move || {
+        let mut told = told.clone();
+        Box::pin(async move {
+            let _ = told.wait_for(|stop| *stop).await;
+        })
+    }
 }

@@ -1,7 +1,12 @@
 //! Leader election between operator processes against a real kube-apiserver:
-//! replicas whose wall clocks are minutes apart (run under `faketime`) never lead at
-//! the same time, and a graceful restart hands the lease over at once instead of
-//! leaving the cluster leaderless until the lease expires.
+//! replicas whose wall clocks are minutes apart (libfaketime) never lead at the same
+//! time and take over from a crashed leader after one lease duration, and a graceful
+//! restart hands the lease over at once instead of leaving the cluster leaderless
+//! until the lease expires.
+//!
+//! Clocks are only ever set ahead: the test apiserver's certificate is valid from one
+//! minute before it started, so a replica whose clock runs minutes behind could not
+//! connect at all.
 
 mod common;
 
@@ -40,92 +45,114 @@ fn renew_time(lease: &Lease) -> Option<jiff::Timestamp> {
     Some(lease.spec.as_ref()?.renew_time.as_ref()?.0)
 }
 
-#[tokio::test]
-async fn replicas_with_skewed_clocks_never_lead_together() {
-    let s = setup("skew").await;
-    // The leader's clock runs three minutes behind: every renewTime it writes looks
-    // three minutes old to everyone else.
-    let behind = OperatorProcess::start(
-        &s.env,
-        &OperatorOptions {
-            identity: "clock-behind",
-            providers: s.providers_file.path(),
-            lease_duration: "3s",
-            clock_offset: Some("-3m"),
-            extra_args: &[],
-        },
-    );
-    let lease = wait_for_holder(&s.env, "clock-behind").await;
-    let written = renew_time(&lease).unwrap();
-    let lag = jiff::Timestamp::now().duration_since(written);
-    assert!(
-        lag.as_secs() >= 150,
-        "the leader's renewTime must lie minutes in the past (faketime works): {lag:?}"
-    );
+/// Runs a leader with wall-clock offset `leader_offset` and then a candidate with
+/// `candidate_offset`; checks that the lease stays with the leader over ten renewals,
+/// then crashes the leader and returns how long the candidate took to take over and
+/// the renewTime it wrote.
+async fn skewed_pair(
+    test: &str,
+    leader_offset: Option<&str>,
+    candidate_offset: Option<&str>,
+) -> (std::time::Duration, jiff::Timestamp) {
+    let s = setup(test).await;
+    let options = |identity, clock_offset| OperatorOptions {
+        identity,
+        providers: s.providers_file.path(),
+        lease_duration: "3s",
+        clock_offset,
+        extra_args: &[],
+    };
+    let leader = OperatorProcess::start(&s.env, &options("leader", leader_offset));
+    let lease = wait_for_holder(&s.env, "leader").await;
+    let candidate = OperatorProcess::start(&s.env, &options("candidate", candidate_offset));
+    assert_eq!(candidate.get("/healthz").await.0, 200);
 
-    // A candidate whose clock runs three minutes ahead: by comparing renewTime with
-    // its own clock, the lease would look six minutes expired.
-    let ahead = OperatorProcess::start(
-        &s.env,
-        &OperatorOptions {
-            identity: "clock-ahead",
-            providers: s.providers_file.path(),
-            lease_duration: "3s",
-            clock_offset: Some("+3m"),
-            extra_args: &[],
-        },
-    );
-    assert_eq!(ahead.get("/healthz").await.0, 200);
-    // Count the leader's renewals (one per second) instead of waiting a fixed time:
-    // over several lease durations the candidate has looked at the lease many times.
+    // Count the leader's renewals (one a second) instead of waiting a fixed time: over
+    // ten of them, three lease durations, the candidate looks at the lease many times.
     let leases: Api<Lease> = s.env.namespaced();
     let renewals = std::cell::RefCell::new(std::collections::BTreeSet::new());
-    let holders = std::cell::RefCell::new(Vec::new());
+    let holders = std::cell::RefCell::new(std::collections::BTreeSet::new());
     wait_until(
         &leases,
         LEASE,
         "ten renewals by the leader",
         |lease: Option<&Lease>| {
             let current = holder(lease);
-            holders.borrow_mut().push(current.clone());
-            if current.as_deref() == Some("clock-behind")
+            holders.borrow_mut().insert(current.clone());
+            if current.as_deref() == Some("leader")
                 && let Some(renewed) = lease.and_then(renew_time)
             {
                 renewals.borrow_mut().insert(renewed);
             }
-            renewals.borrow().len() >= 10 || current.as_deref() != Some("clock-behind")
+            renewals.borrow().len() >= 10 || current.as_deref() != Some("leader")
         },
     )
     .await;
-    let holders = holders.into_inner();
-    let holders_seen: std::collections::BTreeSet<_> = holders.iter().flatten().collect();
     assert_eq!(
-        holders_seen.into_iter().collect::<Vec<_>>(),
-        vec!["clock-behind"],
-        "the lease never changed hands while its holder renewed it"
+        holders.into_inner().into_iter().collect::<Vec<_>>(),
+        vec![Some("leader".to_owned())],
+        "the lease never changed hands while its holder renewed it (first renewTime {:?})",
+        renew_time(&lease)
     );
     assert!(
-        behind
+        leader
             .get("/metrics")
             .await
             .1
-            .contains("egressproxy_is_leader 1"),
-        "the holder still leads"
+            .contains("egressproxy_is_leader 1")
     );
     assert!(
-        ahead
+        candidate
             .get("/metrics")
             .await
             .1
             .contains("egressproxy_is_leader 0"),
-        "the candidate with the fast clock does not lead"
+        "the candidate does not lead while the leader renews"
     );
 
-    // The leader goes away for good: the candidate takes over, exactly once.
-    behind.terminate();
-    assert!(behind.exit_status().await.success());
-    let taken = wait_for_holder(&s.env, "clock-ahead").await;
-    assert_eq!(taken.spec.unwrap().lease_transitions, Some(1));
+    // The leader crashes (no release): the candidate takes over once the record has
+    // not changed for a lease duration on its own clock.
+    let crashed = Instant::now();
+    leader.kill().await;
+    let taken = wait_for_holder(&s.env, "candidate").await;
+    let took = crashed.elapsed();
+    assert_eq!(taken.spec.as_ref().unwrap().lease_transitions, Some(1));
+    (took, renew_time(&taken).unwrap())
+}
+
+fn minutes_from_now(time: jiff::Timestamp) -> f64 {
+    time.duration_since(jiff::Timestamp::now()).as_secs_f64() / 60.0
+}
+
+#[tokio::test]
+async fn a_candidate_whose_clock_runs_ahead_never_takes_a_renewed_lease() {
+    // To the candidate, three minutes ahead, every renewTime the leader writes lies
+    // three minutes in the past.
+    let (took, written) = skewed_pair("skew-ahead", None, Some("+3m")).await;
+    assert!(
+        minutes_from_now(written) > 2.5,
+        "the candidate's clock really runs ahead (faketime works): {written}"
+    );
+    println!(
+        "takeover after a crash, candidate clock +3 min: {:.2} s (lease 3 s)",
+        took.as_secs_f64()
+    );
+    assert!(took.as_secs_f64() < 10.0, "{took:?}");
+}
+
+#[tokio::test]
+async fn a_crashed_leader_whose_clock_ran_ahead_is_replaced_after_one_lease_duration() {
+    // The leader's clock runs three minutes ahead: its renewTime lies three minutes in
+    // the future, so a renewTime comparison would wait those minutes before taking over.
+    let (took, _) = skewed_pair("skew-leader", Some("+3m"), None).await;
+    println!(
+        "takeover after a crash, leader clock +3 min: {:.2} s (lease 3 s)",
+        took.as_secs_f64()
+    );
+    assert!(
+        took.as_secs_f64() < 10.0,
+        "the candidate waited for the leader's future renewTime: {took:?}"
+    );
 }
 
 #[tokio::test]

@@ -23,6 +23,8 @@ use tokio::process::{Child, Command};
 pub const CRD: &str = include_str!("../../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
 /// The longest any wait for a change takes before the test fails.
 pub const WAIT: Duration = Duration::from_secs(60);
+/// Debian's libfaketime, which shifts a process's wall clock.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// The Lease the operator binary elects its leader on.
 pub const LEASE: &str = "egressproxy-operator";
 
@@ -127,7 +129,7 @@ pub struct OperatorOptions<'a> {
     pub providers: &'a std::path::Path,
     /// `--lease-duration`.
     pub lease_duration: &'a str,
-    /// Run under `faketime` with this offset (`-3m`): a replica whose wall clock is
+    /// Run with libfaketime and this offset (`-3m`): a replica whose wall clock is
     /// wrong. Only the wall clock is shifted; the monotonic clock stays true.
     pub clock_offset: Option<&'a str>,
     /// More flags.
@@ -149,17 +151,20 @@ impl OperatorProcess {
             .local_addr()
             .unwrap();
         let binary = workspace_binary("egressproxy-operator").unwrap();
-        let mut command = match options.clock_offset {
-            Some(offset) => {
-                let mut command = Command::new("faketime");
-                command
-                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-                    .args(["-f", offset])
-                    .arg(&binary);
-                command
-            }
-            None => Command::new(&binary),
-        };
+        let mut command = Command::new(&binary);
+        if let Some(offset) = options.clock_offset {
+            // libfaketime preloaded into the operator itself (not the `faketime`
+            // wrapper, which would stand between the test and the process it kills).
+            assert!(
+                std::path::Path::new(LIBFAKETIME).exists(),
+                "{LIBFAKETIME} is missing: install Debian's faketime package"
+            );
+            command
+                .env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_NO_CACHE", "1");
+        }
         let child = command
             .env("KUBECONFIG", env.apiserver().kubeconfig_path())
             .env("POD_NAME", options.identity)
