@@ -1,5 +1,6 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
+//! A reload of the provider config reconciles every Proxy once.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -50,7 +51,14 @@ pub async fn run(
         .reflect(writer)
         .applied_objects()
         .predicate_filter(reconcile_trigger, PredicateConfig::default());
+    // A provider config reload may fix Proxies that wait for a provider: retry them all
+    // at once rather than at their next (possibly minutes away) backoff.
+    let provider_changes = futures::stream::unfold(ctx.providers.changes(), |mut changes| async {
+        changes.changed().await.ok()?;
+        Some(((), changes))
+    });
     Controller::for_stream(stream, reader)
+        .reconcile_all_on(provider_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
