@@ -346,6 +346,8 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
     );
     h.wait_event("egress", "InvalidSpec").await;
     let calls = total_calls(&h).await;
+    // The absence of a retry shows only over time: a backoff retry would come within
+    // 1 s, so 2 s without a call is the proof, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         total_calls(&h).await,
@@ -567,7 +569,8 @@ async fn status_is_not_rewritten_when_nothing_changes() {
     h.wait_calls("GetInstance", 1).await;
     let writes = status_writes(&h);
     let gets = call_count(&h, "GetInstance").await;
-    // Three health-check periods (2 s each) of a steady Proxy.
+    // Three health-check periods (2 s each) of a steady Proxy: this measures a rate
+    // (polls per period), so it needs a fixed span of time.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
         status_writes(&h),
