@@ -433,7 +433,9 @@ fn major(version: &str) -> &str {
 /// nor the cause: add both, the cause from the transport error's source chain.
 fn explain_unavailable(status: &tonic::Status, endpoint: &str) -> ProviderError {
     let mut error = ProviderError::from(status.clone());
-    if status.code() != tonic::Code::Unavailable {
+    // Only a failure on the client's side carries a source; an UNAVAILABLE that the
+    // provider itself answered already says what it means.
+    if status.code() != tonic::Code::Unavailable || std::error::Error::source(status).is_none() {
         return error;
     }
     let mut causes: Vec<String> = Vec::new();
