@@ -93,3 +93,56 @@ impl Providers {
         self.changes.subscribe()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> ProvidersConfig {
+        ProvidersConfig::parse(text).unwrap()
+    }
+
+    #[test]
+    fn a_reload_adds_changes_and_removes_providers_behind_stable_handles() {
+        let providers = Providers::new(
+            config("providers:\n  a:\n    endpoint: http://127.0.0.1:1\n"),
+            Arc::new(Metrics::default()),
+        );
+        let mut changes = providers.changes();
+        let a = providers.get("a").unwrap();
+        assert!(providers.get("b").is_err());
+
+        assert!(!providers.apply(config(
+            "providers:\n  a:\n    endpoint: http://127.0.0.1:1\n"
+        )));
+        assert!(
+            !changes.has_changed().unwrap(),
+            "the same config changes nothing"
+        );
+
+        assert!(providers.apply(config(
+            "providers:\n  b:\n    endpoint: http://127.0.0.1:2\n"
+        )));
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        assert!(matches!(
+            providers.get("a"),
+            Err(Error::ProviderNotConfigured(name)) if name == "a"
+        ));
+        assert_eq!(
+            providers.iter().map(Provider::name).collect::<Vec<_>>(),
+            vec!["b"]
+        );
+        // A handle borrowed before the reload stays valid and says it is gone.
+        assert_eq!(a.name(), "a");
+
+        assert!(providers.apply(config(
+            "providers:\n  a:\n    endpoint: http://127.0.0.1:3\n  b:\n    endpoint: http://127.0.0.1:2\n"
+        )));
+        assert!(
+            std::ptr::eq(providers.get("a").unwrap(), a),
+            "the same handle comes back"
+        );
+        assert_eq!(providers.iter().count(), 2);
+    }
+}
