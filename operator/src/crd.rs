@@ -2,8 +2,12 @@
 //!
 //! The schema validates what it can at admission, so users see mistakes from
 //! `kubectl apply`, not from a condition minutes later: required fields, port and
-//! interval ranges, exactly one cloud-init source, host and zone exclusive, and the
-//! placement immutable unless `placementUpdatePolicy: Replace`.
+//! interval ranges, exactly one cloud-init source, host and zone exclusive, the
+//! cloud-init size in bytes (what providers count), and the placement immutable unless
+//! `placementUpdatePolicy: Replace`.
+//!
+//! Integer fields are declared `int32` (with ranges) in the schema: the apiserver knows
+//! no `uint16`/`uint32` formats and warns about them on every apply.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -20,6 +24,7 @@ use serde::{Deserialize, Serialize};
     shortname = "pxy",
     namespaced,
     status = "ProxyStatus",
+    doc = "An egress proxy with a stable source address: a small VM running an HTTP proxy, created and kept running by the provider named in spec.provider. status.addresses tells where to send traffic; the Ready condition says whether the proxy really proxies.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.addresses[0].address"}"#,
@@ -48,7 +53,7 @@ pub struct ProxySpec {
     pub cloud_init: Option<CloudInit>,
     /// TCP port the proxy listens on inside the VM.
     #[serde(default = "default_proxy_port")]
-    #[schemars(range(min = 1, max = 65535))]
+    #[schemars(range(min = 1, max = 65535), extend("format" = "int32"))]
     pub proxy_port: u16,
     /// How the operator checks that the proxy really proxies. Default: TCP connect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,17 +103,21 @@ pub enum PlacementUpdatePolicy {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "has(self.userData) != has(self.userDataSecretRef)", "message": "set exactly one of cloudInit.userData and cloudInit.userDataSecretRef"},
+    {"rule": "!has(self.userData) || size(bytes(self.userData)) <= 65536", "message": "cloudInit.userData is over 65536 bytes (UTF-8; a multi-byte character counts more than once): move large files into the image or a Secret-fetched script"},
+    {"rule": "!has(self.vendorData) || size(bytes(self.vendorData)) <= 65536", "message": "cloudInit.vendorData is over 65536 bytes (UTF-8; a multi-byte character counts more than once)"},
 ]))]
 pub struct CloudInit {
-    /// Inline user-data (`#cloud-config`, a script, or MIME multipart). Visible to
-    /// anyone who can read the Proxy: put secrets in a Secret instead.
+    /// Inline user-data (`#cloud-config`, a script, or MIME multipart). At most 65536
+    /// bytes in UTF-8 (a multi-byte character counts more than once), the providers'
+    /// limit. Visible to anyone who can read the Proxy: put secrets in a Secret instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub user_data: Option<String>,
-    /// User-data from a key of a Secret in the Proxy's namespace.
+    /// User-data from a key of a Secret in the Proxy's namespace (at most 65536 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data_secret_ref: Option<SecretKeyRef>,
-    /// Inline vendor-data (for providers with the vendor-data capability).
+    /// Inline vendor-data (for providers with the vendor-data capability). At most
+    /// 65536 bytes in UTF-8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub vendor_data: Option<String>,
@@ -143,15 +152,15 @@ pub struct HealthCheck {
     pub url: Option<String>,
     /// Seconds between checks.
     #[serde(default = "default_period")]
-    #[schemars(range(min = 1, max = 3600))]
+    #[schemars(range(min = 1, max = 3600), extend("format" = "int32"))]
     pub period_seconds: u32,
     /// Seconds before one check fails.
     #[serde(default = "default_timeout")]
-    #[schemars(range(min = 1, max = 300))]
+    #[schemars(range(min = 1, max = 300), extend("format" = "int32"))]
     pub timeout_seconds: u32,
     /// Consecutive failures before the proxy is reported unhealthy.
     #[serde(default = "default_failure_threshold")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 1, max = 100), extend("format" = "int32"))]
     pub failure_threshold: u32,
 }
 
@@ -206,6 +215,7 @@ pub struct ProxyStatus {
     pub placement: Option<Placement>,
     /// Number of times the VM was replaced.
     #[serde(default)]
+    #[schemars(range(max = 2147483647), extend("format" = "int32"))]
     pub replacements: u32,
     /// Addresses the proxy is reachable at.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

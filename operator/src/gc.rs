@@ -4,7 +4,8 @@
 //! `egressproxy.dev/cluster` tag, and delete those whose `egressproxy.dev/uid` names no
 //! existing Proxy and that are older than `grace` (which covers a Create whose Proxy is
 //! not yet visible in the list). Instances without our cluster tag are never listed,
-//! so never touched. A provider that fails is skipped until the next sweep.
+//! so never touched. A provider that fails (unreachable, or handing out a page token
+//! twice) is skipped until the next sweep, and the log says why.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -50,7 +51,8 @@ pub async fn sweep(
         let instances = match provider.list(&selector).await {
             Ok(instances) => instances,
             Err(error) => {
-                tracing::warn!(provider = provider.name(), %error, "garbage collection: cannot list instances");
+                tracing::warn!(provider = provider.name(), error = %with_causes(&error),
+                    "garbage collection: cannot list instances");
                 report.failed_providers.push(provider.name().to_owned());
                 continue;
             }
@@ -77,12 +79,25 @@ pub async fn sweep(
                     report.deleted.push(instance.id);
                 }
                 Err(error) => {
-                    tracing::warn!(instance = %instance.id, %error, "garbage collection: delete failed")
+                    tracing::warn!(instance = %instance.id, error = %with_causes(&error),
+                        "garbage collection: delete failed")
                 }
             }
         }
     }
     Ok(report)
+}
+
+/// The error and its sources: the top level alone ("ListInstances failed") hides why.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Sweeps every `interval` forever.
@@ -96,7 +111,7 @@ pub async fn run(
     loop {
         tokio::time::sleep(interval).await;
         if let Err(error) = sweep(ctx, &proxies, namespace, grace).await {
-            tracing::warn!(%error, "garbage collection: cannot list Proxies");
+            tracing::warn!(error = %with_causes(&error), "garbage collection: cannot list Proxies");
         }
     }
 }

@@ -1,19 +1,36 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so that of several replicas
 //! exactly one reconciles and collects garbage.
 //!
-//! 1. A replica becomes leader when the Lease is missing, expired (`renewTime` older
-//!    than `leaseDurationSeconds`) or already its own; every write carries the Lease's
-//!    `resourceVersion`, so of two replicas racing for it one gets a conflict and loses.
-//! 2. The leader renews every `renew_every`. When a renewal fails for longer than the
+//! 1. A replica becomes leader when the Lease is missing, released (no holder), already
+//!    its own, or expired. Expiry is timed on this replica's own monotonic clock, from
+//!    when it last *observed the lease record change*, never by comparing the holder's
+//!    `renewTime` with the local wall clock: that comparison lets a replica whose clock
+//!    runs ahead (or a holder whose clock runs behind) take a lease that is still
+//!    renewed. This is how client-go's leader election times it.
+//! 2. Every write carries the Lease's `resourceVersion`, so of two replicas racing for
+//!    it one gets a conflict and loses.
+//! 3. A candidate retries every `renew_every`, and also as soon as it sees the Lease
+//!    change, so a released Lease is taken at once.
+//! 4. The leader renews every `renew_every`. When renewing fails for longer than the
 //!    lease lasts, leadership is lost: [`Leadership::lost`] completes and the process
 //!    must stop acting (the binary exits, as controller-runtime's managers do).
+//! 5. On a graceful shutdown, once the replica has stopped acting,
+//!    [`Leadership::release`] clears the holder, as client-go's `ReleaseOnCancel`
+//!    does, so a successor does not wait for the lease to expire.
+//!
+//! Caveat: a replica that starts while another holds the Lease waits one full lease
+//! duration from its first look before it may take an abandoned (not released) lease,
+//! even if that lease was last renewed long ago. Only a crashed leader costs that wait.
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -30,17 +47,69 @@ pub struct LeaseConfig {
     pub renew_every: Duration,
 }
 
+/// The lease record as this replica last saw it, and when (on its monotonic clock) it
+/// last saw it change.
+#[derive(Debug, Default)]
+struct Observation {
+    record: Option<LeaseSpec>,
+    changed_at: Option<Instant>,
+}
+
+impl Observation {
+    fn see(&mut self, record: &LeaseSpec, now: Instant) {
+        if self.record.as_ref() != Some(record) {
+            self.record = Some(record.clone());
+            self.changed_at = Some(now);
+        }
+    }
+
+    /// Whether the record has stayed unchanged for its whole lease duration.
+    fn expired(&self, now: Instant) -> bool {
+        let (Some(record), Some(changed_at)) = (&self.record, self.changed_at) else {
+            return false;
+        };
+        let seconds = record.lease_duration_seconds.unwrap_or(0).max(0);
+        // An absurd duration in a foreign record must not overflow the clock: such a
+        // lease is simply never taken over by expiry.
+        changed_at
+            .checked_add(Duration::from_secs(u64::from(seconds.unsigned_abs())))
+            .is_some_and(|expiry| now >= expiry)
+    }
+}
+
 /// Held leadership; [`Leadership::lost`] completes when it ends.
 #[derive(Debug)]
 pub struct Leadership {
     lost: watch::Receiver<bool>,
     renewer: tokio::task::JoinHandle<()>,
+    api: Api<Lease>,
+    config: LeaseConfig,
 }
 
 impl Leadership {
     /// Completes when this replica stops being the leader.
     pub async fn lost(&mut self) {
         let _ = self.lost.wait_for(|lost| *lost).await;
+    }
+
+    /// Stops renewing and hands the Lease back (clears its holder) if this replica
+    /// still holds it, so another replica can take it at once. Call it only after
+    /// this replica has stopped acting. Failures are logged: the lease then simply
+    /// expires.
+    pub async fn release(self) {
+        self.renewer.abort();
+        let attempt =
+            tokio::time::timeout(self.config.renew_every, release(&self.api, &self.config));
+        match attempt.await {
+            Ok(Ok(true)) => {
+                tracing::info!(identity = %self.config.identity, lease = %self.config.name, "released the leader lease")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot release the leader lease: it will expire")
+            }
+            Err(_) => tracing::warn!("releasing the leader lease timed out: it will expire"),
+        }
     }
 }
 
@@ -53,47 +122,79 @@ impl Drop for Leadership {
 /// Waits until this replica holds the lease, then keeps renewing it in the background.
 pub async fn acquire(client: kube::Client, config: LeaseConfig) -> Leadership {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let mut observation = Observation::default();
+    let mut changes = watcher::watch_object(api.clone(), &config.name)
+        .default_backoff()
+        .boxed();
     loop {
-        match try_acquire(&api, &config).await {
+        match try_acquire(&api, &config, &mut observation).await {
             Ok(true) => break,
             Ok(false) => {}
             Err(error) => {
                 tracing::warn!(%error, lease = %config.name, "cannot read or write the leader lease")
             }
         }
-        tokio::time::sleep(config.renew_every).await;
+        tokio::select! {
+            () = tokio::time::sleep(config.renew_every) => {}
+            _ = changes.next() => {}
+        }
     }
+    drop(changes);
     tracing::info!(identity = %config.identity, lease = %config.name, "became leader");
     let (tell, lost) = watch::channel(false);
-    let renewer = tokio::spawn(async move {
-        let mut last_renewal = tokio::time::Instant::now();
-        loop {
-            tokio::time::sleep(config.renew_every).await;
-            // A renewal that hangs must not outlive the lease: another replica may
-            // take it meanwhile, and two leaders would act.
-            match tokio::time::timeout(config.renew_every, try_acquire(&api, &config)).await {
-                Ok(Ok(true)) => last_renewal = tokio::time::Instant::now(),
-                Ok(Ok(false)) => {
-                    tracing::error!(identity = %config.identity, "another replica took the leader lease");
-                    break;
-                }
-                Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed"),
-                Err(_) => tracing::warn!("renewing the leader lease timed out"),
-            }
-            if last_renewal.elapsed() + config.renew_every >= config.duration {
-                tracing::error!("leader lease about to expire without renewal");
+    let renewer = tokio::spawn(renew(api.clone(), config.clone(), observation, tell));
+    Leadership {
+        lost,
+        renewer,
+        api,
+        config,
+    }
+}
+
+/// Renews the held lease every `renew_every` until it is lost, then says so on `tell`.
+async fn renew(
+    api: Api<Lease>,
+    config: LeaseConfig,
+    mut observation: Observation,
+    tell: watch::Sender<bool>,
+) {
+    let mut last_renewal = Instant::now();
+    loop {
+        tokio::time::sleep(config.renew_every).await;
+        // A renewal that hangs must not outlive the lease: another replica may take it
+        // meanwhile, and two leaders would act.
+        let attempt = tokio::time::timeout(
+            config.renew_every,
+            try_acquire(&api, &config, &mut observation),
+        );
+        match attempt.await {
+            Ok(Ok(true)) => last_renewal = Instant::now(),
+            Ok(Ok(false)) => {
+                tracing::error!(identity = %config.identity, "another replica took the leader lease");
                 break;
             }
+            Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed"),
+            Err(_) => tracing::warn!("renewing the leader lease timed out"),
         }
-        let _ = tell.send(true);
-    });
-    Leadership { lost, renewer }
+        if last_renewal.elapsed() + config.renew_every >= config.duration {
+            tracing::error!("leader lease about to expire without renewal");
+            break;
+        }
+    }
+    let _ = tell.send(true);
+}
+
+fn lease_seconds(duration: Duration) -> i32 {
+    i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
 }
 
 /// One attempt to take or renew the lease; `Ok(false)` when another replica holds it.
-async fn try_acquire(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kube::Error> {
+async fn try_acquire(
+    api: &Api<Lease>,
+    config: &LeaseConfig,
+    observation: &mut Observation,
+) -> Result<bool, kube::Error> {
     let now = jiff::Timestamp::now();
-    let duration_seconds = i32::try_from(config.duration.as_secs()).unwrap_or(i32::MAX);
     let Some(mut lease) = api.get_opt(&config.name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
@@ -102,7 +203,7 @@ async fn try_acquire(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kub
             },
             spec: Some(LeaseSpec {
                 holder_identity: Some(config.identity.clone()),
-                lease_duration_seconds: Some(duration_seconds),
+                lease_duration_seconds: Some(lease_seconds(config.duration)),
                 acquire_time: Some(MicroTime(now)),
                 renew_time: Some(MicroTime(now)),
                 lease_transitions: Some(0),
@@ -110,34 +211,113 @@ async fn try_acquire(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kub
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+            Ok(created) => {
+                observation.see(&created.spec.unwrap_or_default(), Instant::now());
+                Ok(true)
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(error) => Err(error),
         };
     };
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    let mine = spec.holder_identity.as_deref() == Some(config.identity.as_str());
-    let held_for = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
-    let expired = spec.renew_time.as_ref().is_none_or(|renewed| {
-        let age = now.duration_since(renewed.0);
-        age.as_secs_f64() >= held_for.as_secs_f64()
-    });
-    if !mine && !expired {
+    observation.see(spec, Instant::now());
+    let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty());
+    let mine = holder == Some(config.identity.as_str());
+    if holder.is_some() && !mine && !observation.expired(Instant::now()) {
         return Ok(false);
     }
     if !mine {
         spec.holder_identity = Some(config.identity.clone());
         spec.acquire_time = Some(MicroTime(now));
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
     }
     spec.renew_time = Some(MicroTime(now));
-    spec.lease_duration_seconds = Some(duration_seconds);
+    spec.lease_duration_seconds = Some(lease_seconds(config.duration));
     match api
         .replace(&config.name, &PostParams::default(), &lease)
         .await
     {
-        Ok(_) => Ok(true),
+        Ok(written) => {
+            observation.see(&written.spec.unwrap_or_default(), Instant::now());
+            Ok(true)
+        }
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
         Err(error) => Err(error),
+    }
+}
+
+/// Clears the holder if it is this replica; `Ok(false)` when another replica holds it.
+/// The duration drops to one second so that replicas which still time expiry by
+/// `renewTime` (older clients) take it soon too.
+async fn release(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kube::Error> {
+    for _ in 0..3 {
+        let Some(mut lease) = api.get_opt(&config.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(config.identity.as_str()) {
+            return Ok(false);
+        }
+        let now = jiff::Timestamp::now();
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(now));
+        spec.acquire_time = Some(MicroTime(now));
+        match api
+            .replace(&config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            // A renewal that was in flight when renewing stopped landed first: read the
+            // lease again and retry.
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(holder: &str, renewed_minutes_ago: i64) -> LeaseSpec {
+        let renewed = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(renewed_minutes_ago);
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(renewed)),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn expiry_is_timed_from_the_observed_change_not_from_renew_time() {
+        let start = Instant::now();
+        let mut seen = Observation::default();
+        // A holder whose clock runs ten minutes behind: its renewTime looks ancient.
+        seen.see(&record("skewed", 10), start);
+        assert!(!seen.expired(start + Duration::from_secs(14)));
+        assert!(seen.expired(start + Duration::from_secs(15)));
+        // The holder renews (the record changes): the clock starts over.
+        let renewed = record("skewed", 9);
+        seen.see(&renewed, start + Duration::from_secs(14));
+        assert!(!seen.expired(start + Duration::from_secs(20)));
+        // The same record seen again does not restart the clock.
+        seen.see(&renewed, start + Duration::from_secs(20));
+        assert!(seen.expired(start + Duration::from_secs(29)));
+    }
+
+    #[test]
+    fn an_absurd_foreign_duration_never_expires_and_never_panics() {
+        let start = Instant::now();
+        let mut seen = Observation::default();
+        let mut absurd = record("other", 0);
+        absurd.lease_duration_seconds = Some(i32::MAX);
+        seen.see(&absurd, start);
+        assert!(!seen.expired(start + Duration::from_secs(3600)));
+        absurd.lease_duration_seconds = Some(-5);
+        seen.see(&absurd, start);
+        assert!(seen.expired(start));
     }
 }

@@ -1,13 +1,15 @@
 //! The egressproxy operator: reconciles `Proxy` resources through `Provider` services.
 //!
 //! - [`crd`]: the `Proxy` resource.
-//! - [`providers`]: the configured providers, their clients and handshake.
+//! - [`providers`]: the configured providers, their clients and handshake, and the
+//!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
 //! - [`status`]: conditions and server-side-apply status writes.
 //! - [`health_check`]: does the proxy really proxy?
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
-//! - [`backoff`]: per-object exponential backoff with jitter.
+//! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
+//!   every duration setting.
 //! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
 
 pub mod backoff;
@@ -19,6 +21,7 @@ pub mod gc;
 pub mod health_check;
 pub mod http;
 pub mod leader;
+pub mod limits;
 pub mod metrics;
 pub mod providers;
 pub mod reconcile;

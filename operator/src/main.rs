@@ -1,9 +1,13 @@
 //! `egressproxy-operator`: reconciles Proxy resources through the configured providers.
 //!
-//! Start-up: load the provider config (fail fast on a bad file), serve `/metrics`,
-//! `/healthz` and `/readyz`, wait for the leader lease, then run the controller and the
-//! garbage collector until SIGTERM or until leadership is lost (then exit non-zero so
-//! the replica restarts as a candidate).
+//! 1. Start-up: check every flag (durations within [`limits`]), load the provider
+//!    config (fail fast on a bad file), serve `/metrics`, `/healthz` and `/readyz`.
+//! 2. Wait for the leader lease.
+//! 3. As leader: run the controller, the garbage collector and the provider config
+//!    reload until SIGTERM or until leadership is lost.
+//! 4. On SIGTERM: let running reconciles finish, then release the lease so another
+//!    replica takes over at once, and exit 0. On lost leadership: exit non-zero so the
+//!    replica restarts as a candidate.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,9 +18,14 @@ use clap::Parser;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::leader::{self, LeaseConfig};
 use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::{controller, gc, http};
+use egressproxy_operator::{controller, gc, http, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
+
+/// How long running reconciles may take to finish after SIGTERM before they are
+/// cancelled (dropping them stops them): within Kubernetes' default 30 s grace period.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Kubernetes operator for egress-proxy VMs.
 #[derive(Debug, Parser)]
@@ -48,15 +57,18 @@ struct Args {
     /// This replica's identity in the Lease (default: the pod name, else host and pid).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// How long a leader's lease lasts without renewal.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    /// How long a leader's lease lasts without renewal (3s to 10m).
+    #[arg(long, default_value = "15s", value_parser = |text: &str| limits::LEASE_DURATION.parse(text))]
     lease_duration: Duration,
-    /// Interval between garbage-collection sweeps.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    /// Interval between garbage-collection sweeps (1s to 24h).
+    #[arg(long, default_value = "5m", value_parser = |text: &str| limits::GC_INTERVAL.parse(text))]
     gc_interval: Duration,
-    /// Minimum age of an orphaned instance before it is deleted.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    /// Minimum age of an orphaned instance before it is deleted (up to 30 days).
+    #[arg(long, default_value = "10m", value_parser = |text: &str| limits::GC_GRACE.parse(text))]
     gc_grace: Duration,
+    /// How often the provider config file is checked for changes (100ms to 1h).
+    #[arg(long, default_value = "10s", value_parser = |text: &str| limits::RELOAD_INTERVAL.parse(text))]
+    providers_reload_interval: Duration,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -66,7 +78,16 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = telemetry::init("egressproxy-operator", args.verbose)?;
-    let config = ProvidersConfig::load(&args.providers)?;
+    let stopping = listen_for_shutdown();
+    let config_text = std::fs::read_to_string(&args.providers).map_err(|error| {
+        anyhow::anyhow!(
+            "cannot read provider config {}: {error}",
+            args.providers.display()
+        )
+    })?;
+    let config = ProvidersConfig::parse(&config_text).map_err(|error| {
+        anyhow::anyhow!("provider config {}: {error}", args.providers.display())
+    })?;
     let client = kube::Client::try_default().await?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
@@ -93,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease) => leadership,
-        () = shutdown_signal() => return Ok(()),
+        () = stopping() => return Ok(()),
     };
     metrics.set_leader(true);
 
@@ -119,12 +140,49 @@ async fn main() -> anyhow::Result<()> {
         args.gc_interval,
         args.gc_grace,
     );
-    tokio::select! {
-        () = controller::run(ctx.clone(), proxies, shutdown_signal()) => Ok(()),
-        () = collector => Ok(()),
-        () = leadership.lost() => {
-            metrics.set_leader(false);
-            anyhow::bail!("lost the leader lease: exiting so this replica restarts as a candidate")
-        }
+    let reloader = reload::watch_file(
+        &ctx.providers,
+        &args.providers,
+        config_text,
+        args.providers_reload_interval,
+        metrics.clone(),
+    );
+    let stopped_in_time = async {
+        stopping().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
+    };
+    let lost = tokio::select! {
+        () = controller::run(ctx.clone(), proxies, stopping()) => false,
+        () = stopped_in_time => false,
+        () = collector => false,
+        () = reloader => false,
+        () = leadership.lost() => true,
+    };
+    metrics.set_leader(false);
+    if lost {
+        anyhow::bail!("lost the leader lease: exiting so this replica restarts as a candidate");
+    }
+    // The controller has stopped acting: hand the lease over instead of letting the
+    // successor wait for it to expire.
+    leadership.release().await;
+    Ok(())
+}
+
+/// Starts listening for SIGTERM and SIGINT at once and for the whole run, and returns
+/// a maker of futures that complete once one arrived. A listener made only when it is
+/// needed would miss a signal that came in between (and the process would run on).
+fn listen_for_shutdown() -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+    let (tell, told) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing running reconciles");
+        let _ = tell.send(true);
+    });
+    move || {
+        let mut told = told.clone();
+        Box::pin(async move {
+            let _ = told.wait_for(|stop| *stop).await;
+        })
     }
 }

@@ -6,7 +6,9 @@
 //! - `egressproxy_provider_call_duration_seconds{provider,method,code}`: provider calls;
 //! - `egressproxy_proxies{phase}`: Proxies by phase;
 //! - `egressproxy_status_writes_total`: status patches (stays flat when nothing changes);
-//! - `egressproxy_is_leader`: 1 on the replica that acts.
+//! - `egressproxy_is_leader`: 1 on the replica that acts;
+//! - `egressproxy_provider_config_reloads_total{result}`: provider config file changes,
+//!   `applied` or `rejected` (invalid: the previous config stays).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,6 +36,11 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: String,
 }
@@ -52,6 +59,7 @@ pub struct Metrics {
     proxies: Family<PhaseLabels, Gauge>,
     status_writes: Counter,
     is_leader: Gauge,
+    config_reloads: Family<ReloadLabels, Counter>,
     phases: Mutex<HashMap<String, Phase>>,
 }
 
@@ -65,6 +73,7 @@ impl Default for Metrics {
             proxies: Family::default(),
             status_writes: Counter::default(),
             is_leader: Gauge::default(),
+            config_reloads: Family::default(),
             phases: Mutex::default(),
             registry: Registry::default(),
         };
@@ -89,6 +98,11 @@ impl Default for Metrics {
             "is_leader",
             "1 when this replica holds the leader lease",
             metrics.is_leader.clone(),
+        );
+        registry.register(
+            "provider_config_reloads",
+            "Provider config file changes, applied or rejected",
+            metrics.config_reloads.clone(),
         );
         Metrics {
             registry,
@@ -132,6 +146,16 @@ impl Metrics {
     /// Sets whether this replica leads.
     pub fn set_leader(&self, leader: bool) {
         self.is_leader.set(i64::from(leader));
+    }
+
+    /// Counts one change of the provider config file, `applied` or rejected.
+    pub fn provider_config_reloaded(&self, applied: bool) {
+        let result = if applied { "applied" } else { "rejected" };
+        self.config_reloads
+            .get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            })
+            .inc();
     }
 
     /// Records a Proxy's phase (`None` once it is gone).

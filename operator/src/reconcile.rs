@@ -177,9 +177,11 @@ async fn apply(proxy: &Proxy, ctx: &Context, api: &Api<Proxy>) -> Result<Action>
             match error.retry() {
                 Retry::Backoff => Action::requeue(ctx.retry_backoff.next(&uid)),
                 // A provider's hint, kept within what our own backoff would allow.
-                Retry::After(hint) => {
-                    Action::requeue(hint.clamp(ctx.retry_backoff.next(&uid), MAX_QUOTA_WAIT))
-                }
+                Retry::After(hint) => Action::requeue(ctx.retry_backoff.next_after_hint(
+                    &uid,
+                    hint,
+                    MAX_QUOTA_WAIT,
+                )),
                 Retry::OnSpecChange => Action::await_change(),
             }
         }

@@ -2,11 +2,13 @@
 //! kube-apiserver and the reference provider. Covers a crash in the middle of a
 //! Create and two replicas behind one leader Lease.
 
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
-use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
+use common::{OperatorOptions, OperatorProcess, WAIT, wait_for_holder};
+use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{Phase, Proxy};
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
@@ -16,84 +18,22 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
-const WAIT: Duration = Duration::from_secs(60);
-
-struct Operator {
-    child: Child,
-    http: std::net::SocketAddr,
-}
-
-impl Operator {
-    fn start(env: &KubeTestEnv, providers: &std::path::Path, identity: &str) -> Operator {
-        let http = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let child = Command::new(workspace_binary("egressproxy-operator").unwrap())
-            .env("KUBECONFIG", env.apiserver().kubeconfig_path())
-            .env("POD_NAME", identity)
-            .env("RUST_LOG", "info,kube=warn")
-            .args(["--cluster-name", &format!("test-{}", env.namespace)])
-            .args([
-                "--namespace",
-                &env.namespace,
-                "--lease-namespace",
-                &env.namespace,
-            ])
-            .arg("--providers")
-            .arg(providers)
-            .args([
-                "--http-listen",
-                &http.to_string(),
-                "--lease-duration",
-                "3s",
-                "--gc-interval",
-                "1h",
-            ])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        Operator { child, http }
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// GET `path` from the operator's HTTP endpoints: status code and body.
-    async fn get(&self, path: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let deadline = Instant::now() + WAIT;
-        let mut stream = loop {
-            match tokio::net::TcpStream::connect(self.http).await {
-                Ok(stream) => break stream,
-                Err(error) => assert!(
-                    Instant::now() < deadline,
-                    "operator HTTP never came up: {error}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.unwrap();
-        let code = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (code, body)
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The operator binary on `env`'s namespace with a 3 s lease.
+fn start_operator(
+    env: &KubeTestEnv,
+    providers: &std::path::Path,
+    identity: &str,
+) -> OperatorProcess {
+    OperatorProcess::start(
+        env,
+        &OperatorOptions {
+            identity,
+            providers,
+            lease_duration: "3s",
+            clock_offset: None,
+            extra_args: &[],
+        },
+    )
 }
 
 struct Setup {
@@ -103,8 +43,7 @@ struct Setup {
 }
 
 async fn setup(test: &str) -> Setup {
-    let env = KubeTestEnv::new(test).await.unwrap();
-    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let env = common::env_with_crd(test).await;
     let provider = ReferenceProvider::start(&["--provisioning-delay", "200ms"]).unwrap();
     let providers_file = tempfile::NamedTempFile::new().unwrap();
     let config = format!(
@@ -142,19 +81,12 @@ fn proxy(name: &str, port: u16) -> Proxy {
 }
 
 async fn wait_ready(api: &Api<Proxy>, name: &str) -> Proxy {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let proxy = api.get(name).await.unwrap();
-        if proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready) {
-            return proxy;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never became Ready: {:#?}",
-            proxy.status
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let what = format!("{name} to become Ready");
+    common::wait_until(api, name, &what, |proxy: Option<&Proxy>| {
+        proxy.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(Phase::Ready)
+    })
+    .await
+    .unwrap()
 }
 
 async fn instances(provider: &ReferenceProvider) -> Vec<pb::Instance> {
@@ -191,7 +123,7 @@ async fn an_operator_killed_mid_create_leaves_exactly_one_instance() {
         })
         .await
         .unwrap();
-    let operator = Operator::start(&s.env, s.providers_file.path(), "crashing");
+    let operator = start_operator(&s.env, s.providers_file.path(), "crashing");
     let (_listener, port) = proxy_port();
     let proxies: Api<Proxy> = s.env.namespaced();
     proxies
@@ -206,7 +138,7 @@ async fn an_operator_killed_mid_create_leaves_exactly_one_instance() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    operator.kill();
+    operator.kill().await;
     let stranded = proxies.get("egress").await.unwrap();
     assert_eq!(
         stranded.status.and_then(|s| s.provider_id),
@@ -214,7 +146,7 @@ async fn an_operator_killed_mid_create_leaves_exactly_one_instance() {
         "the crash happened before the id was recorded"
     );
 
-    let _restarted = Operator::start(&s.env, s.providers_file.path(), "restarted");
+    let _restarted = start_operator(&s.env, s.providers_file.path(), "restarted");
     let ready = wait_ready(&proxies, "egress").await;
     let all = instances(&s.provider).await;
     assert_eq!(
@@ -244,13 +176,9 @@ async fn lease_holder(env: &KubeTestEnv) -> Option<String> {
 #[tokio::test]
 async fn of_two_replicas_only_the_leader_acts_and_the_other_takes_over() {
     let s = setup("replicas").await;
-    let a = Operator::start(&s.env, s.providers_file.path(), "replica-a");
-    let deadline = Instant::now() + WAIT;
-    while lease_holder(&s.env).await.as_deref() != Some("replica-a") {
-        assert!(Instant::now() < deadline, "replica-a never took the lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let b = Operator::start(&s.env, s.providers_file.path(), "replica-b");
+    let a = start_operator(&s.env, s.providers_file.path(), "replica-a");
+    wait_for_holder(&s.env, "replica-a").await;
+    let b = start_operator(&s.env, s.providers_file.path(), "replica-b");
     for replica in [&a, &b] {
         assert_eq!(replica.get("/healthz").await.0, 200);
         assert_eq!(
@@ -285,15 +213,8 @@ async fn of_two_replicas_only_the_leader_acts_and_the_other_takes_over() {
     );
     assert_eq!(lease_holder(&s.env).await.as_deref(), Some("replica-a"));
 
-    a.kill();
-    let deadline = Instant::now() + WAIT;
-    while lease_holder(&s.env).await.as_deref() != Some("replica-b") {
-        assert!(
-            Instant::now() < deadline,
-            "replica-b never took over the lease"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    a.kill().await;
+    wait_for_holder(&s.env, "replica-b").await;
     proxies
         .create(&PostParams::default(), &proxy("second", port))
         .await

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
@@ -28,8 +27,22 @@ fn issue(dir: &Path) {
     }
 }
 
-/// Serves the reference provider with mTLS from `dir` on `port` until `stop` fires.
-async fn serve(dir: &Path, port: u16) -> tokio::sync::oneshot::Sender<()> {
+/// A provider served until [`Served::stop`].
+struct Served {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    /// Stops serving and waits until the listener is closed (its port free again).
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap();
+    }
+}
+
+/// Serves the reference provider with mTLS from `dir` on `port`.
+async fn serve(dir: &Path, port: u16) -> Served {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
@@ -41,10 +54,14 @@ async fn serve(dir: &Path, port: u16) -> tokio::sync::oneshot::Sender<()> {
     };
     let server =
         ProviderServer::new(MemoryProvider::new(ReferenceConfig::default())).with_tls(Some(tls));
-    tokio::spawn(server.serve(listener, async {
-        let _ = stopped.await;
-    }));
-    stop
+    let task = tokio::spawn(async move {
+        let _ = server
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Served { stop, task }
 }
 
 #[tokio::test]
@@ -60,7 +77,7 @@ async fn rotated_certificates_are_used_on_the_next_call() {
         .local_addr()
         .unwrap()
         .port();
-    let stop = serve(server_dir.path(), port).await;
+    let served = serve(server_dir.path(), port).await;
 
     let dir = operator_dir.path().display();
     let config = ProvidersConfig::parse(&format!(
@@ -74,15 +91,13 @@ async fn rotated_certificates_are_used_on_the_next_call() {
     assert!(provider.list(&Default::default()).await.unwrap().is_empty());
 
     // The provider comes back with certificates from a new CA: the old files fail.
-    stop.send(()).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    served.stop().await;
     issue(server_dir.path());
     let _stop = serve(server_dir.path(), port).await;
     let error = provider.list(&Default::default()).await.unwrap_err();
     assert!(error.to_string().contains("ListInstances"), "{error}");
 
     // The operator's mounted Secret is updated: the next call reconnects with it.
-    tokio::time::sleep(Duration::from_millis(20)).await;
     for file in ["ca.pem", "client.pem", "client-key.pem"] {
         std::fs::copy(server_dir.path().join(file), operator_dir.path().join(file)).unwrap();
     }

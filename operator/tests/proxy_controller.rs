@@ -1,33 +1,34 @@
 //! The Proxy controller against a real kube-apiserver and the reference provider
 //! running as a separate process. Each test has its own namespace, provider process
-//! and controller (watching only that namespace).
+//! and controller (watching only that namespace). Waits watch the apiserver for the
+//! awaited change; where nothing changes, they count the provider's calls.
+
+mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use common::{Controller, WAIT, reference_config};
+use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::metrics::Metrics;
-use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
-const WAIT: Duration = Duration::from_secs(40);
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 
 struct Harness {
     env: KubeTestEnv,
     provider: ReferenceProvider,
     cluster: String,
     ctx: Arc<Context>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _controller: Controller,
 }
 
 impl Harness {
@@ -36,39 +37,18 @@ impl Harness {
     }
 
     async fn start_with(test: &str, provider_args: &[&str]) -> Harness {
-        let env = KubeTestEnv::new(test).await.unwrap();
-        apply_crds_yaml(&env.client, CRD).await.unwrap();
+        let env = common::env_with_crd(test).await;
         let args = [&["--provisioning-delay", "300ms"], provider_args].concat();
         let provider = ReferenceProvider::start(&args).unwrap();
-        let config = ProvidersConfig::parse(&format!(
-            "providers:\n  reference:\n    endpoint: {}\n    callTimeout: 5s\n",
-            provider.endpoint()
-        ))
-        .unwrap();
         let cluster = format!("test-{}", env.namespace);
-        let metrics = Arc::new(Metrics::default());
-        let providers = Providers::new(config, metrics.clone());
-        let ctx = Arc::new(Context::new(
-            env.client.clone(),
-            providers,
-            cluster.clone(),
-            metrics,
-        ));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let proxies: Api<Proxy> = env.namespaced();
-        tokio::spawn(egressproxy_operator::controller::run(
-            ctx.clone(),
-            proxies,
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let controller =
+            Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster);
         Harness {
             env,
             provider,
             cluster,
-            ctx,
-            stop: Some(stop),
+            ctx: controller.ctx.clone(),
+            _controller: controller,
         }
     }
 
@@ -113,19 +93,7 @@ impl Harness {
 
     /// Waits until `check` holds for the named Proxy, or panics with its last status.
     async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Proxy) -> bool) -> Proxy {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let proxy = self.proxies().get(name).await.unwrap();
-            if check(&proxy) {
-                return proxy;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {:#?}",
-                proxy.status
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_proxy(&self.proxies(), name, what, check).await
     }
 
     /// Waits until the Proxy's Ready condition has `reason`.
@@ -143,34 +111,71 @@ impl Harness {
         .await
     }
 
-    async fn event_reasons(&self, name: &str) -> Vec<String> {
+    /// Waits until an Event with `reason` about Proxy `name` exists (watching Events).
+    async fn wait_event(&self, name: &str, reason: &str) {
         let events: Api<Event> = Api::namespaced(self.env.client.clone(), &self.env.namespace);
-        let list = events.list(&ListParams::default()).await.unwrap();
-        list.items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter_map(|e| e.reason)
-            .collect()
+        let seen = std::cell::RefCell::new(Vec::new());
+        let found = watcher(events, watcher::Config::default())
+            .applied_objects()
+            .try_filter(|event| {
+                let about = event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
+                if about {
+                    seen.borrow_mut()
+                        .push(event.reason.clone().unwrap_or_default());
+                }
+                std::future::ready(about && event.reason.as_deref() == Some(reason))
+            });
+        let mut found = std::pin::pin!(found);
+        let outcome = tokio::time::timeout(WAIT, found.try_next()).await;
+        assert!(
+            matches!(outcome, Ok(Ok(Some(_)))),
+            "no {reason} event for {name}: {:?}",
+            seen.borrow()
+        );
     }
 
-    async fn wait_event(&self, name: &str, reason: &str) {
-        let deadline = Instant::now() + WAIT;
-        while !self.event_reasons(name).await.iter().any(|r| r == reason) {
+    /// Waits until the provider has answered `calls` more calls of `method` than now,
+    /// so that as many reconciles of a steady Proxy have run.
+    async fn wait_calls(&self, method: &str, calls: u64) {
+        let target = call_count(self, method).await + calls;
+        let deadline = std::time::Instant::now() + WAIT;
+        while call_count(self, method).await < target {
             assert!(
-                Instant::now() < deadline,
-                "no {reason} event for {name}: {:?}",
-                self.event_reasons(name).await
+                std::time::Instant::now() < deadline,
+                "fewer than {calls} more {method} calls"
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The provider's counter can only be read, not watched: check it again
+            // shortly.
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Waits until Proxy `name` is gone (its finalizer removed).
+    async fn wait_deleted(&self, name: &str, what: &str) {
+        common::wait_until(&self.proxies(), name, what, |p: Option<&Proxy>| p.is_none()).await;
     }
 }
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+/// Waits (watching) until `check` holds for Proxy `name`, or panics with its last status.
+async fn wait_for_proxy(
+    proxies: &Api<Proxy>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Proxy) -> bool,
+) -> Proxy {
+    let last = std::cell::RefCell::new(None);
+    let condition = |proxy: Option<&Proxy>| {
+        *last.borrow_mut() = proxy.and_then(|p| p.status.clone());
+        proxy.is_some_and(&check)
+    };
+    let outcome = tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(proxies.clone(), name, condition),
+    )
+    .await;
+    match outcome {
+        Ok(Ok(Some(proxy))) => proxy,
+        _ => panic!("timed out waiting for {what}: {:#?}", last.borrow()),
     }
 }
 
@@ -266,11 +271,8 @@ async fn a_proxy_becomes_ready_and_its_instance_goes_with_it() {
         .delete("egress", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.proxies().get_opt("egress").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "the finalizer was never removed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    h.wait_deleted("egress", "the finalizer to be removed")
+        .await;
     assert!(
         h.instances().await.is_empty(),
         "the instance must be deleted with its Proxy"
@@ -344,6 +346,8 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
     );
     h.wait_event("egress", "InvalidSpec").await;
     let calls = total_calls(&h).await;
+    // The absence of a retry shows only over time: a backoff retry would come within
+    // 1 s, so 2 s without a call is the proof, not a wait for something to happen.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         total_calls(&h).await,
@@ -542,10 +546,12 @@ async fn a_ready_proxy_whose_proxy_stops_answering_turns_degraded() {
     assert_eq!(condition(&degraded, "Healthy").as_deref(), Some("False"));
     assert_eq!(condition(&degraded, "Provisioned").as_deref(), Some("True"));
     h.wait_event("egress", "Unhealthy").await;
-    // A Proxy that stays Degraded is not rewritten at every failed check.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A Proxy that stays Degraded is not rewritten at every failed check. The next
+    // poll starts only once the reconcile that made it Degraded has saved; then two
+    // more failed checks are counted.
+    h.wait_calls("GetInstance", 1).await;
     let writes = status_writes(&h);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    h.wait_calls("GetInstance", 2).await;
     assert_eq!(
         status_writes(&h),
         writes,
@@ -559,10 +565,12 @@ async fn status_is_not_rewritten_when_nothing_changes() {
     let port = proxy_port().await;
     h.create("egress", port, serde_json::json!({})).await;
     let ready = h.wait_ready("egress").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The next poll starts only once the reconcile that made it Ready has saved.
+    h.wait_calls("GetInstance", 1).await;
     let writes = status_writes(&h);
     let gets = call_count(&h, "GetInstance").await;
-    // Three health-check periods (2 s each) of a steady Proxy.
+    // Three health-check periods (2 s each) of a steady Proxy: this measures a rate
+    // (polls per period), so it needs a fixed span of time.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
         status_writes(&h),
@@ -591,11 +599,17 @@ async fn status_is_not_rewritten_when_nothing_changes() {
 }
 
 fn status_writes(h: &Harness) -> u64 {
+    counter(h, "egressproxy_status_writes_total")
+}
+
+fn reconcile_count(h: &Harness) -> u64 {
+    counter(h, "egressproxy_reconciles_total")
+}
+
+fn counter(h: &Harness, name: &str) -> u64 {
     let text = h.ctx.metrics.encode();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("egressproxy_status_writes_total "))
-        .unwrap();
+    let prefix = format!("{name} ");
+    let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap();
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
@@ -709,7 +723,26 @@ async fn only_one_replica_holds_the_lease() {
     };
     let first = acquire(env.client.clone(), config("replica-a")).await;
     let second = tokio::spawn(acquire(env.client.clone(), config("replica-b")));
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Ten renewals by the first (3 s, longer than the 2 s lease), counted on the Lease
+    // itself, give the second many chances to take it.
+    let renewals = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = env.namespaced();
+    common::wait_until(
+        &leases,
+        common::LEASE,
+        "ten renewals",
+        |lease: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+            let spec = lease.and_then(|l| l.spec.as_ref());
+            if let Some(spec) = spec
+                && spec.holder_identity.as_deref() == Some("replica-a")
+                && let Some(renewed) = &spec.renew_time
+            {
+                renewals.borrow_mut().insert(renewed.0);
+            }
+            renewals.borrow().len() >= 10
+        },
+    )
+    .await;
     assert!(
         !second.is_finished(),
         "a second replica must not lead while the first renews"
@@ -750,30 +783,18 @@ async fn a_provider_on_another_contract_major_version_is_refused() {
 
 #[tokio::test]
 async fn a_provider_that_is_down_is_retried_until_it_starts() {
-    let env = KubeTestEnv::new("down").await.unwrap();
-    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let env = common::env_with_crd("down").await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let config = ProvidersConfig::parse(&format!(
-        "providers:\n  reference:\n    endpoint: http://127.0.0.1:{port}\n    callTimeout: 2s\n"
-    ))
-    .unwrap();
-    let metrics = Arc::new(Metrics::default());
-    let ctx = Arc::new(Context::new(
-        env.client.clone(),
-        Providers::new(config, metrics.clone()),
-        "down".into(),
-        metrics,
-    ));
+    let _controller = Controller::start(
+        &env,
+        &reference_config(&format!("http://127.0.0.1:{port}"), "2s"),
+        "down",
+    );
     let proxies: Api<Proxy> = env.namespaced();
-    tokio::spawn(egressproxy_operator::controller::run(
-        ctx,
-        proxies.clone(),
-        std::future::pending(),
-    ));
     let proxy_port = proxy_port().await;
     proxies
         .create(
@@ -783,19 +804,13 @@ async fn a_provider_that_is_down_is_retried_until_it_starts() {
         .await
         .unwrap();
 
-    let deadline = Instant::now() + WAIT;
-    let waiting = loop {
-        let current = proxies.get("egress").await.unwrap();
-        if reason(&current, "Ready").as_deref() == Some("ProviderUnavailable") {
-            break current;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never reported the provider unavailable: {:#?}",
-            current.status
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let waiting = wait_for_proxy(
+        &proxies,
+        "egress",
+        "the provider reported unavailable",
+        |current| reason(current, "Ready").as_deref() == Some("ProviderUnavailable"),
+    )
+    .await;
     assert_ne!(
         phase(&waiting),
         Some(Phase::Failed),
@@ -807,19 +822,13 @@ async fn a_provider_that_is_down_is_retried_until_it_starts() {
         &["--provisioning-delay", "0s"],
     )
     .unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let current = proxies.get("egress").await.unwrap();
-        if phase(&current) == Some(Phase::Ready) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never Ready once the provider started: {:#?}",
-            current.status
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_proxy(
+        &proxies,
+        "egress",
+        "Ready once the provider started",
+        |current| phase(current) == Some(Phase::Ready),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -850,7 +859,17 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
     assert!(stuck.metadata.deletion_timestamp.is_some());
     assert_eq!(phase(&stuck), Some(Phase::Deleting));
     h.wait_event("orphaned", "DeleteFailed").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two more attempts at the deletion, counted, rather than a fixed wait.
+    let reconciles = reconcile_count(&h);
+    let deadline = std::time::Instant::now() + WAIT;
+    while reconcile_count(&h) < reconciles + 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deletion was not retried"
+        );
+        // An in-process counter: nothing to watch, check it again shortly.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         h.proxies().get_opt("orphaned").await.unwrap().is_some(),
         "the finalizer must hold without the annotation"
@@ -861,14 +880,8 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         .patch("orphaned", &PatchParams::default(), &Patch::Merge(&abandon))
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.proxies().get_opt("orphaned").await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the annotation did not release the finalizer"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    h.wait_deleted("orphaned", "the annotation to release the finalizer")
+        .await;
 }
 
 #[tokio::test]

@@ -2,22 +2,18 @@
 //! is a child of the operator's reconcile span (in-memory span exporter, real
 //! kube-apiserver, reference provider served in-process so its spans are visible).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
-use egressproxy_operator::context::Context;
+use std::time::Duration;
+
+use common::{Controller, reference_config, wait_until};
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::metrics::Metrics;
-use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig};
 use egressproxy_provider::server::ProviderServer;
 use kube::api::{Api, PostParams};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use tracing_subscriber::layer::SubscriberExt;
-
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 
 #[tokio::test(flavor = "current_thread")]
 async fn provider_spans_are_children_of_the_reconcile_span() {
@@ -29,8 +25,7 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
         .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("test")));
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let env = KubeTestEnv::new("trace").await.unwrap();
-    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let env = common::env_with_crd("trace").await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let provider = MemoryProvider::new(ReferenceConfig {
@@ -39,23 +34,8 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
     });
     tokio::spawn(ProviderServer::new(provider).serve(listener, std::future::pending()));
 
-    let config = ProvidersConfig::parse(&format!(
-        "providers:\n  reference:\n    endpoint: {endpoint}\n"
-    ))
-    .unwrap();
-    let metrics = Arc::new(Metrics::default());
-    let ctx = Arc::new(Context::new(
-        env.client.clone(),
-        Providers::new(config, metrics.clone()),
-        "trace".into(),
-        metrics,
-    ));
+    let _controller = Controller::start(&env, &reference_config(&endpoint, "30s"), "trace");
     let proxies: Api<Proxy> = env.namespaced();
-    tokio::spawn(egressproxy_operator::controller::run(
-        ctx,
-        proxies.clone(),
-        std::future::pending(),
-    ));
 
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = health.local_addr().unwrap().port();
@@ -70,15 +50,10 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
         .create(&PostParams::default(), &proxy)
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let proxy = proxies.get("traced").await.unwrap();
-        if proxy.status.and_then(|s| s.phase) == Some(Phase::Ready) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never Ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(&proxies, "traced", "Ready", |proxy: Option<&Proxy>| {
+        proxy.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(Phase::Ready)
+    })
+    .await;
 
     tracer_provider.force_flush().unwrap();
     let spans = exporter.get_finished_spans().unwrap();

@@ -1,0 +1,457 @@
+//! One configured provider: its client, its calls and its handshake.
+//!
+//! Guarantees:
+//! 1. Before first use, a provider is asked for `GetPluginInfo` and `GetCapabilities`;
+//!    a different contract major version is refused with a clear error. Concurrent
+//!    callers share one handshake (single flight): the first asks, the others wait for
+//!    its answer, success or failure. The answer is cached until a call finds the
+//!    provider unavailable (it may come back as another version) or its settings
+//!    change.
+//! 2. When a TLS file changes on disk (a renewed certificate), the next call builds a
+//!    new client with it.
+//! 3. When its settings change (a reloaded config file), the next call uses them;
+//!    calls already running finish on the old client.
+//! 4. An unavailable provider's error names the endpoint and the underlying cause
+//!    (for example the OS error of a refused connection).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use egressproxy_provider::client::{Client, ClientOptions, ClientTls, connect_lazy};
+use egressproxy_provider::{CONTRACT_VERSION, ErrorClass, ProviderError, pb};
+
+use super::config::ProviderConfig;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// What a provider told us about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginInfo {
+    /// Its self-reported name.
+    pub name: String,
+    /// Its version.
+    pub vendor_version: String,
+    /// The contract version it implements.
+    pub contract_version: String,
+    /// Its optional capabilities.
+    pub capabilities: Vec<pb::Capability>,
+}
+
+/// One configured provider. Its handle lives as long as the operator; a reloaded
+/// config changes its settings, or marks it removed.
+#[derive(Debug)]
+pub struct Provider {
+    name: String,
+    state: Mutex<State>,
+    /// Held by the one caller that runs the handshake.
+    handshake_turn: tokio::sync::Mutex<()>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// `None` once a reloaded config no longer has this provider.
+    config: Option<ProviderConfig>,
+    client: Option<Client>,
+    tls_mtimes: Vec<Option<SystemTime>>,
+    info: Option<PluginInfo>,
+    /// Handshakes that failed so far, and how the last one failed: a caller that
+    /// waited its turn while one failed gets that failure instead of asking again.
+    handshake_failures: u64,
+    last_handshake_failure: Option<HandshakeFailure>,
+}
+
+/// A failed handshake, kept so that callers who waited for it share its outcome.
+#[derive(Debug, Clone)]
+enum HandshakeFailure {
+    Call {
+        op: &'static str,
+        error: ProviderError,
+    },
+    Incompatible {
+        found: String,
+        expected: String,
+    },
+}
+
+impl Provider {
+    pub(super) fn new(name: String, config: ProviderConfig, metrics: Arc<Metrics>) -> Self {
+        Provider {
+            name,
+            state: Mutex::new(State {
+                config: Some(config),
+                client: None,
+                tls_mtimes: Vec::new(),
+                info: None,
+                handshake_failures: 0,
+                last_handshake_failure: None,
+            }),
+            handshake_turn: tokio::sync::Mutex::new(()),
+            metrics,
+        }
+    }
+
+    /// The configured name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the current config has this provider.
+    pub(super) fn is_configured(&self) -> bool {
+        self.state().config.is_some()
+    }
+
+    /// Applies new settings (`None`: removed). Returns whether anything changed; a
+    /// change drops the client and the cached handshake.
+    pub(super) fn reconfigure(&self, config: Option<ProviderConfig>) -> bool {
+        let mut state = self.state();
+        if state.config == config {
+            return false;
+        }
+        state.config = config;
+        state.client = None;
+        state.tls_mtimes.clear();
+        state.info = None;
+        true
+    }
+
+    /// A client, rebuilt when a TLS file changed since the last one was built.
+    fn client(&self) -> Result<(Client, String)> {
+        let config = self
+            .state()
+            .config
+            .clone()
+            .ok_or_else(|| Error::ProviderNotConfigured(self.name.clone()))?;
+        let mtimes: Vec<_> = tls_files(&config)
+            .iter()
+            .map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
+            .collect();
+        let mut state = self.state();
+        if let Some(client) = &state.client
+            && state.tls_mtimes == mtimes
+        {
+            return Ok((client.clone(), config.endpoint));
+        }
+        if state.client.is_some() {
+            tracing::info!(provider = %self.name, "TLS files changed: reconnecting with the new ones");
+        }
+        let mut options = ClientOptions::new(config.endpoint.clone());
+        options.call_timeout = config.call_timeout;
+        options.tls = config.tls.as_ref().map(|tls| ClientTls {
+            ca: tls.ca.clone(),
+            domain: tls.server_name.clone(),
+            identity: tls.cert.clone().zip(tls.key.clone()),
+        });
+        let client = connect_lazy(&options).map_err(|source| Error::Connect {
+            provider: self.name.clone(),
+            source,
+        })?;
+        state.client = Some(client.clone());
+        state.tls_mtimes = mtimes;
+        Ok((client, config.endpoint))
+    }
+
+    fn error(&self, op: &'static str, error: ProviderError) -> Error {
+        Error::Provider {
+            provider: self.name.clone(),
+            op,
+            source: Box::new(error),
+        }
+    }
+
+    /// Runs one call, timing it into the metrics and classifying its error.
+    async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let (client, endpoint) = self.client()?;
+        let started = Instant::now();
+        let result = call(client).await;
+        let code = result
+            .as_ref()
+            .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+        self.metrics
+            .provider_call(&self.name, op, code, started.elapsed());
+        result.map(tonic::Response::into_inner).map_err(|status| {
+            if status.code() == tonic::Code::Unavailable {
+                // It may come back as another version: ask again next time.
+                self.state().info = None;
+            }
+            self.error(op, explain_unavailable(&status, &endpoint))
+        })
+    }
+
+    /// CreateInstance.
+    pub async fn create(&self, request: pb::CreateInstanceRequest) -> Result<pb::Instance> {
+        let answer = self
+            .call("CreateInstance", |mut c| async move {
+                c.create_instance(request).await
+            })
+            .await?;
+        Ok(answer.instance.unwrap_or_default())
+    }
+
+    /// GetInstance; `None` when the instance does not exist.
+    pub async fn get(&self, id: &str) -> Result<Option<pb::Instance>> {
+        let request = pb::GetInstanceRequest { id: id.to_owned() };
+        match self
+            .call("GetInstance", |mut c| async move {
+                c.get_instance(request).await
+            })
+            .await
+        {
+            Ok(answer) => self.instance_in(answer.instance, "GetInstance").map(Some),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The instance an answer must carry; a provider that omits it (or its id) is
+    /// broken, which is reported and retried rather than recorded as an empty id.
+    fn instance_in(
+        &self,
+        instance: Option<pb::Instance>,
+        op: &'static str,
+    ) -> Result<pb::Instance> {
+        match instance {
+            Some(instance) if !instance.id.is_empty() => Ok(instance),
+            _ => Err(self.error(
+                op,
+                ProviderError::transient(
+                    "the provider answered without an instance id (a provider bug)",
+                )
+                .with_reason("MALFORMED_RESPONSE"),
+            )),
+        }
+    }
+
+    /// DeleteInstance; a missing instance is success.
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let request = pb::DeleteInstanceRequest { id: id.to_owned() };
+        match self
+            .call("DeleteInstance", |mut c| async move {
+                c.delete_instance(request).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Every instance whose tags contain `selector`, across pages. A page token the
+    /// provider already handed out (a repeat, or a cycle such as A → B → A) fails the
+    /// listing instead of looping forever.
+    pub async fn list(&self, selector: &HashMap<String, String>) -> Result<Vec<pb::Instance>> {
+        let mut instances = Vec::new();
+        let mut page_token = String::new();
+        let mut seen_tokens = std::collections::HashSet::new();
+        loop {
+            let request = pb::ListInstancesRequest {
+                tag_selector: selector.clone(),
+                page_size: None,
+                page_token: page_token.clone(),
+            };
+            let page = self
+                .call("ListInstances", |mut c| async move {
+                    c.list_instances(request).await
+                })
+                .await?;
+            instances.extend(page.instances);
+            if page.next_page_token.is_empty() {
+                return Ok(instances);
+            }
+            if !seen_tokens.insert(page.next_page_token.clone()) {
+                let message = format!(
+                    "ListInstances handed out page token {:?} a second time, after {} pages: \
+                     its pages form a cycle (a provider bug), so the listing stops",
+                    page.next_page_token,
+                    seen_tokens.len() + 1
+                );
+                return Err(self.error(
+                    "ListInstances",
+                    ProviderError::transient(message).with_reason("PAGE_TOKEN_CYCLE"),
+                ));
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// ValidatePlacement when the provider supports it; `Ok(())` when it does not.
+    pub async fn validate_placement(&self, placement: pb::Placement) -> Result<()> {
+        let info = self.handshake().await?;
+        if !info
+            .capabilities
+            .contains(&pb::Capability::ValidatePlacement)
+        {
+            return Ok(());
+        }
+        let request = pb::ValidatePlacementRequest {
+            placement: Some(placement),
+        };
+        match self
+            .call("ValidatePlacement", |mut c| async move {
+                c.validate_placement(request).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Plugin info and capabilities, asked once and cached; refuses another major
+    /// contract version. Concurrent callers share one handshake.
+    pub async fn handshake(&self) -> Result<PluginInfo> {
+        let failures_before = {
+            let state = self.state();
+            if let Some(info) = &state.info {
+                return Ok(info.clone());
+            }
+            state.handshake_failures
+        };
+        let _turn = self.handshake_turn.lock().await;
+        {
+            let state = self.state();
+            if let Some(info) = &state.info {
+                return Ok(info.clone());
+            }
+            if state.handshake_failures != failures_before
+                && let Some(failure) = state.last_handshake_failure.clone()
+            {
+                return Err(self.handshake_error(failure));
+            }
+        }
+        let outcome = self.ask_plugin_info().await;
+        let mut state = self.state();
+        match outcome {
+            Ok(info) => {
+                tracing::info!(provider = %self.name, plugin = %info.name, version = %info.vendor_version,
+                    contract = %info.contract_version, "provider handshake done");
+                state.info = Some(info.clone());
+                Ok(info)
+            }
+            Err(error) => {
+                let failure = match &error {
+                    Error::Provider { op, source, .. } => Some(HandshakeFailure::Call {
+                        op,
+                        error: (**source).clone(),
+                    }),
+                    Error::IncompatibleProvider {
+                        found, expected, ..
+                    } => Some(HandshakeFailure::Incompatible {
+                        found: found.clone(),
+                        expected: expected.clone(),
+                    }),
+                    // Building the client failed before any call: waiters try it
+                    // themselves, which costs the provider nothing.
+                    _ => None,
+                };
+                if let Some(failure) = failure {
+                    state.handshake_failures += 1;
+                    state.last_handshake_failure = Some(failure);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn handshake_error(&self, failure: HandshakeFailure) -> Error {
+        match failure {
+            HandshakeFailure::Call { op, error } => self.error(op, error),
+            HandshakeFailure::Incompatible { found, expected } => Error::IncompatibleProvider {
+                provider: self.name.clone(),
+                found,
+                expected,
+            },
+        }
+    }
+
+    async fn ask_plugin_info(&self) -> Result<PluginInfo> {
+        let info = self
+            .call("GetPluginInfo", |mut c| async move {
+                c.get_plugin_info(pb::GetPluginInfoRequest {}).await
+            })
+            .await?;
+        let expected = major(CONTRACT_VERSION);
+        if major(&info.contract_version) != expected {
+            return Err(Error::IncompatibleProvider {
+                provider: self.name.clone(),
+                found: info.contract_version,
+                expected: expected.to_owned(),
+            });
+        }
+        let capabilities = match self
+            .call("GetCapabilities", |mut c| async move {
+                c.get_capabilities(pb::GetCapabilitiesRequest {}).await
+            })
+            .await
+        {
+            Ok(answer) => answer.capabilities().collect(),
+            Err(Error::Provider { source, .. }) if source.class == ErrorClass::Unimplemented => {
+                Vec::new()
+            }
+            Err(error) => return Err(error),
+        };
+        Ok(PluginInfo {
+            name: info.name,
+            vendor_version: info.vendor_version,
+            contract_version: info.contract_version,
+            capabilities,
+        })
+    }
+}
+
+fn tls_files(config: &ProviderConfig) -> Vec<PathBuf> {
+    let Some(tls) = &config.tls else {
+        return Vec::new();
+    };
+    [Some(tls.ca.clone()), tls.cert.clone(), tls.key.clone()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn major(version: &str) -> &str {
+    version.split('.').next().unwrap_or_default()
+}
+
+/// The classified error of a failed call. When the client could not reach the
+/// provider, tonic's message alone ("tcp connect error") names neither the endpoint
+/// nor the cause: add both, the cause from the transport error's source chain.
+fn explain_unavailable(status: &tonic::Status, endpoint: &str) -> ProviderError {
+    let mut error = ProviderError::from(status.clone());
+    // Only a failure on the client's side carries a source; an UNAVAILABLE that the
+    // provider itself answered already says what it means.
+    if status.code() != tonic::Code::Unavailable || std::error::Error::source(status).is_none() {
+        return error;
+    }
+    let mut causes: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !error.message.contains(&text) && !causes.contains(&text) {
+            causes.push(text);
+        }
+        source = cause.source();
+    }
+    let mut message = format!("{endpoint}: {}", error.message);
+    for cause in causes {
+        message.push_str(": ");
+        message.push_str(&cause);
+    }
+    error.message = message;
+    error
+}

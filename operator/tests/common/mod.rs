@@ -1,0 +1,244 @@
+//! What the operator's integration tests share: the CRD, one way to run the
+//! controller in-process, the operator binary as a process, and waits that watch the
+//! apiserver for the awaited change instead of sleeping.
+
+#![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_operator::context::Context;
+use egressproxy_operator::crd::Proxy;
+use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::runtime::wait::{Condition, await_condition};
+use tokio::process::{Child, Command};
+
+/// The CRD as the chart ships it.
+pub const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+/// The longest any wait for a change takes before the test fails.
+pub const WAIT: Duration = Duration::from_secs(60);
+/// Debian's libfaketime, which shifts a process's wall clock.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// The Lease the operator binary elects its leader on.
+pub const LEASE: &str = "egressproxy-operator";
+
+/// A new test namespace on the shared apiserver, with the CRD applied.
+pub async fn env_with_crd(test: &str) -> KubeTestEnv {
+    let env = KubeTestEnv::new(test).await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    env
+}
+
+/// The controller running in-process on one namespace, stopped when dropped.
+pub struct Controller {
+    /// Its shared state (metrics, providers).
+    pub ctx: Arc<Context>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Controller {
+    /// Runs the controller on the Proxies of `env`'s namespace with the providers of
+    /// `providers_yaml`, tagging instances with `cluster`.
+    pub fn start(env: &KubeTestEnv, providers_yaml: &str, cluster: &str) -> Controller {
+        let config = ProvidersConfig::parse(providers_yaml).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let ctx = Arc::new(Context::new(
+            env.client.clone(),
+            Providers::new(config, metrics.clone()),
+            cluster.to_owned(),
+            metrics,
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let proxies: Api<Proxy> = env.namespaced();
+        tokio::spawn(egressproxy_operator::controller::run(
+            ctx.clone(),
+            proxies,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Controller {
+            ctx,
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Provider config text with one provider, `reference`, at `endpoint`.
+pub fn reference_config(endpoint: &str, call_timeout: &str) -> String {
+    format!("providers:\n  reference:\n    endpoint: {endpoint}\n    callTimeout: {call_timeout}\n")
+}
+
+/// Waits (watching, not polling) until object `name` satisfies `condition`; panics
+/// with `what` after [`WAIT`].
+pub async fn wait_until<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    condition: impl Condition<K>,
+) -> Option<K>
+where
+    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+{
+    tokio::time::timeout(WAIT, await_condition(api.clone(), name, condition))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .unwrap()
+}
+
+/// The Lease's holder, as written.
+pub fn holder(lease: Option<&Lease>) -> Option<String> {
+    lease?
+        .spec
+        .as_ref()?
+        .holder_identity
+        .clone()
+        .filter(|holder| !holder.is_empty())
+}
+
+/// Waits until `identity` holds the operator's Lease in `env`'s namespace.
+pub async fn wait_for_holder(env: &KubeTestEnv, identity: &str) -> Lease {
+    let leases: Api<Lease> = env.namespaced();
+    let what = format!("{identity} to hold the Lease");
+    wait_until(&leases, LEASE, &what, |lease: Option<&Lease>| {
+        holder(lease).as_deref() == Some(identity)
+    })
+    .await
+    .unwrap()
+}
+
+/// How an operator process is started.
+pub struct OperatorOptions<'a> {
+    /// Its Lease identity.
+    pub identity: &'a str,
+    /// Its provider config file.
+    pub providers: &'a std::path::Path,
+    /// `--lease-duration`.
+    pub lease_duration: &'a str,
+    /// Run with libfaketime and this offset (`-3m`): a replica whose wall clock is
+    /// wrong. Only the wall clock is shifted; the monotonic clock stays true.
+    pub clock_offset: Option<&'a str>,
+    /// More flags.
+    pub extra_args: &'a [&'a str],
+}
+
+/// The operator binary as a process, killed when dropped.
+pub struct OperatorProcess {
+    child: Child,
+    /// Address of its HTTP endpoints.
+    pub http: std::net::SocketAddr,
+}
+
+impl OperatorProcess {
+    /// Starts the operator on `env`'s namespace (Proxies and Lease).
+    pub fn start(env: &KubeTestEnv, options: &OperatorOptions<'_>) -> OperatorProcess {
+        let http = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let binary = workspace_binary("egressproxy-operator").unwrap();
+        let mut command = Command::new(&binary);
+        if let Some(offset) = options.clock_offset {
+            // libfaketime preloaded into the operator itself (not the `faketime`
+            // wrapper, which would stand between the test and the process it kills).
+            assert!(
+                std::path::Path::new(LIBFAKETIME).exists(),
+                "{LIBFAKETIME} is missing: install Debian's faketime package"
+            );
+            command
+                .env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_NO_CACHE", "1");
+        }
+        let child = command
+            .env("KUBECONFIG", env.apiserver().kubeconfig_path())
+            .env("POD_NAME", options.identity)
+            .env("RUST_LOG", "info,kube=warn")
+            .args(["--cluster-name", &format!("test-{}", env.namespace)])
+            .args([
+                "--namespace",
+                &env.namespace,
+                "--lease-namespace",
+                &env.namespace,
+            ])
+            .arg("--providers")
+            .arg(options.providers)
+            .args([
+                "--http-listen",
+                &http.to_string(),
+                "--lease-duration",
+                options.lease_duration,
+                "--gc-interval",
+                "1h",
+            ])
+            .args(options.extra_args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        OperatorProcess { child, http }
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Asks the process to stop (SIGTERM), as Kubernetes does, and returns without
+    /// waiting.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("the operator still runs");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    }
+
+    /// Waits for the process to exit; its exit status.
+    pub async fn exit_status(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("the operator did not exit")
+            .unwrap()
+    }
+
+    /// GET `path` from the operator's HTTP endpoints: status code and body.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut stream = loop {
+            match tokio::net::TcpStream::connect(self.http).await {
+                Ok(stream) => break stream,
+                Err(error) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "operator HTTP never came up: {error}"
+                ),
+            }
+            // The process is still starting; nothing to watch until it listens.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let code = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (code, body)
+    }
+}

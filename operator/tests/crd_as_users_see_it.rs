@@ -1,0 +1,119 @@
+//! The Proxy CRD as a `kubectl` user meets it, against a real kube-apiserver: applying
+//! it draws no warnings, `kubectl explain` has a real description to show, and the
+//! cloud-init size is checked in bytes at admission, as providers count it.
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_operator::crd::Proxy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+
+#[tokio::test]
+async fn applying_the_crd_draws_no_warnings() {
+    let env = KubeTestEnv::new("crd-warnings").await.unwrap();
+    let crd: CustomResourceDefinition = serde_yaml::from_str(CRD).unwrap();
+    let name = crd.metadata.name.clone().unwrap();
+    // A dry-run apply validates the schema as a real apply does, and the apiserver
+    // reports what it dislikes in Warning headers (what kubectl prints).
+    let request =
+        kube::core::Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            .patch(
+                &name,
+                &PatchParams::apply("crd-warnings-test").force().dry_run(),
+                &Patch::Apply(&crd),
+            )
+            .unwrap();
+    let response = env
+        .client
+        .send(request.map(kube::client::Body::from))
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{:?}", response.status());
+    let warnings: Vec<String> = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|value| value.to_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(warnings.is_empty(), "the apiserver warned: {warnings:#?}");
+}
+
+#[tokio::test]
+async fn kubectl_explain_has_a_real_description() {
+    let env = KubeTestEnv::new("crd-explain").await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    // `kubectl explain` reads the served OpenAPI v3 document of the group version. The
+    // apiserver publishes a CRD's document a moment after the CRD is established, and
+    // offers nothing to watch for it: ask until it is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let document: serde_json::Value = loop {
+        let request = http::Request::get("/openapi/v3/apis/egressproxy.dev/v1alpha1")
+            .body(Vec::new())
+            .unwrap();
+        match env.client.request(request).await {
+            Ok(document) => break document,
+            Err(error) => assert!(
+                std::time::Instant::now() < deadline,
+                "the OpenAPI document was never served: {error}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let schemas = &document["components"]["schemas"];
+    let proxy = schemas
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(name, _)| name.ends_with(".Proxy"))
+        .map(|(_, schema)| schema)
+        .expect("the Proxy schema is served");
+    let description = proxy["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains("egress proxy") && !description.contains("Auto-generated"),
+        "{description:?}"
+    );
+    let user_data = proxy["properties"]["spec"]["properties"]["cloudInit"]["properties"]
+        ["userData"]["description"]
+        .as_str()
+        .unwrap_or_default();
+    let user_data = user_data.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(user_data.contains("65536 bytes"), "{user_data}");
+}
+
+fn proxy_with_user_data(name: &str, user_data: String) -> Proxy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name},
+        "spec": {
+            "provider": "reference",
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "cloudInit": {"userData": user_data},
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn user_data_is_limited_in_bytes_at_admission() {
+    let env = KubeTestEnv::new("crd-bytes").await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let proxies: kube::Api<Proxy> = env.namespaced();
+    // 65,536 characters of two bytes each: within a character limit, twice the bytes.
+    let wide = "é".repeat(65_536);
+    let outcome = proxies
+        .create(&PostParams::default(), &proxy_with_user_data("wide", wide))
+        .await;
+    let Err(error) = outcome else {
+        panic!("131072 bytes of user-data must be refused at admission");
+    };
+    assert!(error.to_string().contains("over 65536 bytes"), "{error}");
+    // Exactly the limit in bytes is accepted.
+    let full = format!("#cloud-config\n#{}", "a".repeat(65_536 - 15));
+    assert_eq!(full.len(), 65_536);
+    proxies
+        .create(&PostParams::default(), &proxy_with_user_data("full", full))
+        .await
+        .unwrap();
+}
