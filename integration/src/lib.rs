@@ -1,6 +1,7 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
-//! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm, kube-harness).
+//! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
+//!   Python virtualenv with grpcio).
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.

@@ -1,13 +1,12 @@
 //! The server scaffold and client helper over real TCP: reflection-free checks of
-//! health, deadlines, graceful shutdown, trace context and (m)TLS, plus the
-//! conformance suite against the reference provider.
+//! health, deadlines, graceful shutdown, trace context and (m)TLS. The conformance
+//! suite's own tests are in `conformance_suite.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use egressproxy_provider::client::{Client, ClientOptions, ClientTls, connect_lazy};
-use egressproxy_provider::conformance::{self, Target};
 use egressproxy_provider::pb;
 use egressproxy_provider::reference::control::ControlService;
 use egressproxy_provider::reference::{Fault, FaultEffect, MemoryProvider, ReferenceConfig};
@@ -61,41 +60,6 @@ fn placement() -> pb::Placement {
         machine_type: "small".into(),
         image: "debian-12".into(),
     }
-}
-
-#[tokio::test]
-async fn conformance_passes_against_the_reference_provider() {
-    let server = Running::start(None).await;
-    let mut target = Target::new(placement());
-    target.running_timeout = Duration::from_secs(10);
-    let report = conformance::run(server.client(), &target).await;
-    assert!(report.passed(), "{report}");
-    assert!(report.checks.len() >= 10, "{report}");
-    let listed = server.provider.call_counts();
-    assert!(
-        listed["ListInstances"] >= 3,
-        "paging was not exercised: {listed:?}"
-    );
-}
-
-#[tokio::test]
-async fn conformance_fails_when_a_provider_breaks_the_contract() {
-    let server = Running::start(None).await;
-    server.provider.faults().inject(Fault {
-        method: Some("DeleteInstance".into()),
-        remaining: None,
-        effect: FaultEffect::Fail(ErrorClass::NotFound),
-        message: "a provider that answers NOT_FOUND for a missing instance".into(),
-    });
-    let mut target = Target::new(placement());
-    target.running_timeout = Duration::from_secs(10);
-    let report = conformance::run(server.client(), &target).await;
-    assert!(!report.passed());
-    let failures = report.failures().join("\n");
-    assert!(
-        failures.contains("delete of a missing instance succeeds"),
-        "{failures}"
-    );
 }
 
 #[tokio::test]
