@@ -56,11 +56,13 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # cloud-init (its `cloud-init schema` validates the merged user-data), genisoimage's
 # isoinfo and xorriso (read the seed image back), libxml2-utils (virt-xml-validate's xmllint),
 # ipxe (its BIOS-bootable ipxe.iso is the kvm-agent Create tests' guest: it takes a DHCP
-# lease, so an instance gets an address without an operating system).
+# lease, so an instance gets an address without an operating system), python3-venv (the
+# virtualenv install-python-tools.sh makes for grpcio clients and the Python example
+# provider).
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \
-  ipxe
+  ipxe python3-venv
 
 # The package's own services must not grab the system sockets or port 22 on machines
 # without systemd; the tests run private daemons. Nothing to stop when systemd is absent.
