@@ -73,7 +73,14 @@ fn start_python_provider() -> PythonProvider {
 fn conformance(endpoint: &str, extra: &[&str]) -> (std::process::Output, Duration) {
     let started = Instant::now();
     let output = Command::new(workspace_binary("provider-conformance").unwrap())
-        .args(["--endpoint", endpoint, "--machine-type", "small", "--image", "debian-12"])
+        .args([
+            "--endpoint",
+            endpoint,
+            "--machine-type",
+            "small",
+            "--image",
+            "debian-12",
+        ])
         .args(["--running-timeout", "10s", "--check-timeout", "30s"])
         .args(extra)
         .output()
@@ -85,9 +92,8 @@ fn conformance(endpoint: &str, extra: &[&str]) -> (std::process::Output, Duratio
 fn the_python_provider_passes_every_check() {
     let provider = start_python_provider();
     let (output, took) = conformance(&provider.endpoint, &["--output", "json"]);
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&output.stdout))
-    });
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
     println!("python provider: {} in {took:?}", report["summary"]);
     assert!(output.status.success(), "{report:#}");
     assert_eq!(report["passed"], true);
@@ -98,9 +104,13 @@ fn the_python_provider_passes_every_check() {
 
 #[test]
 fn a_cycling_page_token_fails_fast_and_the_run_cleans_up() {
-    let provider =
-        ReferenceProvider::start(&["--provisioning-delay", "0s", "--misbehave", "cycling-page-token"])
-            .unwrap();
+    let provider = ReferenceProvider::start(&[
+        "--provisioning-delay",
+        "0s",
+        "--misbehave",
+        "cycling-page-token",
+    ])
+    .unwrap();
     let (output, took) = conformance(provider.endpoint(), &[]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{text}");
@@ -116,7 +126,10 @@ fn unknown_check_names_are_refused() {
     let (output, _) = conformance(provider.endpoint(), &["--run", "no-such-check"]);
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
-    assert!(error.contains("no-such-check") && error.contains("--list"), "{error}");
+    assert!(
+        error.contains("no-such-check") && error.contains("--list"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -145,7 +158,14 @@ async fn ctrl_c_deletes_what_the_run_created_and_nothing_else() {
         .unwrap();
     let mut run = tokio::process::Command::new(workspace_binary("provider-conformance").unwrap())
         .args(["--endpoint", provider.endpoint(), "--machine-type", "small"])
-        .args(["--image", "debian-12", "--running-timeout", "5m", "--run", "becomes-running"])
+        .args([
+            "--image",
+            "debian-12",
+            "--running-timeout",
+            "5m",
+            "--run",
+            "becomes-running",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -159,7 +179,10 @@ async fn ctrl_c_deletes_what_the_run_created_and_nothing_else() {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while list(client.clone()).await.len() < 2 {
-        assert!(Instant::now() < deadline, "the run never created an instance");
+        assert!(
+            Instant::now() < deadline,
+            "the run never created an instance"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);

@@ -6,9 +6,9 @@
 //!    NOT_SERVING once shutdown begins;
 //! 3. gRPC server reflection, v1 and v1alpha, advertising exactly the served services
 //!    (so `grpcurl ADDR list` and `describe` work without proto files) and serving the
-//!    `google.rpc` error detail types ([`reflection`]);
+//!    `google.rpc` error detail types (`server/reflection.rs`);
 //! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
-//!    answers DEADLINE_EXCEEDED with ErrorInfo ([`deadline`]);
+//!    answers DEADLINE_EXCEEDED with ErrorInfo ([`ServerDeadline`]);
 //! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
 //! 6. TLS, or mutual TLS when a client CA is given.
 //!
