@@ -380,3 +380,36 @@ async fn server_tls_without_client_ca_admits_any_client() {
         .await
         .expect("server-only TLS admits clients without certificates");
 }
+
+/// The conformance suite over mutual TLS: health and reflection go through the same
+/// TLS channel; only the bare-HTTP/2 deadline check is skipped, with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_runs_over_mutual_tls() {
+    use egressproxy_provider::conformance::{self, Outcome, Target};
+    let pki = Pki::new();
+    let server = Running::start(Some(ServerTls {
+        cert: pki.path("server.pem"),
+        key: pki.path("server-key.pem"),
+        client_ca: Some(pki.path("ca.pem")),
+    }))
+    .await;
+    let mut options = ClientOptions::new(format!("https://localhost:{}", server.address.port()));
+    options.tls = Some(ClientTls {
+        ca: pki.path("ca.pem"),
+        domain: None,
+        identity: Some((pki.path("client.pem"), pki.path("client-key.pem"))),
+    });
+    let mut target = Target::new(placement());
+    target.running_timeout = Duration::from_secs(10);
+    let report = conformance::run(&options, &target).await.unwrap();
+    assert!(report.passed(), "{}", report.failures().join("\n"));
+    for check in &report.checks {
+        match &check.outcome {
+            Outcome::Skip(reason) => {
+                assert_eq!(check.check.name, "server-deadline");
+                assert!(reason.contains("plaintext"), "{reason}");
+            }
+            outcome => assert_eq!(outcome, &Outcome::Pass, "{}", check.check.name),
+        }
+    }
+}
