@@ -44,7 +44,37 @@ impl Suite<'_> {
 
     pub(super) async fn addresses_parse(&mut self) -> Checked {
         let instance = self.running_instance().await?;
+        let capabilities = self.capabilities().await?;
+        let mut seen_external = false;
         for address in &instance.addresses {
+            let scope = address.scope();
+            let undeclared = match (address.family(), scope) {
+                (pb::IpFamily::V6, _) if !capabilities.contains(&pb::Capability::Ipv6) => {
+                    Some("CAPABILITY_IPV6")
+                }
+                (_, pb::AddressScope::External)
+                    if !capabilities.contains(&pb::Capability::ExternalAddresses) =>
+                {
+                    Some("CAPABILITY_EXTERNAL_ADDRESSES")
+                }
+                _ => None,
+            };
+            if let Some(capability) = undeclared {
+                return Err(Outcome::fail(
+                    format!("no such address without {capability}"),
+                    format!("address {:?} ({})", address.address, scope.as_str_name()),
+                ));
+            }
+            if scope == pb::AddressScope::Internal && seen_external {
+                return Err(Outcome::fail(
+                    "INTERNAL addresses before EXTERNAL ones (callers use the first INTERNAL)",
+                    format!(
+                        "INTERNAL address {:?} after an EXTERNAL one",
+                        address.address
+                    ),
+                ));
+            }
+            seen_external |= scope == pb::AddressScope::External;
             let family = address.family();
             let parsed: Option<IpAddr> = address.address.parse().ok();
             let fits = match (parsed, family) {
