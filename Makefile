@@ -14,7 +14,7 @@ CHART := charts/egressproxy
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
 
-## setup: install system packages (root) and build the pinned Go test tools
+## setup: install system packages (root), build the pinned Go test tools, make the Python venv
 setup: setup-system setup-tools
 
 setup-system:
@@ -24,6 +24,7 @@ setup-system:
 setup-tools:
 	integration/tools/install-go-tools.sh
 	integration/tools/install-hadolint.sh
+	integration/tools/install-python-tools.sh
 
 ## fmt: format Rust code and proto files
 fmt:

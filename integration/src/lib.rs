@@ -1,6 +1,7 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
-//! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm, kube-harness).
+//! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
+//!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.

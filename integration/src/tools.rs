@@ -32,3 +32,48 @@ pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// The Python of the virtualenv `integration/tools/install-python-tools.sh` makes
+/// (grpcio, grpcio-tools, reflection, health and status), or an error telling how to
+/// get it.
+pub fn python() -> anyhow::Result<PathBuf> {
+    let path = bin_dir()?
+        .parent()
+        .context("tools directory has no parent")?
+        .join("python/bin/python");
+    if !path.is_file() {
+        bail!(
+            "the tools' Python virtualenv is missing at {}: run `make setup` (or integration/tools/install-python-tools.sh) first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Runs a script under `integration/python/` with the tools' Python and returns its
+/// standard output parsed as JSON; fails with its standard error otherwise.
+pub fn run_python_json(script: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
+    let output = std::process::Command::new(python()?)
+        .arg(&script)
+        .args(args)
+        .output()
+        .with_context(|| format!("run {}", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "{} printed no JSON: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}

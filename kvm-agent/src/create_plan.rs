@@ -2,7 +2,7 @@
 //! configuration, and resolve everything Create needs, before touching a hypervisor.
 //!
 //! Every problem is reported at once as INVALID_ARGUMENT naming its field
-//! (`placement.host`, `placement.machine_type`, `placement.image`, `name`, `tags[k]`,
+//! (`placement.host`, `placement.machine_type`, `placement.image`, `name`, `tags["k"]`,
 //! `cloud_init.user_data`, ...). The plan carries the digest of the request's spec
 //! (placement as given, cloud-init, proxy port), stored in the domain's metadata, so a
 //! repeated Create with the same key and another spec is ALREADY_EXISTS.
@@ -56,7 +56,7 @@ pub fn plan_create(
     }
     for (key, value) in &request.tags {
         if let Err(e) = check_xml_safe(key).and_then(|()| check_xml_safe(value)) {
-            violations.push((format!("tags[{key}]"), e.to_string()));
+            violations.push((format!("tags[{key:?}]"), e.to_string()));
         }
     }
     let cloud_init = request.cloud_init.clone().unwrap_or_default();
@@ -329,7 +329,7 @@ mod tests {
                 "placement.machine_type",
                 "placement.image",
                 "name",
-                "tags[t]",
+                "tags[\"t\"]",
                 "cloud_init.user_data"
             ]
         );

@@ -121,6 +121,12 @@ pub fn connect_lazy(options: &ClientOptions) -> Result<Client, ConnectError> {
     ))
 }
 
+/// A plain lazy channel to the provider with the same TLS settings, without trace
+/// context or a per-call deadline: for health, reflection and raw-header checks.
+pub fn raw_channel(options: &ClientOptions) -> Result<Channel, ConnectError> {
+    Ok(endpoint(options)?.connect_lazy())
+}
+
 fn endpoint(options: &ClientOptions) -> Result<Endpoint, ConnectError> {
     let mut endpoint = Endpoint::from_shared(options.endpoint.clone())
         .map_err(|source| ConnectError::Endpoint {

@@ -22,6 +22,11 @@ mod trace_context;
 pub mod validation;
 
 pub use deadline::parse_grpc_timeout;
+
+/// The guide `docs/writing-a-provider.md`, compiled so its Rust snippets stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/writing-a-provider.md")]
+pub struct WritingAProviderGuide;
 pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from

@@ -55,7 +55,7 @@ pub fn check_create_request(request: &pb::CreateInstanceRequest) -> Result<(), P
     for (key, value) in &request.tags {
         if key.is_empty() || key.len() > MAX_TAG_BYTES || value.len() > MAX_TAG_BYTES {
             violations.add(
-                format!("tags[{key}]"),
+                format!("tags[{key:?}]"),
                 format!(
                     "tag keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"
                 ),

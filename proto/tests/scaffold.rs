@@ -1,13 +1,12 @@
 //! The server scaffold and client helper over real TCP: reflection-free checks of
-//! health, deadlines, graceful shutdown, trace context and (m)TLS, plus the
-//! conformance suite against the reference provider.
+//! health, deadlines, graceful shutdown, trace context and (m)TLS. The conformance
+//! suite's own tests are in `conformance_suite.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use egressproxy_provider::client::{Client, ClientOptions, ClientTls, connect_lazy};
-use egressproxy_provider::conformance::{self, Target};
 use egressproxy_provider::pb;
 use egressproxy_provider::reference::control::ControlService;
 use egressproxy_provider::reference::{Fault, FaultEffect, MemoryProvider, ReferenceConfig};
@@ -61,41 +60,6 @@ fn placement() -> pb::Placement {
         machine_type: "small".into(),
         image: "debian-12".into(),
     }
-}
-
-#[tokio::test]
-async fn conformance_passes_against_the_reference_provider() {
-    let server = Running::start(None).await;
-    let mut target = Target::new(placement());
-    target.running_timeout = Duration::from_secs(10);
-    let report = conformance::run(server.client(), &target).await;
-    assert!(report.passed(), "{report}");
-    assert!(report.checks.len() >= 10, "{report}");
-    let listed = server.provider.call_counts();
-    assert!(
-        listed["ListInstances"] >= 3,
-        "paging was not exercised: {listed:?}"
-    );
-}
-
-#[tokio::test]
-async fn conformance_fails_when_a_provider_breaks_the_contract() {
-    let server = Running::start(None).await;
-    server.provider.faults().inject(Fault {
-        method: Some("DeleteInstance".into()),
-        remaining: None,
-        effect: FaultEffect::Fail(ErrorClass::NotFound),
-        message: "a provider that answers NOT_FOUND for a missing instance".into(),
-    });
-    let mut target = Target::new(placement());
-    target.running_timeout = Duration::from_secs(10);
-    let report = conformance::run(server.client(), &target).await;
-    assert!(!report.passed());
-    let failures = report.failures().join("\n");
-    assert!(
-        failures.contains("delete of a missing instance succeeds"),
-        "{failures}"
-    );
 }
 
 #[tokio::test]
@@ -415,4 +379,37 @@ async fn server_tls_without_client_ca_admits_any_client() {
     tls_client(&server, &pki, false)
         .await
         .expect("server-only TLS admits clients without certificates");
+}
+
+/// The conformance suite over mutual TLS: health and reflection go through the same
+/// TLS channel; only the bare-HTTP/2 deadline check is skipped, with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_runs_over_mutual_tls() {
+    use egressproxy_provider::conformance::{self, Outcome, Target};
+    let pki = Pki::new();
+    let server = Running::start(Some(ServerTls {
+        cert: pki.path("server.pem"),
+        key: pki.path("server-key.pem"),
+        client_ca: Some(pki.path("ca.pem")),
+    }))
+    .await;
+    let mut options = ClientOptions::new(format!("https://localhost:{}", server.address.port()));
+    options.tls = Some(ClientTls {
+        ca: pki.path("ca.pem"),
+        domain: None,
+        identity: Some((pki.path("client.pem"), pki.path("client-key.pem"))),
+    });
+    let mut target = Target::new(placement());
+    target.running_timeout = Duration::from_secs(10);
+    let report = conformance::run(&options, &target).await.unwrap();
+    assert!(report.passed(), "{}", report.failures().join("\n"));
+    for check in &report.checks {
+        match &check.outcome {
+            Outcome::Skip(reason) => {
+                assert_eq!(check.check.name, "server-deadline");
+                assert!(reason.contains("plaintext"), "{reason}");
+            }
+            outcome => assert_eq!(outcome, &Outcome::Pass, "{}", check.check.name),
+        }
+    }
 }

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig, control::ControlService};
+use egressproxy_provider::reference::{
+    MemoryProvider, Misbehaviour, ReferenceConfig, control::ControlService,
+};
 use egressproxy_provider::server::{ProviderServer, ServerTls, shutdown_signal};
 use egressproxy_provider::telemetry;
 
@@ -45,6 +47,10 @@ struct Args {
     /// Contract version to report (only to test callers' version checks).
     #[arg(long, hide = true, default_value = egressproxy_provider::CONTRACT_VERSION)]
     contract_version: String,
+    /// Break one contract rule on purpose, to test the conformance suite (never in
+    /// production).
+    #[arg(long, value_enum)]
+    misbehave: Option<Misbehaviour>,
     /// PEM certificate to serve TLS with (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -71,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         machine_types: args.machine_types,
         images: args.images,
         contract_version: args.contract_version,
+        misbehave: args.misbehave,
     });
     let tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls {

@@ -12,10 +12,12 @@
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
 //! (loopback by default). [`Faults`] and the control service ([`control`]) let tests
-//! inject errors, latency and hangs, and force an instance's state.
+//! inject errors, latency and hangs, and force an instance's state. A [`Misbehaviour`]
+//! breaks one contract rule on purpose, to test the conformance suite.
 
 pub mod control;
 mod faults;
+mod misbehave;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tonic::{Request, Response, Status};
 
 pub use faults::{Fault, FaultEffect, Faults};
+pub use misbehave::Misbehaviour;
 
 use crate::pb::{self, InstanceState, placement::Location};
 use crate::{CONTRACT_VERSION, ProviderError, validation};
@@ -52,6 +55,8 @@ pub struct ReferenceConfig {
     /// The contract version GetPluginInfo reports (tests of callers' version checks
     /// change it; normally [`CONTRACT_VERSION`]).
     pub contract_version: String,
+    /// A contract rule to break on purpose (tests of the conformance suite only).
+    pub misbehave: Option<Misbehaviour>,
 }
 
 impl Default for ReferenceConfig {
@@ -64,6 +69,7 @@ impl Default for ReferenceConfig {
             machine_types: vec!["small".into(), "medium".into()],
             images: vec!["debian-12".into()],
             contract_version: CONTRACT_VERSION.into(),
+            misbehave: None,
         }
     }
 }
@@ -137,6 +143,18 @@ impl MemoryProvider {
         self.faults.apply(method).await.map_err(Status::from)
     }
 
+    fn breaks(&self, misbehaviour: Misbehaviour) -> bool {
+        self.config.misbehave == Some(misbehaviour)
+    }
+
+    /// An error as the configured misbehaviour (if any) would send it.
+    fn answer_error(&self, status: Status) -> Status {
+        match self.config.misbehave {
+            Some(misbehaviour) => misbehaviour.error(status),
+            None => status,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()
@@ -199,7 +217,11 @@ impl MemoryProvider {
         if state == InstanceState::Running {
             let address = self.config.address;
             instance.addresses.push(pb::Address {
-                address: address.to_string(),
+                address: if self.breaks(Misbehaviour::AddressNotAnIp) {
+                    "not-an-ip".into()
+                } else {
+                    address.to_string()
+                },
                 scope: pb::AddressScope::Internal.into(),
                 family: if address.is_ipv4() {
                     pb::IpFamily::V4
@@ -208,6 +230,14 @@ impl MemoryProvider {
                 }
                 .into(),
             });
+        }
+        if self.breaks(Misbehaviour::PlacementNotEchoed)
+            && let Some(placement) = instance.placement.as_mut()
+        {
+            placement.machine_type = "something-else".into();
+        }
+        if self.breaks(Misbehaviour::WrongProxyPort) {
+            instance.proxy_port = 3128;
         }
         instance.state_message = match state {
             InstanceState::Provisioning => "booting".into(),
@@ -233,13 +263,24 @@ impl MemoryProvider {
         let mut instances: Vec<pb::Instance> = range
             .filter(|(_, record)| {
                 let tags = &record.instance.tags;
-                request
-                    .tag_selector
-                    .iter()
-                    .all(|(key, value)| tags.get(key) == Some(value))
+                let matches = |(key, value): (&String, &String)| tags.get(key) == Some(value);
+                if self.breaks(Misbehaviour::OrTagMatching) {
+                    request.tag_selector.iter().any(matches)
+                } else {
+                    request.tag_selector.iter().all(matches)
+                }
             })
             .take(page_size + 1)
-            .map(|(_, record)| self.snapshot(record))
+            .map(|(_, record)| {
+                let mut instance = self.snapshot(record);
+                if self.breaks(Misbehaviour::ListStateDisagrees)
+                    && instance.state() == InstanceState::Running
+                {
+                    instance.set_state(InstanceState::Provisioning);
+                    instance.addresses.clear();
+                }
+                instance
+            })
             .collect();
         let next_page_token = if instances.len() > page_size {
             instances.truncate(page_size);
@@ -250,6 +291,9 @@ impl MemoryProvider {
         } else {
             String::new()
         };
+        if self.breaks(Misbehaviour::CyclingPageToken) && !instances.is_empty() {
+            return (instances, "cycle".into());
+        }
         (instances, next_page_token)
     }
 
@@ -305,6 +349,41 @@ impl MemoryProvider {
     }
 }
 
+impl MemoryProvider {
+    /// The contract's empty-id check (or the misbehaviour that skips it).
+    fn check_id(&self, id: &str) -> Result<(), Status> {
+        if id.is_empty() && self.breaks(Misbehaviour::EmptyIdNotFound) {
+            return Err(ProviderError::not_found("instance  does not exist").into());
+        }
+        validation::check_id(id).map_err(|e| self.answer_error(e.into()))
+    }
+
+    /// Removes the instance (a missing one is fine).
+    fn delete(&self, id: &str) {
+        let mut state = self.lock();
+        if self.breaks(Misbehaviour::DeletingForever) {
+            if let Some(record) = state.instances.get_mut(id) {
+                record.forced_state = Some(InstanceState::Deleting);
+            }
+            return;
+        }
+        if let Some(record) = state.instances.remove(id) {
+            state.ids_by_key.remove(&record.instance.key);
+            tracing::info!(instance.id = %id, "deleted instance");
+            if self.breaks(Misbehaviour::DeletesForeign) {
+                let oldest = state
+                    .instances
+                    .iter()
+                    .min_by_key(|(_, record)| record.created)
+                    .map(|(id, _)| id.clone());
+                if let Some(other) = oldest.and_then(|other| state.instances.remove(&other)) {
+                    state.ids_by_key.remove(&other.instance.key);
+                }
+            }
+        }
+    }
+}
+
 /// Holds an answer back (a `DelayResponse` fault): the work is done, the caller waits.
 async fn hold_answer(hold: Option<Duration>) {
     if let Some(delay) = hold {
@@ -344,10 +423,15 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::ValidatePlacement,
             pb::Capability::VendorData,
             pb::Capability::Ipv6,
-        ];
+        ]
+        .into_iter()
+        .filter(|c| {
+            *c != pb::Capability::ValidatePlacement
+                || !self.breaks(Misbehaviour::UndeclaredCapability)
+        });
         hold_answer(hold).await;
         Ok(Response::new(pb::GetCapabilitiesResponse {
-            capabilities: capabilities.into_iter().map(Into::into).collect(),
+            capabilities: capabilities.map(Into::into).collect(),
         }))
     }
 
@@ -356,7 +440,16 @@ impl pb::provider_server::Provider for MemoryProvider {
         request: Request<pb::CreateInstanceRequest>,
     ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
         let hold = self.enter("CreateInstance").await?;
-        let instance = self.create(request.into_inner())?;
+        let request = request.into_inner();
+        if self.breaks(Misbehaviour::RacyCreate)
+            && !self.lock().ids_by_key.contains_key(&request.key)
+        {
+            // Check, wait, then create without checking again: racing Creates each
+            // make an instance.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.lock().ids_by_key.remove(&request.key);
+        }
+        let instance = self.create(request).map_err(|s| self.answer_error(s))?;
         hold_answer(hold).await;
         Ok(Response::new(pb::CreateInstanceResponse {
             instance: Some(instance),
@@ -369,14 +462,17 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::GetInstanceResponse>, Status> {
         let hold = self.enter("GetInstance").await?;
         let id = request.into_inner().id;
-        validation::check_id(&id)?;
+        self.check_id(&id)?;
         let instance = {
             let state = self.lock();
             let record = state.instances.get(&id);
             record.map(|record| self.snapshot(record))
         };
-        let instance = instance
-            .ok_or_else(|| ProviderError::not_found(format!("instance {id} does not exist")))?;
+        let instance = instance.ok_or_else(|| {
+            self.answer_error(
+                ProviderError::not_found(format!("instance {id} does not exist")).into(),
+            )
+        })?;
         hold_answer(hold).await;
         Ok(Response::new(pb::GetInstanceResponse {
             instance: Some(instance),
@@ -389,14 +485,8 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
         let hold = self.enter("DeleteInstance").await?;
         let id = request.into_inner().id;
-        validation::check_id(&id)?;
-        {
-            let mut state = self.lock();
-            if let Some(record) = state.instances.remove(&id) {
-                state.ids_by_key.remove(&record.instance.key);
-                tracing::info!(instance.id = %id, "deleted instance");
-            }
-        }
+        self.check_id(&id)?;
+        self.delete(&id);
         hold_answer(hold).await;
         Ok(Response::new(pb::DeleteInstanceResponse {}))
     }
@@ -408,6 +498,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         let hold = self.enter("ListInstances").await?;
         let request = request.into_inner();
         let page_size = match request.page_size {
+            _ if self.breaks(Misbehaviour::IgnorePageSize) => DEFAULT_PAGE_SIZE,
             None | Some(0) => DEFAULT_PAGE_SIZE,
             Some(size) => (size as usize).min(MAX_PAGE_SIZE),
         };
@@ -425,8 +516,11 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
         let hold = self.enter("ValidatePlacement").await?;
         let placement = request.into_inner().placement;
-        validation::check_placement_request(placement.as_ref())?;
-        let resolved = self.resolve(placement.as_ref().expect("validated: placement is set"))?;
+        validation::check_placement_request(placement.as_ref())
+            .map_err(|e| self.answer_error(e.into()))?;
+        let resolved = self
+            .resolve(placement.as_ref().expect("validated: placement is set"))
+            .map_err(|e| self.answer_error(e.into()))?;
         hold_answer(hold).await;
         Ok(Response::new(pb::ValidatePlacementResponse {
             resolved: Some(resolved),

@@ -5,12 +5,18 @@
 //! 2. the standard `grpc.health.v1.Health` service, SERVING while the server runs and
 //!    NOT_SERVING once shutdown begins;
 //! 3. gRPC server reflection, v1 and v1alpha, advertising exactly the served services
-//!    (so `grpcurl ADDR list` and `describe` work without proto files);
-//! 4. a `grpc.request` span per call, a child of the caller's W3C trace context;
-//! 5. TLS, or mutual TLS when a client CA is given.
+//!    (so `grpcurl ADDR list` and `describe` work without proto files) and serving the
+//!    `google.rpc` error detail types (`server/reflection.rs`);
+//! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
+//!    answers DEADLINE_EXCEEDED with ErrorInfo ([`ServerDeadline`]);
+//! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
+//! 6. TLS, or mutual TLS when a client CA is given.
 //!
 //! Shutdown is graceful: when the shutdown future completes, health flips to
 //! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
+
+mod deadline;
+mod reflection;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -24,6 +30,7 @@ use tonic_health::ServingStatus;
 
 use crate::pb;
 use crate::trace_context;
+pub use deadline::{ServerDeadline, ServerDeadlineLayer};
 
 /// Files that configure the server's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,12 +135,7 @@ impl ProviderServer {
         }
 
         let reflection = || {
-            let builder = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(
-                    tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-                );
+            let builder = reflection::builder();
             service_names
                 .iter()
                 .copied()
@@ -149,16 +151,18 @@ impl ProviderServer {
                     .map_err(ServeError::Reflection)?,
             );
 
-        let mut builder = Server::builder().trace_fn(|request| {
-            let span = tracing::info_span!(
-                "grpc.request",
-                otel.kind = "server",
-                rpc.system = "grpc",
-                rpc.method = %request.uri().path(),
-            );
-            trace_context::set_parent_from_headers(&span, request.headers());
-            span
-        });
+        let mut builder = Server::builder()
+            .layer(ServerDeadlineLayer)
+            .trace_fn(|request| {
+                let span = tracing::info_span!(
+                    "grpc.request",
+                    otel.kind = "server",
+                    rpc.system = "grpc",
+                    rpc.method = %request.uri().path(),
+                );
+                trace_context::set_parent_from_headers(&span, request.headers());
+                span
+            });
         if let Some(tls) = &tls {
             builder = builder
                 .tls_config(server_tls_config(tls)?)

@@ -15,10 +15,15 @@
 //! | `QuotaExhausted`   | `RESOURCE_EXHAUSTED`  | ErrorInfo, RetryInfo (opt.) | retry after the hint        |
 //! | `Unimplemented`    | `UNIMPLEMENTED`       | none                        | optional call unsupported   |
 //!
+//! Text echoed from the caller's input is bounded when encoded ([`bounded`]), so an
+//! error always fits in the metadata limits of every gRPC client.
+//!
 //! Codes outside the table (from a foreign or buggy server) are classified by
 //! [`ErrorClass::from_code`]: unknown, internal, aborted and cancelled as transient;
 //! permission denied, unauthenticated and data loss as permanent; out of range as
 //! invalid argument.
+
+pub mod bounded;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -250,19 +255,35 @@ impl ProviderError {
         self
     }
 
-    /// Encodes this error as a status with the table's code and rich details.
+    /// Encodes this error as a status with the table's code and rich details, its
+    /// text bounded ([`bounded`]).
     pub fn to_status(&self) -> Status {
         let mut details = ErrorDetails::new();
         if self.class != ErrorClass::Unimplemented {
-            details.set_error_info(self.reason.clone(), ERROR_DOMAIN, HashMap::new());
+            let reason = bounded::bound(&self.reason, bounded::MAX_ECHO_CHARS);
+            details.set_error_info(reason, ERROR_DOMAIN, HashMap::new());
         }
         if let Some(delay) = self.retry_after {
             details.set_retry_info(Some(delay));
         }
-        for violation in &self.field_violations {
-            details.add_bad_request_violation(&violation.field, &violation.description);
+        for violation in self.field_violations.iter().take(bounded::MAX_VIOLATIONS) {
+            details.add_bad_request_violation(
+                bounded::bound(&violation.field, bounded::MAX_DESCRIPTION_BYTES),
+                bounded::bound(&violation.description, bounded::MAX_DESCRIPTION_BYTES),
+            );
         }
-        Status::with_error_details(self.class.code(), self.message.clone(), details)
+        let mut message = self.message.clone();
+        let unsent = self
+            .field_violations
+            .len()
+            .saturating_sub(bounded::MAX_VIOLATIONS);
+        if unsent > 0 {
+            message.push_str(&format!(
+                " ({unsent} more field violations not shown: fix these first)"
+            ));
+        }
+        let message = bounded::bound(&message, bounded::MAX_MESSAGE_BYTES);
+        Status::with_error_details(self.class.code(), message, details)
     }
 
     /// Decodes a status from any server: the class from its code, the rest from its
@@ -392,6 +413,37 @@ mod tests {
                 ErrorClass::DeadlineExceeded,
                 ErrorClass::QuotaExhausted
             ]
+        );
+    }
+
+    #[test]
+    fn echoed_input_of_any_size_fits_in_a_clients_metadata_limit() {
+        let id = "i".repeat(4000);
+        let mut error = ProviderError::invalid_argument(format!("tags[{id}]"), id.clone());
+        error.message = format!("instance {id} {id} does not exist");
+        for n in 0..100 {
+            error = error.with_violation(format!("tags[{n}{id}]"), format!("bad {id}"));
+        }
+        let response = error.to_status().into_http::<tonic::body::Body>();
+        let size: usize = response
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        assert!(size < 12 * 1024, "{size} bytes of metadata");
+        let decoded = ProviderError::from(Status::from_header_map(response.headers()).unwrap());
+        assert_eq!(decoded.class, ErrorClass::InvalidArgument);
+        assert_eq!(decoded.field_violations.len(), bounded::MAX_VIOLATIONS);
+        assert!(
+            decoded.message.contains("91 more field violations"),
+            "{}",
+            decoded.message
+        );
+        assert!(decoded.message.len() <= bounded::MAX_MESSAGE_BYTES);
+        assert!(
+            decoded.field_violations[0].field.ends_with("…(4006 bytes)"),
+            "{}",
+            decoded.field_violations[0].field
         );
     }
 }

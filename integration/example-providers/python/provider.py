@@ -1,0 +1,310 @@
+"""An egressproxy provider written from the proto and docs/contract.md alone.
+
+Instances live in memory; each turns RUNNING with the address 127.0.0.1 a moment after
+Create. It shows, in plain grpcio, what any provider must do beyond the proto:
+
+- errors as google.rpc.Status in the grpc-status-details-bin trailer, with ErrorInfo
+  (domain egressproxy.dev, an UPPER_SNAKE_CASE reason) and BadRequest field violations;
+- echoed input bounded, so an error never outgrows a client's 16 KiB metadata limit;
+- grpc.health.v1 SERVING for "" and egressproxy.provider.v1.Provider;
+- server reflection v1 (grpcio-reflection ships only v1alpha: the same servicer is
+  also registered under the v1 name, whose messages are identical on the wire) and the
+  google.rpc error detail types in it.
+
+Usage: python provider.py --generated DIR [--listen 127.0.0.1:0]
+  DIR holds the code generate.sh made. Prints "listening on HOST:PORT" when ready.
+"""
+
+import argparse
+import re
+import sys
+import threading
+import time
+import uuid
+from concurrent import futures
+
+import grpc
+from google.protobuf import any_pb2, timestamp_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+from grpc_status import rpc_status
+
+SERVICE = "egressproxy.provider.v1.Provider"
+DOMAIN = "egressproxy.dev"
+MACHINE_TYPES = ("small", "medium")
+IMAGES = ("debian-12",)
+HOSTS = ("local",)
+PROVISIONING_SECONDS = 0.2
+MAX_KEY_LEN, MAX_TAGS, MAX_TAG_BYTES, MAX_USER_DATA = 128, 64, 256, 64 * 1024
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+
+
+def bound(text, limit=1024):
+    """Cuts every word over 128 characters, then the whole text to `limit` bytes."""
+    words = [w if len(w) <= 128 else f"{w[:128]}…({len(w.encode())} bytes)" for w in text.split(" ")]
+    text = " ".join(words)
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 20].decode(errors="ignore") + f"…({len(raw)} bytes)"
+
+
+class ContractError(Exception):
+    """An error of the contract: a gRPC code, a reason, and the fields at fault."""
+
+    def __init__(self, code, reason, message, violations=()):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.violations = code, reason, message, list(violations)
+
+    def abort(self, context):
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN)
+        details = [info]
+        if self.violations:
+            details.append(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(field=bound(f, 512), description=bound(d, 512))
+                        for f, d in self.violations[:10]
+                    ]
+                )
+            )
+        packed = []
+        for detail in details:
+            value = any_pb2.Any()
+            value.Pack(detail)
+            packed.append(value)
+        status = status_pb2.Status(code=self.code, message=bound(self.message), details=packed)
+        context.abort_with_status(rpc_status.to_status(status))
+
+
+def invalid(violations):
+    summary = "; ".join(f"{field}: {why}" for field, why in violations)
+    return ContractError(code_pb2.INVALID_ARGUMENT, "INVALID_ARGUMENT", f"invalid request: {summary}", violations)
+
+
+def tag_path(key):
+    """A map entry's field path: tags["key"] (quotes and backslashes escaped)."""
+    escaped = key.replace("\\", "\\\\").replace('"', '\\"')
+    return f'tags["{escaped}"]'
+
+
+def load_generated(directory):
+    sys.path.insert(0, directory)
+    from egressproxy.provider.v1 import provider_pb2, provider_pb2_grpc  # noqa: E402
+
+    return provider_pb2, provider_pb2_grpc
+
+
+def build_servicer(pb, pb_grpc):
+    class Provider(pb_grpc.ProviderServicer):
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.instances = {}  # id -> (Instance, created monotonic, spec)
+            self.ids_by_key = {}
+
+        # Every method turns a ContractError into the contract's status.
+        def _call(self, context, work):
+            try:
+                return work()
+            except ContractError as error:
+                error.abort(context)
+
+        def GetPluginInfo(self, request, context):
+            return pb.GetPluginInfoResponse(
+                name="python.example.egressproxy.dev", vendor_version="0.1.0", contract_version="1.0.0",
+                manifest={"language": "python", "storage": "memory"},
+            )
+
+        def GetCapabilities(self, request, context):
+            return pb.GetCapabilitiesResponse(capabilities=[pb.CAPABILITY_VALIDATE_PLACEMENT])
+
+        def _check_placement(self, placement, present, violations):
+            if not present:
+                violations.append(("placement", "required: set machine_type and image"))
+                return
+            location = placement.WhichOneof("location")
+            if location == "host" and placement.host not in HOSTS:
+                violations.append(("placement.host", f"unknown host {placement.host!r}: use one of {', '.join(HOSTS)}"))
+            if location == "zone":
+                violations.append(("placement.zone", "this provider has no zones: leave the location unset or name a host"))
+            if placement.machine_type not in MACHINE_TYPES:
+                violations.append(("placement.machine_type", f"unknown machine type {placement.machine_type!r}: use one of {', '.join(MACHINE_TYPES)}"))
+            if placement.image not in IMAGES:
+                violations.append(("placement.image", f"unknown image {placement.image!r}: use one of {', '.join(IMAGES)}"))
+
+        def _validate_create(self, request):
+            violations = []
+            if not KEY_PATTERN.match(request.key):
+                violations.append(("key", f"must be 1 to {MAX_KEY_LEN} characters of [A-Za-z0-9._-]"))
+            if len(request.tags) > MAX_TAGS:
+                violations.append(("tags", f"at most {MAX_TAGS} tags, got {len(request.tags)}"))
+            for key, value in request.tags.items():
+                if not key or len(key.encode()) > MAX_TAG_BYTES or len(value.encode()) > MAX_TAG_BYTES:
+                    violations.append((tag_path(key), f"tag keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"))
+            self._check_placement(request.placement, request.HasField("placement"), violations)
+            if len(request.cloud_init.user_data) > MAX_USER_DATA:
+                violations.append(("cloud_init.user_data", f"over the {MAX_USER_DATA}-byte limit"))
+            if request.cloud_init.HasField("vendor_data"):
+                violations.append(("cloud_init.vendor_data", "this provider does not declare CAPABILITY_VENDOR_DATA: put it in user_data"))
+            if not 1 <= request.proxy_port <= 65535:
+                violations.append(("proxy_port", f"{request.proxy_port} is not a TCP port: use 1 to 65535"))
+            if violations:
+                raise invalid(violations)
+
+        def _snapshot(self, record):
+            instance, created, _spec = record
+            snapshot = pb.Instance()
+            snapshot.CopyFrom(instance)
+            if time.monotonic() - created >= PROVISIONING_SECONDS:
+                snapshot.state = pb.INSTANCE_STATE_RUNNING
+                snapshot.addresses.append(pb.Address(address="127.0.0.1", scope=pb.ADDRESS_SCOPE_INTERNAL, family=pb.IP_FAMILY_V4))
+            else:
+                snapshot.state = pb.INSTANCE_STATE_PROVISIONING
+                snapshot.state_message = "booting"
+            return snapshot
+
+        def CreateInstance(self, request, context):
+            def work():
+                self._validate_create(request)
+                # Idempotency compares the requested placement, cloud-init and port;
+                # name and tags are informational.
+                spec = (request.placement.SerializeToString(deterministic=True),
+                        request.cloud_init.SerializeToString(deterministic=True), request.proxy_port)
+                with self.lock:
+                    existing = self.ids_by_key.get(request.key)
+                    if existing is not None:
+                        record = self.instances[existing]
+                        if record[2] != spec:
+                            raise ContractError(code_pb2.ALREADY_EXISTS, "ALREADY_EXISTS",
+                                                f"key {request.key} belongs to instance {existing}, created with another placement, cloud-init or proxy port: delete it first or use another key")
+                        return pb.CreateInstanceResponse(instance=self._snapshot(record))
+                    instance_id = f"py-{uuid.uuid4()}"
+                    created = timestamp_pb2.Timestamp()
+                    created.GetCurrentTime()
+                    placement = pb.Placement()
+                    placement.CopyFrom(request.placement)
+                    if not placement.WhichOneof("location"):
+                        placement.host = HOSTS[0]
+                    instance = pb.Instance(id=instance_id, key=request.key, name=request.name, create_time=created,
+                                           tags=dict(request.tags), placement=placement, proxy_port=request.proxy_port)
+                    record = (instance, time.monotonic(), spec)
+                    self.instances[instance_id] = record
+                    self.ids_by_key[request.key] = instance_id
+                    return pb.CreateInstanceResponse(instance=self._snapshot(record))
+
+            return self._call(context, work)
+
+        @staticmethod
+        def _require_id(instance_id):
+            if not instance_id:
+                raise invalid([("id", "required: the id CreateInstance returned")])
+
+        def GetInstance(self, request, context):
+            def work():
+                self._require_id(request.id)
+                with self.lock:
+                    record = self.instances.get(request.id)
+                    if record is None:
+                        raise ContractError(code_pb2.NOT_FOUND, "NOT_FOUND", f"instance {request.id} does not exist")
+                    return pb.GetInstanceResponse(instance=self._snapshot(record))
+
+            return self._call(context, work)
+
+        def DeleteInstance(self, request, context):
+            def work():
+                self._require_id(request.id)
+                with self.lock:
+                    record = self.instances.pop(request.id, None)
+                    if record is not None:
+                        self.ids_by_key.pop(record[0].key, None)
+                return pb.DeleteInstanceResponse()
+
+            return self._call(context, work)
+
+        def ListInstances(self, request, context):
+            def work():
+                size = request.page_size if request.HasField("page_size") and request.page_size else DEFAULT_PAGE_SIZE
+                size = min(size, MAX_PAGE_SIZE)
+                # The token is the last id of the previous page: opaque to callers, and
+                # a walk under concurrent changes never repeats an instance.
+                with self.lock:
+                    ids = sorted(self.instances)
+                    if request.page_token and not request.page_token.startswith("py-"):
+                        raise invalid([("page_token", "not a token this provider issued: start again with an empty token")])
+                    matching = [
+                        self.instances[i] for i in ids
+                        if i > request.page_token
+                        and all(self.instances[i][0].tags.get(k) == v for k, v in request.tag_selector.items())
+                    ]
+                    page = [self._snapshot(r) for r in matching[:size]]
+                token = page[-1].id if len(matching) > size else ""
+                return pb.ListInstancesResponse(instances=page, next_page_token=token)
+
+            return self._call(context, work)
+
+        def ValidatePlacement(self, request, context):
+            def work():
+                violations = []
+                self._check_placement(request.placement, request.HasField("placement"), violations)
+                if violations:
+                    raise invalid(violations)
+                resolved = pb.Placement()
+                resolved.CopyFrom(request.placement)
+                if not resolved.WhichOneof("location"):
+                    resolved.host = HOSTS[0]
+                return pb.ValidatePlacementResponse(resolved=resolved)
+
+            return self._call(context, work)
+
+    return Provider()
+
+
+def serve(listen, generated):
+    pb, pb_grpc = load_generated(generated)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    pb_grpc.add_ProviderServicer_to_server(build_servicer(pb, pb_grpc), server)
+
+    health_servicer = health.HealthServicer()
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    names = (
+        SERVICE,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        "grpc.reflection.v1.ServerReflection",
+        reflection.SERVICE_NAME,
+    )
+    # v1alpha as grpcio-reflection ships it, and the same servicer under the v1 name.
+    reflection.enable_server_reflection(names, server)
+    v1 = grpc.method_handlers_generic_handler(
+        "grpc.reflection.v1.ServerReflection",
+        {
+            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                reflection.ReflectionServicer(names).ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((v1,))
+
+    host, _, port = listen.rpartition(":")
+    bound_port = server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    print(f"listening on {host}:{bound_port}", flush=True)
+    server.wait_for_termination()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", default="127.0.0.1:50051")
+    parser.add_argument("--generated", required=True, help="directory generate.sh wrote to")
+    args = parser.parse_args()
+    serve(args.listen, args.generated)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+//! `kvm-agent serve` seen by an independent C-core client (Python grpcio, descriptors
+//! from reflection only): errors that echo a huge id arrive with their own code and
+//! ErrorInfo, never as RESOURCE_EXHAUSTED from an oversized status. No hypervisor is
+//! needed: ids that cannot name an instance are answered before libvirt is reached.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_integration::tools::run_python_json;
+
+struct Served {
+    child: Child,
+    address: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(config: &std::path::Path) -> Served {
+    let mut child = Command::new(workspace_binary("kvm-agent").unwrap())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (first_line, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = line
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_default();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("kvm-agent serve did not start: {line:?}"))
+        .to_owned();
+    Served { child, address }
+}
+
+#[test]
+fn a_four_thousand_character_id_keeps_its_code_and_error_info() {
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hosts:\n\
+             - name: hv1\n\
+             \x20 local: true\n\
+             \x20 libvirtSocket: {}/no-libvirt-here.sock\n\
+             machineTypes:\n\
+             \x20 tiny: {{vcpus: 1, memoryMiB: 128, diskGiB: 1}}\n\
+             images:\n\
+             \x20 ipxe:\n\
+             \x20   url: http://127.0.0.1:9/ipxe.qcow2\n\
+             \x20   sha256: {}\n\
+             \x20   format: qcow2\n",
+            work.path().display(),
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    let served = serve(&config);
+    let long = "k".repeat(4000);
+    // No host part: cannot be an instance of this provider.
+    let unknown =
+        run_python_json("wire_client.py", &[&served.address, "GetInstance", &long]).unwrap();
+    assert_eq!(unknown["code"], "NOT_FOUND", "{unknown}");
+    // A known host with a key no instance can have: not found, or named invalid.
+    let bad_key = format!("hv1/{long}");
+    let on_host = run_python_json(
+        "wire_client.py",
+        &[&served.address, "GetInstance", &bad_key],
+    )
+    .unwrap();
+    assert!(
+        on_host["code"] == "NOT_FOUND" || on_host["code"] == "INVALID_ARGUMENT",
+        "{on_host}"
+    );
+    for answer in [&unknown, &on_host] {
+        assert_eq!(answer["domain"], "egressproxy.dev", "{answer}");
+        let length = answer["message_len"].as_u64().unwrap();
+        assert!(length <= 1024, "{length}-character message: {answer}");
+    }
+}

@@ -1,0 +1,434 @@
+//! The checks, grouped by what they protect. [`CHECKS`] is the one list: order, name,
+//! why, rule. [`Suite`] holds what checks share (the client, a raw channel, the
+//! ledger, one RUNNING instance) and the helpers that turn what came back into words.
+
+mod concurrency;
+mod errors;
+mod identity;
+mod lifecycle;
+mod limits;
+mod listing;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+
+use super::{Check, Ledger, Outcome, TAG, Target, describe};
+use crate::client::Client;
+use crate::pb::{self, InstanceState};
+
+/// A check's result: `Ok` passes; `Err` carries a failure or a skip.
+pub(crate) type Checked = Result<(), Outcome>;
+
+const fn check(name: &'static str, why: &'static str, rule: &'static str) -> Check {
+    Check { name, why, rule }
+}
+
+/// Every check, in the order a run takes them.
+pub const CHECKS: &[Check] = &[
+    check(
+        "health-serving",
+        "callers and load balancers ask grpc.health.v1 before sending work",
+        "docs/contract.md#health-and-reflection",
+    ),
+    check(
+        "reflection",
+        "grpcurl and clients in any language discover the service and decode error details without the project's protos",
+        "docs/contract.md#health-and-reflection",
+    ),
+    check(
+        "plugin-info",
+        "callers refuse a provider on another major contract version",
+        "provider.proto: GetPluginInfo",
+    ),
+    check(
+        "capabilities-match-behaviour",
+        "callers decide which optional calls to make from GetCapabilities alone",
+        "provider.proto: GetCapabilities, Capability",
+    ),
+    check(
+        "error-info-on-every-error",
+        "callers log, count and alert on ErrorInfo's reason; a missing or misspelled one hides the cause",
+        "docs/contract.md#errors",
+    ),
+    check(
+        "invalid-argument-names-fields",
+        "users fix the field BadRequest names; without it they guess",
+        "docs/contract.md#errors",
+    ),
+    check(
+        "huge-input-bounded",
+        "an error echoing a huge input must not outgrow a client's 16 KiB metadata limit (it would read as RESOURCE_EXHAUSTED and be retried)",
+        "docs/contract.md#bounded-text",
+    ),
+    check(
+        "server-deadline",
+        "a call past its grpc-timeout must say DEADLINE_EXCEEDED (retry later), not CANCELLED, and never hang",
+        "docs/contract.md#deadlines",
+    ),
+    check(
+        "create-idempotent",
+        "the operator repeats Create after every crash or timeout and must get the same instance",
+        "provider.proto: CreateInstance",
+    ),
+    check(
+        "create-conflict",
+        "a key reused with another spec must not silently return the old instance",
+        "provider.proto: CreateInstance",
+    ),
+    check(
+        "get-missing",
+        "callers treat NOT_FOUND as gone and replace the instance",
+        "provider.proto: GetInstance",
+    ),
+    check(
+        "empty-id",
+        "an empty id is a caller bug and must say so, not look like a missing instance",
+        "provider.proto: GetInstanceRequest.id",
+    ),
+    check(
+        "becomes-running",
+        "a Proxy is Ready only once its instance runs with an address",
+        "provider.proto: InstanceState",
+    ),
+    check(
+        "addresses-parse",
+        "callers connect to the address as an IP of the stated family",
+        "provider.proto: Address",
+    ),
+    check(
+        "echo",
+        "callers compare what they asked for with what they got to detect drift",
+        "provider.proto: Instance",
+    ),
+    check(
+        "list-by-tags",
+        "garbage collection finds orphans by listing with its tags",
+        "provider.proto: ListInstances",
+    ),
+    check(
+        "tag-selector-and",
+        "an OR match would list, and let callers delete, instances of other owners",
+        "provider.proto: ListInstancesRequest.tag_selector",
+    ),
+    check(
+        "list-get-agree",
+        "garbage collection and status read List and Get; they must tell the same story",
+        "docs/contract.md#listing",
+    ),
+    check(
+        "paging-walks-once",
+        "a walk must see every instance once, or garbage collection misses or double-counts",
+        "docs/contract.md#paging",
+    ),
+    check(
+        "page-size-honoured",
+        "callers size pages to bound memory and latency",
+        "provider.proto: ListInstancesRequest.page_size",
+    ),
+    check(
+        "concurrent-creates-distinct-keys",
+        "an operator creates many Proxies at once",
+        "provider.proto: CreateInstance",
+    ),
+    check(
+        "concurrent-creates-one-key",
+        "retries race the first attempt; one key must give one instance",
+        "provider.proto: CreateInstance",
+    ),
+    check(
+        "cancelled-create-converges",
+        "a Create cut off by its deadline is repeated and must not leave a second instance",
+        "provider.proto: CreateInstance",
+    ),
+    check(
+        "limits-at-boundary",
+        "a request exactly at every documented limit is valid",
+        "provider.proto: CreateInstanceRequest (limits)",
+    ),
+    check(
+        "limits-one-past",
+        "one past any documented limit is INVALID_ARGUMENT naming the field",
+        "provider.proto: CreateInstanceRequest (limits)",
+    ),
+    check(
+        "validate-placement",
+        "callers check a placement before creating, when the provider offers it",
+        "provider.proto: ValidatePlacement",
+    ),
+    check(
+        "delete-twice-then-gone",
+        "Delete is repeated after crashes; the instance must then go (DELETING ends)",
+        "provider.proto: DeleteInstance",
+    ),
+    check(
+        "delete-missing",
+        "deleting what is already gone must succeed, or finalizers hang for ever",
+        "provider.proto: DeleteInstance",
+    ),
+    check(
+        "delete-while-provisioning",
+        "a Proxy deleted while booting must not leave its VM behind",
+        "provider.proto: DeleteInstance",
+    ),
+    check(
+        "foreign-instance-survives",
+        "a provider must delete only what it is asked to; others' instances are not its own",
+        "provider.proto: DeleteInstance",
+    ),
+];
+
+pub(crate) struct Suite<'a> {
+    ledger: Ledger,
+    client: Client,
+    channel: Channel,
+    target: &'a Target,
+    running: Option<pb::Instance>,
+    bystander: Option<String>,
+    /// `host:port` of a plaintext endpoint, for raw HTTP/2 calls.
+    plaintext_authority: Option<String>,
+}
+
+impl<'a> Suite<'a> {
+    pub(crate) fn new(
+        ledger: Ledger,
+        channel: Channel,
+        target: &'a Target,
+        endpoint: &str,
+    ) -> Self {
+        Suite {
+            plaintext_authority: endpoint
+                .strip_prefix("http://")
+                .map(|rest| rest.trim_end_matches('/').to_owned()),
+            client: ledger.client(),
+            ledger,
+            channel,
+            target,
+            running: None,
+            bystander: None,
+        }
+    }
+
+    pub(crate) async fn run(&mut self, name: &str) -> Outcome {
+        let result = match name {
+            "health-serving" => self.health_serving().await,
+            "reflection" => self.reflection().await,
+            "plugin-info" => self.plugin_info().await,
+            "capabilities-match-behaviour" => self.capabilities_match_behaviour().await,
+            "error-info-on-every-error" => self.error_info_on_every_error().await,
+            "invalid-argument-names-fields" => self.invalid_argument_names_fields().await,
+            "huge-input-bounded" => self.huge_input_bounded().await,
+            "server-deadline" => self.server_deadline().await,
+            "create-idempotent" => self.create_idempotent().await,
+            "create-conflict" => self.create_conflict().await,
+            "get-missing" => self.get_missing().await,
+            "empty-id" => self.empty_id().await,
+            "becomes-running" => self.becomes_running().await,
+            "addresses-parse" => self.addresses_parse().await,
+            "echo" => self.echo().await,
+            "list-by-tags" => self.list_by_tags().await,
+            "tag-selector-and" => self.tag_selector_and().await,
+            "list-get-agree" => self.list_get_agree().await,
+            "paging-walks-once" => self.paging_walks_once().await,
+            "page-size-honoured" => self.page_size_honoured().await,
+            "concurrent-creates-distinct-keys" => self.concurrent_distinct_keys().await,
+            "concurrent-creates-one-key" => self.concurrent_one_key().await,
+            "cancelled-create-converges" => self.cancelled_create_converges().await,
+            "limits-at-boundary" => self.limits_at_boundary().await,
+            "limits-one-past" => self.limits_one_past().await,
+            "validate-placement" => self.validate_placement().await,
+            "delete-twice-then-gone" => self.delete_twice_then_gone().await,
+            "delete-missing" => self.delete_missing().await,
+            "delete-while-provisioning" => self.delete_while_provisioning().await,
+            "foreign-instance-survives" => self.foreign_instance_survives().await,
+            other => Err(Outcome::Skip(format!("no check named {other}"))),
+        };
+        match result {
+            Ok(()) => Outcome::Pass,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// Plants an instance early in the run that no check deletes; the last check
+    /// makes sure it is still there.
+    pub(crate) async fn plant_bystander(&mut self) {
+        if let Ok(instance) = self.create(self.request("bystander")).await {
+            self.bystander = Some(instance.id);
+        }
+    }
+
+    fn run_id(&self) -> &str {
+        self.ledger.run_id()
+    }
+
+    /// A valid Create request for this run: key `cf-<run>-<suffix>`, the run's tag.
+    fn request(&self, suffix: &str) -> pb::CreateInstanceRequest {
+        pb::CreateInstanceRequest {
+            key: format!("cf-{}-{suffix}", self.run_id()),
+            name: format!("conformance/{suffix}"),
+            tags: HashMap::from([(TAG.to_string(), self.run_id().to_owned())]),
+            placement: Some(self.target.placement.clone()),
+            cloud_init: Some(pb::CloudInit {
+                user_data: self.target.user_data.clone(),
+                vendor_data: None,
+            }),
+            proxy_port: 3128,
+        }
+    }
+
+    /// Create, recording the id for cleanup.
+    async fn create_raw(
+        &mut self,
+        request: pb::CreateInstanceRequest,
+    ) -> Result<pb::Instance, tonic::Status> {
+        let response = self.client.create_instance(request).await?.into_inner();
+        let instance = response.instance.ok_or_else(|| {
+            tonic::Status::internal("CreateInstance answered without an instance")
+        })?;
+        self.ledger.record(&instance.id);
+        Ok(instance)
+    }
+
+    /// Create, as a step that must succeed.
+    async fn create(
+        &mut self,
+        request: pb::CreateInstanceRequest,
+    ) -> Result<pb::Instance, Outcome> {
+        let key = request.key.clone();
+        self.create_raw(request).await.map_err(|status| {
+            Outcome::fail(
+                format!("CreateInstance of a valid request (key {key}) succeeds"),
+                describe::status(&status),
+            )
+        })
+    }
+
+    async fn get_raw(&mut self, id: &str) -> Result<pb::Instance, tonic::Status> {
+        let request = pb::GetInstanceRequest { id: id.to_owned() };
+        self.client
+            .get_instance(request)
+            .await?
+            .into_inner()
+            .instance
+            .ok_or_else(|| tonic::Status::internal("GetInstance answered without an instance"))
+    }
+
+    async fn get(&mut self, id: &str) -> Result<pb::Instance, Outcome> {
+        self.get_raw(id).await.map_err(|status| {
+            Outcome::fail(
+                format!("GetInstance of {id}, which exists, succeeds"),
+                describe::status(&status),
+            )
+        })
+    }
+
+    async fn delete(&mut self, id: &str) -> Checked {
+        let request = pb::DeleteInstanceRequest { id: id.to_owned() };
+        self.client
+            .delete_instance(request)
+            .await
+            .map(|_| ())
+            .map_err(|status| {
+                Outcome::fail(
+                    format!("DeleteInstance of {id} succeeds"),
+                    describe::status(&status),
+                )
+            })
+    }
+
+    /// Polls Get until the instance is RUNNING with an address.
+    async fn wait_running(&mut self, id: &str) -> Result<pb::Instance, Outcome> {
+        let deadline = Instant::now() + self.target.running_timeout;
+        loop {
+            let instance = self.get(id).await?;
+            match instance.state() {
+                InstanceState::Running if !instance.addresses.is_empty() => return Ok(instance),
+                InstanceState::Running => {
+                    return Err(Outcome::fail(
+                        "RUNNING only with at least one address",
+                        describe::instance(&instance),
+                    ));
+                }
+                InstanceState::Provisioning => {}
+                _ => {
+                    return Err(Outcome::fail(
+                        "PROVISIONING until RUNNING",
+                        describe::instance(&instance),
+                    ));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Outcome::fail(
+                    format!(
+                        "RUNNING with an address within {}",
+                        humantime::format_duration(self.target.running_timeout)
+                    ),
+                    describe::instance(&instance),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Polls Get until it answers NOT_FOUND (DELETING meanwhile is fine).
+    async fn wait_gone(&mut self, id: &str) -> Checked {
+        let deadline = Instant::now() + self.target.running_timeout;
+        loop {
+            let still = match self.get_raw(id).await {
+                Err(status) if status.code() == tonic::Code::NotFound => {
+                    self.ledger.forget(id);
+                    return Ok(());
+                }
+                Err(status) => describe::status(&status),
+                Ok(instance) => describe::instance(&instance),
+            };
+            if Instant::now() > deadline {
+                return Err(Outcome::fail(
+                    format!(
+                        "GetInstance of a deleted instance answers NOT_FOUND within {} (DELETING until then)",
+                        humantime::format_duration(self.target.running_timeout)
+                    ),
+                    still,
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One RUNNING instance that checks may read but not change.
+    async fn running_instance(&mut self) -> Result<pb::Instance, Outcome> {
+        if let Some(instance) = &self.running {
+            return Ok(instance.clone());
+        }
+        let id = self.create(self.request("running")).await?.id;
+        let instance = self.wait_running(&id).await?;
+        self.running = Some(instance.clone());
+        Ok(instance)
+    }
+
+    async fn capabilities(&mut self) -> Result<Vec<pb::Capability>, Outcome> {
+        let answer = self
+            .client
+            .get_capabilities(pb::GetCapabilitiesRequest {})
+            .await
+            .map_err(|status| {
+                Outcome::fail("GetCapabilities answers", describe::status(&status))
+            })?;
+        Ok(answer.into_inner().capabilities().collect())
+    }
+}
+
+/// The error a call must have failed with, or a failure naming what came instead.
+fn expect_code<T>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+    what: &str,
+) -> Result<tonic::Status, Outcome> {
+    let expected = format!("{what}: {}", describe::code_name(code));
+    match result {
+        Ok(_) => Err(Outcome::fail(expected, "success")),
+        Err(status) if status.code() == code => Ok(status),
+        Err(status) => Err(Outcome::fail(expected, describe::status(&status))),
+    }
+}
