@@ -20,7 +20,8 @@ use kube::runtime::wait::{Condition, await_condition};
 use tokio::process::{Child, Command};
 
 /// The CRD as the chart ships it.
-pub const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+pub const CRD: &str =
+    include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 /// The longest any wait for a change takes before the test fails.
 pub const WAIT: Duration = Duration::from_secs(60);
 /// Debian's libfaketime, which shifts a process's wall clock.
