@@ -406,6 +406,53 @@ pub enum Error {
         retry_in: Duration,
     },
 
+    /// Create found the key's instance, made from another spec (placement, cloud-init or
+    /// proxy port): the key is taken.
+    #[error(
+        "key {key} belongs to instance {host}/{key}, created with a different placement, \
+         cloud-init or proxy port: delete it first or use another key"
+    )]
+    SpecMismatch {
+        /// Host name from the configuration.
+        host: String,
+        /// The instance key.
+        key: String,
+    },
+
+    /// The instance a request names does not exist.
+    #[error("instance {id} does not exist ({detail})")]
+    InstanceNotFound {
+        /// The instance id as requested.
+        id: String,
+        /// Why it is missing (no such domain, or an id this provider cannot have made).
+        detail: String,
+    },
+
+    /// The domain Create just made or found was gone when it was read back.
+    #[error("domain {domain} vanished right after Create made it (deleted concurrently?)")]
+    InstanceVanished {
+        /// The domain's name.
+        domain: String,
+    },
+
+    /// A request field this provider cannot use.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The field's name in the request.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The task running Create's steps panicked or was cancelled.
+    #[error("Create of key {key} stopped unexpectedly: {reason}")]
+    CreateTaskFailed {
+        /// The instance key.
+        key: String,
+        /// Panic or cancellation message.
+        reason: String,
+    },
+
     /// A blocking libvirt task panicked or was cancelled.
     #[error("host {host}: {op} worker ended abnormally: {reason}")]
     Worker {
@@ -449,8 +496,13 @@ impl Error {
             | Error::HostKeyChanged { .. }
             | Error::SshAuthRejected { .. }
             | Error::DomainXmlInvalid { .. }
+            | Error::InvalidArgument { .. }
             | Error::HostNotReady { .. } => ErrorClass::Permanent,
-            Error::DomainNameTaken { .. } => ErrorClass::Conflict,
+            Error::DomainNameTaken { .. } | Error::SpecMismatch { .. } => ErrorClass::Conflict,
+            Error::InstanceNotFound { .. } => ErrorClass::NotFound,
+            Error::InstanceVanished { .. } | Error::CreateTaskFailed { .. } => {
+                ErrorClass::Transient
+            }
             Error::CreateInProgress { .. } | Error::KvmProbeRunning { .. } => ErrorClass::Transient,
             Error::SshConnect { .. }
             | Error::SshHandshakeTimeout { .. }
@@ -510,8 +562,8 @@ impl Error {
     /// A libvirt object that does not exist (pool, network, volume) maps to
     /// FAILED_PRECONDITION, not NOT_FOUND: the contract's NOT_FOUND means *the instance*
     /// is gone (the operator then forgets it), which only Get and Delete decide, from the
-    /// domain lookup. A host missing from the configuration is permanent (lesson 10): an
-    /// endless retry would pin the operator's finalizer.
+    /// domain lookup. A host missing from the configuration is permanent: an endless retry
+    /// would pin the operator's finalizer.
     pub fn to_provider_error(&self) -> ProviderError {
         use egressproxy_provider::ErrorClass as C;
         let (class, reason) = match self {
@@ -549,7 +601,15 @@ impl Error {
             Error::DeadlineExceeded { .. } => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
             Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
             Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
-            Error::Worker { .. } => (C::Transient, "AGENT_WORKER_FAILED"),
+            Error::Worker { .. } | Error::CreateTaskFailed { .. } => {
+                (C::Transient, "AGENT_WORKER_FAILED")
+            }
+            Error::SpecMismatch { .. } => (C::AlreadyExists, "SPEC_MISMATCH"),
+            Error::InstanceNotFound { .. } => (C::NotFound, "INSTANCE_NOT_FOUND"),
+            Error::InstanceVanished { .. } => (C::Transient, "INSTANCE_VANISHED"),
+            Error::InvalidArgument { field, reason } => {
+                return ProviderError::invalid_argument(*field, reason.clone());
+            }
             Error::ImageHttp { status, .. } => match (status, http_status_class(*status)) {
                 (404 | 410, _) => (C::Permanent, "IMAGE_NOT_FOUND"),
                 (401 | 403, _) => (C::Permanent, "IMAGE_FORBIDDEN"),
@@ -611,8 +671,8 @@ pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> L
 /// | anything else | no | transient |
 ///
 /// A `SystemError` libvirtd reports about the host (its own OS call failed) arrives on a
-/// healthy connection: dropping that connection would not help and would break lesson 5's
-/// last rule. Only the client's own system errors (RPC/remote layer: EOF, reset) and any
+/// healthy connection: dropping that connection would not help, and an error that is
+/// already classified must not cost the other calls on the connection their link. Only the client's own system errors (RPC/remote layer: EOF, reset) and any
 /// error on a dead connection are transport failures.
 pub fn classify_libvirt_parts(
     code: virt::error::ErrorNumberEnum,
@@ -1165,7 +1225,7 @@ mod tests {
     /// so (transient, CREATE_IN_PROGRESS), not that libvirt timed out.
     #[tokio::test]
     async fn a_busy_key_is_create_in_progress() {
-        let locks = crate::instance_create::KeyLocks::default();
+        let locks = crate::provider::sync::KeyLocks::default();
         let soon = || tokio::time::Instant::now() + Duration::from_millis(50);
         let _first = locks.lock("hv", "k", soon()).await.unwrap();
         let err = locks.lock("hv", "k", soon()).await.unwrap_err();

@@ -1,15 +1,15 @@
 //! Create, Get, Delete and List as the contract sees them, across the configured hosts.
 //!
-//! Create's steps are in [`crate::instance_create`].
+//! Create's steps are in [`crate::provider::create`].
 //!
-//! Each runs its libvirt work ([`crate::instance_ops`]) as one call on the host's pooled
+//! Each runs its libvirt work ([`crate::libvirt::domains`]) as one call on the host's pooled
 //! connection, so it is off the runtime, traced and bounded by the caller's deadline;
 //! errors leave as [`ProviderError`]s through the one mapping
 //! ([`Error::to_provider_error`]). The contract rules applied here:
 //! - an id this provider cannot have returned (not `<host>/<key>`) names no instance:
 //!   Get is NOT_FOUND and Delete succeeds, as for any missing instance;
 //! - an id whose host is not (any longer) configured is FAILED_PRECONDITION, not an
-//!   endless retry (lesson 10);
+//!   endless retry (which would pin the operator's finalizer);
 //! - Get of a missing domain is NOT_FOUND; Delete of one succeeds; a domain with the
 //!   instance's name but not the agent's metadata is missing for both (Delete leaves it
 //!   and its volumes alone);
@@ -22,16 +22,18 @@ use egressproxy_provider::{ProviderError, pb};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::config::{Attachment, Config, HostConfig};
-use crate::create_plan::plan_create;
+use crate::config::Config;
 use crate::error::Error;
-use crate::image_cache::{BaseImage, ImageCache, ImageCacheOptions};
-use crate::instance_create::{self, CreateStep, FaultHook, KeyLocks, VirtTypes};
-use crate::instance_ops::{self, DomainSnapshot, NicKind};
-use crate::instance_state::{instance_state, to_contract_address};
-use crate::libvirt_call::LibvirtOp;
-use crate::naming::{InstanceId, InstanceNames};
-use crate::pool::{HostPool, Pool};
+use crate::images::cache::{BaseImage, ImageCache, ImageCacheOptions};
+use crate::libvirt::domains::{self, NicKind};
+use crate::libvirt::host::capabilities::VirtTypes;
+use crate::libvirt::naming::{InstanceId, InstanceNames};
+use crate::provider::create::{self, CreateStep, FaultHook};
+use crate::provider::plan::plan_create;
+use crate::provider::state::to_contract_instance;
+use crate::provider::sync::KeyLocks;
+use crate::transport::call::LibvirtOp;
+use crate::transport::pool::{HostPool, Pool};
 
 /// The instances on every configured host.
 #[derive(Debug, Clone)]
@@ -86,7 +88,7 @@ impl Instances {
     }
 
     /// Creates the instance of `request`, or returns the one its key already names. See
-    /// [`crate::instance_create`].
+    /// [`crate::provider::create`].
     pub async fn create(
         &self,
         request: &pb::CreateInstanceRequest,
@@ -102,7 +104,7 @@ impl Instances {
 
     /// [`Instances::create`] with another source of the base image: `ensure_base`
     /// provides the base image volume on the chosen host. See
-    /// [`crate::instance_create`].
+    /// [`crate::provider::create`].
     ///
     /// Once the key's lock is taken, the steps run in a task of their own that holds the
     /// lock until they end: a caller that goes away (tonic drops the handler's future
@@ -116,7 +118,7 @@ impl Instances {
         ensure_base: F,
     ) -> Result<pb::Instance, ProviderError>
     where
-        F: FnOnce(Arc<HostPool>, crate::create_plan::CreatePlan) -> Fut + Send + 'static,
+        F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut + Send + 'static,
         Fut: Future<Output = Result<BaseImage, Error>> + Send + 'static,
     {
         let plan = plan_create(&self.config, request)?;
@@ -139,11 +141,11 @@ impl Instances {
         );
         match steps.await {
             Ok(result) => result,
-            Err(e) => Err(ProviderError::transient(format!(
-                "Create of key {} stopped unexpectedly: {e}",
-                request.key
-            ))
-            .with_reason("AGENT_WORKER_FAILED")),
+            Err(e) => Err(Error::CreateTaskFailed {
+                key: request.key.clone(),
+                reason: e.to_string(),
+            }
+            .into()),
         }
     }
 
@@ -151,24 +153,24 @@ impl Instances {
     async fn create_locked<F, Fut>(
         &self,
         host: Arc<HostPool>,
-        plan: crate::create_plan::CreatePlan,
+        plan: crate::provider::plan::CreatePlan,
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
         ensure_base: F,
     ) -> Result<pb::Instance, ProviderError>
     where
-        F: FnOnce(Arc<HostPool>, crate::create_plan::CreatePlan) -> Fut,
+        F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut,
         Fut: Future<Output = Result<BaseImage, Error>>,
     {
         if let Some(existing) =
-            instance_create::existing_instance(&host, &plan, &request.key, deadline).await?
+            create::existing_instance(&host, &plan, &request.key, deadline).await?
         {
             return Ok(existing);
         }
         let virt_type = self.virt_types.for_host(&host, deadline).await?;
         let base = ensure_base(host.clone(), plan.clone()).await?;
         self.faults.after(CreateStep::BaseImage)?;
-        instance_create::create_from_base(
+        create::create_from_base(
             &host,
             &plan,
             request,
@@ -183,24 +185,27 @@ impl Instances {
     /// The instance `id`: state, addresses, tags, placement.
     pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, ProviderError> {
         let Some((id, host, names)) = self.resolve(id)? else {
-            return Err(ProviderError::not_found(format!(
-                "instance {id} does not exist (this provider's ids are <host>/<key>)"
-            )));
+            return Err(Error::InstanceNotFound {
+                id: id.to_owned(),
+                detail: "this provider's ids are <host>/<key>".to_owned(),
+            }
+            .into());
         };
-        let nic = nic_kind(host.config());
+        let nic = NicKind::of(&host.config().attachment());
         let op = LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone());
         let lookup = names.clone();
         let snapshot = host
             .call(op, deadline, move |conn| {
-                instance_ops::read_instance(conn, &lookup, nic)
+                domains::read_instance(conn, &lookup, nic)
             })
             .await?;
         match snapshot {
             Some(snapshot) => Ok(to_contract_instance(&id.host, snapshot)),
-            None => Err(ProviderError::not_found(format!(
-                "instance {id} does not exist (no domain {} on host {})",
-                names.domain, id.host
-            ))),
+            None => Err(Error::InstanceNotFound {
+                id: id.to_string(),
+                detail: format!("no domain {} on host {}", names.domain, id.host),
+            }
+            .into()),
         }
     }
 
@@ -218,7 +223,7 @@ impl Instances {
         let op = LibvirtOp::new("virDomainUndefineFlags").domain(names.domain.clone());
         let deleted = host
             .call(op, deadline, move |conn| {
-                instance_ops::delete_instance(conn, &names, &storage_pool)
+                domains::delete_instance(conn, &names, &storage_pool)
             })
             .await?;
         if deleted.foreign_domain_left {
@@ -250,11 +255,12 @@ impl Instances {
         for host in &self.config.hosts {
             let pool = self.pool.host(&host.name)?;
             let selector = selector.to_vec();
+            let nic = NicKind::of(&host.attachment());
             let found = pool
                 .call(
                     LibvirtOp::new("virConnectListAllDomains"),
                     deadline,
-                    move |conn| instance_ops::list_instances(conn, &selector),
+                    move |conn| domains::list_instances(conn, &selector, nic),
                 )
                 .await?;
             instances.extend(
@@ -276,49 +282,11 @@ impl Instances {
         let Some(parsed) = InstanceId::parse(id) else {
             return Ok(None);
         };
-        let host = self.pool.host(&parsed.host).map_err(|e| match e {
-            Error::UnknownHost { .. } => e.to_provider_error().with_reason("HOST_NOT_CONFIGURED"),
-            other => other.to_provider_error(),
+        let host = self.pool.host(&parsed.host)?;
+        let names = InstanceNames::for_key(&parsed.key).map_err(|e| Error::InvalidArgument {
+            field: "id",
+            reason: e.to_string(),
         })?;
-        let names = InstanceNames::for_key(&parsed.key)
-            .map_err(|e| ProviderError::invalid_argument("id", e.to_string()))?;
         Ok(Some((parsed, host, names)))
-    }
-}
-
-fn nic_kind(host: &HostConfig) -> NicKind {
-    match host.attachment() {
-        Attachment::Network(_) => NicKind::Network,
-        Attachment::Bridge(_) => NicKind::Bridge,
-    }
-}
-
-/// The contract's view of a domain on `host`.
-pub fn to_contract_instance(host: &str, snapshot: DomainSnapshot) -> pb::Instance {
-    let (state, message) = instance_state(snapshot.state, !snapshot.addresses.is_empty());
-    let metadata = snapshot.metadata;
-    let id = InstanceId {
-        host: host.to_owned(),
-        key: metadata.key.clone(),
-    };
-    pb::Instance {
-        id: id.to_string(),
-        key: metadata.key,
-        name: metadata.name,
-        state: state.into(),
-        state_message: message.to_owned(),
-        addresses: snapshot
-            .addresses
-            .into_iter()
-            .map(to_contract_address)
-            .collect(),
-        create_time: metadata.created.parse().ok(),
-        tags: metadata.tags.into_iter().collect(),
-        placement: Some(pb::Placement {
-            location: Some(pb::placement::Location::Host(metadata.placement.host)),
-            machine_type: metadata.placement.machine_type,
-            image: metadata.placement.image,
-        }),
-        proxy_port: metadata.proxy_port,
     }
 }

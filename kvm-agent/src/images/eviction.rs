@@ -23,12 +23,13 @@ use tokio::time::Instant;
 use virt::error::ErrorNumber;
 use virt::storage_vol::StorageVol;
 
-use super::host_volumes::{is, parse_volume_xml, refresh_pool};
-use super::{MARKER_SUFFIX, marker_volume};
+use super::cache::{MARKER_SUFFIX, marker_volume};
+use super::host_volumes::{is, refresh_pool};
 use crate::error::Error;
-use crate::libvirt_call::{CallFailure, LibvirtOp};
-use crate::naming::BASE_PREFIX;
-use crate::pool::HostPool;
+use crate::libvirt::naming::BASE_PREFIX;
+use crate::libvirt::xml::volume::VolumeFacts;
+use crate::transport::call::{CallFailure, LibvirtOp};
+use crate::transport::pool::HostPool;
 
 /// Lists, plans and deletes on `host` in one call; `in_flight` are base volume names this
 /// process is downloading.
@@ -74,7 +75,7 @@ pub(super) async fn evict(
     .await
 }
 
-/// What [`ImageCache::evict_unused`](super::ImageCache::evict_unused) did on one host.
+/// What [`ImageCache::evict_unused`](super::cache::ImageCache::evict_unused) did on one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictionReport {
     /// The host's name.
@@ -222,7 +223,7 @@ fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure> {
 /// the volume could be an overlay whose backing file is a base (never delete what you
 /// cannot see).
 fn listed_volume(host: &str, name: String, path: String, xml: &str) -> Result<ListedVolume, Error> {
-    let facts = parse_volume_xml(xml).map_err(|e| {
+    let facts = VolumeFacts::parse(xml).map_err(|e| {
         Error::io(
             format!(
                 "host {host}: eviction stopped, nothing deleted: cannot read the XML of volume \
@@ -242,7 +243,7 @@ fn listed_volume(host: &str, name: String, path: String, xml: &str) -> Result<Li
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::naming;
+    use crate::libvirt::naming;
 
     const NOW: Duration = Duration::from_secs(1_800_000_000);
 

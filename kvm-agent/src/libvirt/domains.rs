@@ -1,7 +1,7 @@
-//! What Get, Delete and List do on a hypervisor, as blocking functions of one libvirt
-//! connection.
+//! An instance's domain on a hypervisor, as blocking functions of one libvirt
+//! connection: find, define, start (Create), read (Get), list (List), delete (Delete).
 //!
-//! They run inside [`crate::pool::HostPool::call`] (off the runtime, traced, bounded by
+//! They run inside [`crate::transport::pool::HostPool::call`] (off the runtime, traced, bounded by
 //! the caller's deadline) in the agent, and directly against libvirt's `test:///default`
 //! driver in tests. They return plain data, never libvirt objects (whose `Drop` calls
 //! into libvirt).
@@ -9,15 +9,19 @@
 //! Guarantees:
 //! - **Read.** A domain is the agent's when it has the agent's name prefix *and* its
 //!   metadata element; a domain without it is not reported (never deleted by the GC).
-//!   Addresses come from the guest agent, then the DHCP lease, then ARP (lesson 8);
+//!   Addresses come from the guest agent, then the DHCP lease, then ARP;
 //!   a source that cannot answer (agent not running yet, no lease on a bridge) is skipped.
 //! - **Delete** is idempotent: it destroys (already off is fine), undefines with the
 //!   managed-save, snapshot-metadata and NVRAM flags, and deletes the overlay and seed.
-//!   A missing domain, volume or pool is success (lesson 12). A domain with the name but
+//!   A missing domain, volume or pool is success (nothing to clean; a failure would pin
+//!   the operator's finalizer forever). A domain with the name but
 //!   without the agent's metadata is left alone with those volumes (success: for the
 //!   contract there is no such instance).
+//! - **Create** steps are repeatable: [`find_domain`] tells an instance's domain apart
+//!   from a foreign one with its name; [`define_domain`] and [`start_domain`] accept a
+//!   domain that is already defined or already running.
 //! - **List** reads each domain's metadata once and skips a domain that vanishes or
-//!   cannot be read (never delete what you cannot see, lesson 10); failing to list at all
+//!   cannot be read (never delete what you cannot see); failing to list at all
 //!   fails the call.
 
 use std::net::IpAddr;
@@ -27,11 +31,13 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 use virt::sys;
 
-use crate::domain_xml::{DomainFacts, InstanceMetadata, METADATA_NAMESPACE};
+use crate::config::Attachment;
 use crate::error::classify_libvirt;
-use crate::instance_state::{ADDRESS_SOURCES, AddressSource, usable_addresses};
-use crate::libvirt_call::CallFailure;
-use crate::naming::InstanceNames;
+use crate::libvirt::addresses::{ADDRESS_SOURCES, AddressSource, usable_addresses};
+use crate::libvirt::naming::InstanceNames;
+use crate::libvirt::xml::domain::DomainFacts;
+use crate::libvirt::xml::metadata::{InstanceMetadata, METADATA_NAMESPACE};
+use crate::transport::call::CallFailure;
 
 /// What the agent knows about one of its domains.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +59,16 @@ pub enum NicKind {
     Network,
     /// A host bridge.
     Bridge,
+}
+
+impl NicKind {
+    /// The kind of NIC a domain attached to `attachment` has.
+    pub fn of(attachment: &Attachment) -> Self {
+        match attachment {
+            Attachment::Network(_) => NicKind::Network,
+            Attachment::Bridge(_) => NicKind::Bridge,
+        }
+    }
 }
 
 fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
@@ -97,17 +113,7 @@ pub fn read_instance(
         return Ok(None);
     };
     let state = domain.state()?.0.to_raw();
-    let addresses = if matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED) {
-        let facts = DomainFacts::parse(&domain.xml_desc(0)?).map_err(|e| {
-            CallFailure::Agent(crate::Error::io(
-                format!("domain {}: {e}", names.domain),
-                std::io::Error::from(std::io::ErrorKind::InvalidData),
-            ))
-        })?;
-        discover_addresses(&domain, facts.macs.first().map(String::as_str), nic)?
-    } else {
-        Vec::new()
-    };
+    let addresses = running_addresses(&domain, &names.domain, state, nic)?;
     Ok(Some(DomainSnapshot {
         domain: names.domain.clone(),
         metadata,
@@ -116,7 +122,28 @@ pub fn read_instance(
     }))
 }
 
-/// Guest addresses from the first source that has any (lesson 8).
+/// The usable addresses of `domain` (named `name`) in libvirt state `state`: those of its
+/// first NIC when it runs, none otherwise. Get and List both read addresses here, so the
+/// same domain has the same addresses, and so the same contract state, in both.
+fn running_addresses(
+    domain: &Domain,
+    name: &str,
+    state: sys::virDomainState,
+    nic: NicKind,
+) -> Result<Vec<IpAddr>, CallFailure> {
+    if !matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED) {
+        return Ok(Vec::new());
+    }
+    let facts = DomainFacts::parse(&domain.xml_desc(0)?).map_err(|e| {
+        CallFailure::Agent(crate::Error::io(
+            format!("domain {name}: {e}"),
+            std::io::Error::from(std::io::ErrorKind::InvalidData),
+        ))
+    })?;
+    discover_addresses(domain, facts.macs.first().map(String::as_str), nic)
+}
+
+/// Guest addresses from the first source that has any, in [`ADDRESS_SOURCES`] order.
 pub fn discover_addresses(
     domain: &Domain,
     mac: Option<&str>,
@@ -161,16 +188,20 @@ fn source_cannot_answer(error: &virt::error::Error, source: AddressSource) -> bo
 }
 
 /// Lists the agent's domains whose tags contain every `(key, value)` of `selector`,
-/// sorted by domain name. State only: addresses are for Get (the guest agent can take
-/// seconds per domain to answer).
+/// sorted by domain name, each with its state and addresses as [`read_instance`] reads
+/// them: a running VM with an address is running in a listing too, not provisioning.
 ///
 /// One sweep is few round trips whatever the domain count: the states come from three
-/// state-filtered listings (`states_by_listing`), and the metadata reads, one per
-/// domain, are spread over [`METADATA_READERS`] threads on the same connection, which
-/// libvirt pipelines, so a sweep costs about one round trip per reader per domain share.
+/// state-filtered listings (`states_by_listing`), and the per-domain reads (metadata, and
+/// for running domains the addresses) are spread over [`METADATA_READERS`] threads on
+/// the same connection, which libvirt pipelines, so a sweep costs about one round trip
+/// per reader per domain share. An address source that fails for one domain for another
+/// reason than a lost connection leaves that domain without addresses (provisioning)
+/// rather than failing the whole listing.
 pub fn list_instances(
     conn: &Connect,
     selector: &[(String, String)],
+    nic: NicKind,
 ) -> Result<Vec<DomainSnapshot>, CallFailure> {
     let ours: Vec<(String, Domain)> = conn
         .list_all_domains(0)?
@@ -182,12 +213,14 @@ pub fn list_instances(
         })
         .collect();
     let states = states_by_listing(conn)?;
-    let metadata = read_metadata_pipelined(conn, &ours)?;
+    let metadata = pipelined(conn, &ours, |(_, domain)| read_metadata(domain))?;
     let mut found = Vec::new();
     for ((name, domain), metadata) in ours.iter().zip(metadata) {
         // A domain that vanished since the listing, or whose metadata cannot be read
         // now, is skipped: never report (and so never collect) what cannot be seen.
-        let Some(metadata) = metadata else { continue };
+        let Some(Some(metadata)) = metadata else {
+            continue;
+        };
         if !selector
             .iter()
             .all(|(k, v)| metadata.tags.get(k) == Some(v))
@@ -204,13 +237,27 @@ pub fn list_instances(
                 Err(_) => continue,
             },
         };
-        found.push(DomainSnapshot {
-            domain: name.clone(),
-            metadata,
-            state,
-            addresses: Vec::new(),
-        });
+        found.push((
+            domain,
+            DomainSnapshot {
+                domain: name.clone(),
+                metadata,
+                state,
+                addresses: Vec::new(),
+            },
+        ));
     }
+    let addresses = pipelined(conn, &found, |(domain, snapshot)| {
+        running_addresses(domain, &snapshot.domain, snapshot.state, nic)
+    })?;
+    let mut found: Vec<DomainSnapshot> = found
+        .into_iter()
+        .zip(addresses)
+        .map(|((_, snapshot), addresses)| DomainSnapshot {
+            addresses: addresses.unwrap_or_default(),
+            ..snapshot
+        })
+        .collect();
     found.sort_by(|a, b| a.domain.cmp(&b.domain));
     Ok(found)
 }
@@ -243,26 +290,29 @@ fn states_by_listing(
     Ok(states)
 }
 
-/// Each domain's metadata (`None`: not the agent's, vanished, or unreadable), read by up to
-/// [`METADATA_READERS`] threads. A dead connection fails the whole listing instead of
+/// `read` of every item, run by up to [`METADATA_READERS`] threads sharing `conn`, in the
+/// items' order. A failure other than a lost connection counts as `None` (the domain
+/// vanished, or cannot be read now); a dead connection fails the whole sweep instead of
 /// making it look short.
-fn read_metadata_pipelined(
+fn pipelined<T: Sync, R: Send>(
     conn: &Connect,
-    domains: &[(String, Domain)],
-) -> Result<Vec<Option<InstanceMetadata>>, CallFailure> {
-    if domains.is_empty() {
+    items: &[T],
+    read: impl Fn(&T) -> Result<R, CallFailure> + Sync,
+) -> Result<Vec<Option<R>>, CallFailure> {
+    if items.is_empty() {
         return Ok(Vec::new());
     }
-    let share = domains.len().div_ceil(METADATA_READERS);
+    let share = items.len().div_ceil(METADATA_READERS);
+    let read = &read;
     std::thread::scope(|scope| {
-        let readers: Vec<_> = domains
+        let readers: Vec<_> = items
             .chunks(share)
             .map(|chunk| {
                 scope.spawn(move || {
                     chunk
                         .iter()
-                        .map(|(_, domain)| match read_metadata(domain) {
-                            Ok(metadata) => Ok(metadata),
+                        .map(|item| match read(item) {
+                            Ok(value) => Ok(Some(value)),
                             Err(CallFailure::Libvirt(e)) if connection_lost(conn, &e) => {
                                 Err(CallFailure::Libvirt(e))
                             }
@@ -272,7 +322,7 @@ fn read_metadata_pipelined(
                 })
             })
             .collect();
-        let mut all = Vec::with_capacity(domains.len());
+        let mut all = Vec::with_capacity(items.len());
         for reader in readers {
             let read = reader.join().map_err(|_| {
                 CallFailure::Agent(crate::Error::io(
@@ -328,7 +378,8 @@ pub fn delete_instance(
         }
         let flags =
             sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | sys::VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA;
-        // The NVRAM flag is needed for UEFI domains (lesson 3). A driver without NVRAM
+        // The NVRAM flag is needed for UEFI domains: libvirt refuses to undefine a domain
+        // that has an NVRAM file without it. A driver without NVRAM
         // support (libvirt's test driver) rejects the flag as an invalid argument and
         // has no NVRAM to delete, so the undefine is repeated without it.
         let undefined = match domain.undefine_flags(flags | sys::VIR_DOMAIN_UNDEFINE_NVRAM) {
@@ -359,4 +410,59 @@ pub fn delete_instance(
         }
     }
     Ok(deleted)
+}
+
+/// What holds an instance's domain name on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoundDomain {
+    /// No domain by that name.
+    Nothing,
+    /// The agent's domain, created from the spec with this digest.
+    Ours {
+        /// `specSha256` from its metadata.
+        spec_sha256: String,
+        /// Whether it runs (running, blocked or paused by libvirt's start).
+        running: bool,
+    },
+    /// A domain by that name without the agent's metadata.
+    Foreign,
+}
+
+/// Looks up the domain `name` and reads its metadata once.
+pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailure> {
+    let Some(domain) = lookup_domain(conn, name)? else {
+        return Ok(FoundDomain::Nothing);
+    };
+    let Some(metadata) = read_metadata(&domain)? else {
+        return Ok(FoundDomain::Foreign);
+    };
+    Ok(FoundDomain::Ours {
+        spec_sha256: metadata.spec_sha256,
+        running: domain.is_active()?,
+    })
+}
+
+/// Starts the domain `name` unless it already runs.
+pub fn start_domain(conn: &Connect, name: &str) -> Result<(), CallFailure> {
+    let domain = conn.lookup_domain_by_name(name)?;
+    if domain.is_active()? {
+        return Ok(());
+    }
+    match domain.create() {
+        Ok(()) => Ok(()),
+        // Started by a concurrent caller between the check and the start.
+        Err(e) if e.code().is(ErrorNumber::OperationInvalid) && domain.is_active()? => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Defines (or redefines, after an interrupted attempt) the domain from `xml`.
+pub fn define_domain(conn: &Connect, xml: &str) -> Result<(), CallFailure> {
+    conn.define_domain_xml(xml)?;
+    Ok(())
+}
+
+/// libvirt's state of the domain `name` (`virDomainState`), for tests and logs.
+pub fn domain_state(conn: &Connect, name: &str) -> Result<sys::virDomainState, CallFailure> {
+    Ok(conn.lookup_domain_by_name(name)?.state()?.0.to_raw())
 }

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use crate::config::TransportConfig;
 use crate::error::{Error, classify_libvirt};
-use crate::event_loop;
-use crate::forward::{Forward, Upstream};
+use crate::transport::event_loop;
+use crate::transport::relay::{Forward, Upstream};
 
 /// An open libvirt connection; share it with `Arc`.
 #[derive(Debug)]

@@ -32,8 +32,8 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::connection::Connection;
 use crate::error::{Error, classify_libvirt};
+use crate::transport::connection::Connection;
 
 /// What a libvirt call is about, for its span.
 #[derive(Debug, Clone, Default)]

@@ -24,17 +24,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::watch;
 use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
 use crate::config::DomainType;
-use crate::domain_xml::{VirtType, XmlError};
 use crate::error::Error;
-use crate::libvirt_call::{CallFailure, LibvirtOp};
-use crate::pool::HostPool;
+use crate::libvirt::xml::XmlError;
+use crate::libvirt::xml::capabilities::DomainCapabilities;
+use crate::libvirt::xml::domain::VirtType;
+use crate::transport::call::{CallFailure, LibvirtOp};
+use crate::transport::pool::HostPool;
 
 /// How long a probe domain may take to run its firmware and reboot.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -153,76 +155,6 @@ impl VirtTypes {
             let _ = tx.send(Some(result.map_err(Arc::new)));
         });
         rx
-    }
-}
-
-/// The parts of `virConnectGetDomainCapabilities` the agent uses.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DomainCapabilities {
-    /// The domain type the capabilities are for (`kvm`, `qemu`).
-    pub domain: String,
-    /// The firmware kinds libvirt can select automatically (`bios`, `efi`).
-    pub firmware: Vec<String>,
-    /// Firmware images (loader paths) found.
-    pub loaders: Vec<String>,
-}
-
-impl DomainCapabilities {
-    /// Parses a `<domainCapabilities>` document; elements it does not need are ignored.
-    pub fn parse(xml: &str) -> Result<Self, XmlError> {
-        #[derive(Deserialize)]
-        struct Caps {
-            #[serde(default)]
-            domain: String,
-            #[serde(default)]
-            os: Option<Os>,
-        }
-        #[derive(Deserialize)]
-        struct Os {
-            #[serde(rename = "@supported", default)]
-            supported: String,
-            #[serde(rename = "enum", default)]
-            enums: Vec<Enum>,
-            #[serde(default)]
-            loader: Option<Loader>,
-        }
-        #[derive(Deserialize)]
-        struct Enum {
-            #[serde(rename = "@name")]
-            name: String,
-            #[serde(default)]
-            value: Vec<String>,
-        }
-        #[derive(Deserialize)]
-        struct Loader {
-            #[serde(rename = "@supported", default)]
-            supported: String,
-            #[serde(default)]
-            value: Vec<String>,
-        }
-        let caps: Caps = quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {
-            what: "domain capabilities",
-            source,
-        })?;
-        let os = caps.os.filter(|os| os.supported == "yes");
-        Ok(Self {
-            domain: caps.domain,
-            firmware: os
-                .as_ref()
-                .and_then(|os| os.enums.iter().find(|e| e.name == "firmware"))
-                .map(|e| e.value.clone())
-                .unwrap_or_default(),
-            loaders: os
-                .and_then(|os| os.loader)
-                .filter(|l| l.supported == "yes")
-                .map(|l| l.value)
-                .unwrap_or_default(),
-        })
-    }
-
-    /// Whether libvirt can pick UEFI firmware (`<os firmware='efi'>`).
-    pub fn supports_uefi(&self) -> bool {
-        self.firmware.iter().any(|f| f == "efi")
     }
 }
 
@@ -396,7 +328,7 @@ pub fn probe_domain_xml(name: &str, virt_type: VirtType) -> Result<String, XmlEr
         #[serde(rename = "$text")]
         value: u32,
     }
-    use crate::domain_xml::OsType;
+    use crate::libvirt::xml::domain::OsType;
     #[derive(Serialize)]
     struct ProbeOs {
         #[serde(rename = "type")]
@@ -448,40 +380,6 @@ pub fn probe_domain_xml(name: &str, virt_type: VirtType) -> Result<String, XmlEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uefi_and_loaders_come_from_the_os_element() {
-        let xml = r#"<domainCapabilities>
-  <path>/usr/bin/qemu-system-x86_64</path>
-  <domain>qemu</domain>
-  <machine>pc-q35-10.0</machine>
-  <arch>x86_64</arch>
-  <vcpu max='288'/>
-  <os supported='yes'>
-    <enum name='firmware'>
-      <value>bios</value>
-      <value>efi</value>
-    </enum>
-    <loader supported='yes'>
-      <value>/usr/share/OVMF/OVMF_CODE_4M.fd</value>
-      <enum name='type'><value>rom</value><value>pflash</value></enum>
-    </loader>
-  </os>
-  <devices><disk supported='yes'/></devices>
-</domainCapabilities>"#;
-        let caps = DomainCapabilities::parse(xml).unwrap();
-        assert_eq!(caps.domain, "qemu");
-        assert!(caps.supports_uefi());
-        assert_eq!(caps.loaders, ["/usr/share/OVMF/OVMF_CODE_4M.fd"]);
-
-        let no_efi = xml.replace("<value>efi</value>", "");
-        assert!(!DomainCapabilities::parse(&no_efi).unwrap().supports_uefi());
-        let unsupported = xml.replace("<os supported='yes'>", "<os supported='no'>");
-        assert_eq!(
-            DomainCapabilities::parse(&unsupported).unwrap().firmware,
-            Vec::<String>::new()
-        );
-    }
 
     /// libvirt's own schema accepts the probe domain.
     #[test]

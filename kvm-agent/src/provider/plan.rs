@@ -11,10 +11,10 @@ use egressproxy_provider::pb::placement::Location;
 use egressproxy_provider::{ProviderError, pb, validation};
 use sha2::{Digest, Sha256};
 
-use crate::cloud_init::{SeedDocuments, seed_documents};
 use crate::config::{Config, HostConfig, ImageConfig, MachineType};
-use crate::domain_xml::check_xml_safe;
-use crate::naming::{InstanceNames, hostname_for_key};
+use crate::guest::cloud_init::{SeedDocuments, seed_documents};
+use crate::libvirt::naming::{InstanceNames, hostname_for_key};
+use crate::libvirt::xml::metadata::check_xml_safe;
 
 /// What a Create will make, resolved from the request and the configuration.
 #[derive(Debug, Clone)]

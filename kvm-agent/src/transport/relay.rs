@@ -26,7 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
 use crate::error::Error;
-use crate::ssh::SshSession;
+use crate::transport::ssh::SshSession;
 
 /// 256 KiB: the relay's copy buffer in each direction (fastest for volume uploads).
 const RELAY_BUFFER: usize = 256 * 1024;

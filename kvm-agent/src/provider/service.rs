@@ -25,10 +25,10 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::config::{DomainType, Firmware};
-use crate::create_plan::resolve_placement;
-use crate::host_check::{self, Status as CheckStatus};
-use crate::instances::Instances;
-use crate::libvirt_call::LibvirtOp;
+use crate::libvirt::host::check::{self, Status as CheckStatus};
+use crate::provider::instances::Instances;
+use crate::provider::plan::resolve_placement;
+use crate::transport::call::LibvirtOp;
 
 /// The name GetPluginInfo reports.
 pub const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
@@ -91,10 +91,10 @@ impl KvmProvider {
         };
         let report = host
             .call(LibvirtOp::new("check-host"), deadline, move |conn| {
-                host_check::check_host_with(conn, &host_config, needs_uefi, auto)
+                check::check_host_with(conn, &host_config, needs_uefi, auto)
             })
             .await?;
-        let line = |check: &host_check::Check| match &check.fix {
+        let line = |check: &check::Check| match &check.fix {
             Some(fix) => format!("{}: {} (fix: {fix})", check.name, check.detail),
             None => format!("{}: {}", check.name, check.detail),
         };

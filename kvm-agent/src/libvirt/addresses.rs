@@ -1,19 +1,13 @@
-//! What a domain's libvirt state and its interfaces mean for the contract.
+//! Where a guest's addresses come from, and which of them can reach it.
 //!
-//! State (lesson 9): `running` and `blocked` are RUNNING once the guest has an address,
-//! PROVISIONING before; `nostate` is PROVISIONING (a domain between states), never
-//! STOPPED, which would make the operator delete and recreate a booting VM; `paused`,
-//! `shutdown`, `shutoff`, `crashed` and `pmsuspended` are STOPPED.
-//!
-//! Addresses (lesson 8): the guest agent answers only once it is installed and running,
-//! DHCP leases exist only on libvirt networks, and ARP is empty until the guest sends
-//! traffic. So the sources are tried in [`ADDRESS_SOURCES`] order and the first that
-//! yields a usable address wins; loopback, link-local, unspecified and multicast
-//! addresses are never usable. No address yet is PROVISIONING, not an error.
+//! The guest agent answers only once it is installed and running, DHCP leases exist only
+//! on libvirt networks, and ARP is empty until the guest sends traffic. So the
+//! sources are tried in [`ADDRESS_SOURCES`] order and the first that yields a usable
+//! address wins; loopback, link-local, unspecified and multicast addresses are never
+//! usable.
 
 use std::net::IpAddr;
 
-use egressproxy_provider::pb;
 use virt::sys;
 
 /// Where an address comes from, in the order they are tried.
@@ -51,28 +45,6 @@ impl AddressSource {
     }
 }
 
-/// The contract state of a domain in libvirt state `state`, with a message for humans.
-pub fn instance_state(
-    state: sys::virDomainState,
-    has_address: bool,
-) -> (pb::InstanceState, &'static str) {
-    use pb::InstanceState as S;
-    match state {
-        sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED if has_address => (S::Running, ""),
-        sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED => {
-            (S::Provisioning, "booting: waiting for an address")
-        }
-        sys::VIR_DOMAIN_NOSTATE => (S::Provisioning, "starting"),
-        sys::VIR_DOMAIN_PAUSED => (S::Stopped, "paused"),
-        sys::VIR_DOMAIN_SHUTDOWN => (S::Stopped, "shutting down"),
-        sys::VIR_DOMAIN_SHUTOFF => (S::Stopped, "shut off"),
-        sys::VIR_DOMAIN_CRASHED => (S::Stopped, "crashed"),
-        sys::VIR_DOMAIN_PMSUSPENDED => (S::Stopped, "suspended by the guest"),
-        // A state newer than this agent: not a reason to replace the VM.
-        _ => (S::Provisioning, "in a state this agent does not know"),
-    }
-}
-
 /// Whether `address` can reach the guest from outside it.
 pub fn is_usable_address(address: IpAddr) -> bool {
     if address.is_loopback() || address.is_unspecified() || address.is_multicast() {
@@ -107,24 +79,9 @@ pub fn usable_addresses(interfaces: &[virt::domain::Interface], mac: Option<&str
     found
 }
 
-/// An address as the contract reports it. The agent only knows addresses on the
-/// hypervisor's networks, so they are internal.
-pub fn to_contract_address(address: IpAddr) -> pb::Address {
-    pb::Address {
-        address: address.to_string(),
-        scope: pb::AddressScope::Internal.into(),
-        family: match address {
-            IpAddr::V4(_) => pb::IpFamily::V4,
-            IpAddr::V6(_) => pb::IpFamily::V6,
-        }
-        .into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pb::InstanceState as S;
     use virt::domain::{IPAddress, Interface};
 
     fn interface(name: &str, mac: Option<&str>, addrs: &[&str]) -> Interface {
@@ -144,31 +101,6 @@ mod tests {
                     prefix: 24,
                 })
                 .collect(),
-        }
-    }
-
-    #[test]
-    fn every_libvirt_state_maps_as_lesson_9_says() {
-        let table = [
-            (sys::VIR_DOMAIN_RUNNING, true, S::Running),
-            (sys::VIR_DOMAIN_BLOCKED, true, S::Running),
-            (sys::VIR_DOMAIN_RUNNING, false, S::Provisioning),
-            (sys::VIR_DOMAIN_BLOCKED, false, S::Provisioning),
-            (sys::VIR_DOMAIN_NOSTATE, true, S::Provisioning),
-            (sys::VIR_DOMAIN_NOSTATE, false, S::Provisioning),
-            (sys::VIR_DOMAIN_PAUSED, true, S::Stopped),
-            (sys::VIR_DOMAIN_SHUTDOWN, true, S::Stopped),
-            (sys::VIR_DOMAIN_SHUTOFF, false, S::Stopped),
-            (sys::VIR_DOMAIN_CRASHED, false, S::Stopped),
-            (sys::VIR_DOMAIN_PMSUSPENDED, true, S::Stopped),
-            (99, true, S::Provisioning),
-        ];
-        for (state, has_address, want) in table {
-            assert_eq!(
-                instance_state(state, has_address).0,
-                want,
-                "state {state} address {has_address}"
-            );
         }
     }
 
@@ -237,16 +169,5 @@ mod tests {
         );
         assert!(!AddressSource::Lease.works_on_bridge());
         assert!(AddressSource::Arp.works_on_bridge());
-    }
-
-    #[test]
-    fn contract_addresses_carry_their_family() {
-        let v6 = to_contract_address("2001:db8::10".parse().unwrap());
-        assert_eq!(v6.family(), pb::IpFamily::V6);
-        assert_eq!(v6.scope(), pb::AddressScope::Internal);
-        assert_eq!(
-            to_contract_address("10.0.0.1".parse().unwrap()).family(),
-            pb::IpFamily::V4
-        );
     }
 }

@@ -2,20 +2,20 @@
 //! run by [`HostPool::call`] (or deleted best-effort after a failure).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::time::Instant;
 use virt::error::ErrorNumber;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
-use super::BaseNames;
+use super::cache::BaseNames;
 use crate::config::{ImageConfig, ImageFormat};
 use crate::error::Error;
-use crate::libvirt_call::{CallFailure, LibvirtOp};
-use crate::pool::HostPool;
-use crate::volume_xml::sparse_raw_volume;
+use crate::libvirt::volumes::lookup_volume;
+use crate::libvirt::xml::volume::{VolumeFacts, sparse_raw_volume};
+use crate::transport::call::{CallFailure, LibvirtOp};
+use crate::transport::pool::HostPool;
 
 /// Deadline of the clean-up of a failed download (deleting the half-written volume).
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,73 +23,6 @@ const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts, and the pause between them, to delete a volume libvirt reports in use.
 const IN_USE_RETRIES: u32 = 50;
 const IN_USE_PAUSE: Duration = Duration::from_millis(100);
-
-/// The parts of libvirt's volume XML the cache reads.
-#[derive(Debug, Deserialize)]
-struct VolumeDesc {
-    target: VolumeTarget,
-    #[serde(rename = "backingStore", default)]
-    backing_store: Option<BackingStoreDesc>,
-}
-
-#[derive(Debug, Deserialize)]
-struct VolumeTarget {
-    #[serde(default)]
-    format: Option<FormatDesc>,
-    #[serde(default)]
-    timestamps: Option<TimestampsDesc>,
-}
-
-#[derive(Debug, Deserialize)]
-struct TimestampsDesc {
-    /// `<seconds>.<nanoseconds>` since the epoch.
-    #[serde(default)]
-    mtime: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FormatDesc {
-    #[serde(rename = "@type")]
-    kind: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct BackingStoreDesc {
-    #[serde(default)]
-    path: Option<String>,
-}
-
-/// What a volume's XML says about its file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct VolumeFacts {
-    /// The format libvirt probed (`qcow2`, `raw`, ...).
-    pub(super) format: Option<String>,
-    /// The file the volume's format names as its backing file.
-    pub(super) backing_path: Option<String>,
-    /// The file's last modification, by the hypervisor's clock.
-    pub(super) modified: Option<SystemTime>,
-}
-
-pub(super) fn parse_volume_xml(xml: &str) -> Result<VolumeFacts, String> {
-    let desc: VolumeDesc = quick_xml::de::from_str(xml).map_err(|e| e.to_string())?;
-    Ok(VolumeFacts {
-        format: desc.target.format.map(|f| f.kind),
-        backing_path: desc.backing_store.and_then(|b| b.path),
-        modified: desc
-            .target
-            .timestamps
-            .and_then(|t| t.mtime)
-            .and_then(|t| parse_timestamp(&t)),
-    })
-}
-
-/// libvirt's `<seconds>.<nanoseconds>` timestamps.
-fn parse_timestamp(text: &str) -> Option<SystemTime> {
-    let (seconds, nanos) = text.trim().split_once('.').unwrap_or((text.trim(), "0"));
-    let nanos = format!("{nanos:0<9}");
-    let since_epoch = Duration::new(seconds.parse().ok()?, nanos.get(..9)?.parse().ok()?);
-    SystemTime::UNIX_EPOCH.checked_add(since_epoch)
-}
 
 pub(super) fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
     error.code().is_any(vec![code])
@@ -107,17 +40,6 @@ pub(super) fn refresh_pool(pool: &StoragePool) -> Result<(), virt::error::Error>
             }
             other => return other,
         }
-    }
-}
-
-pub(super) fn lookup_volume(
-    pool: &StoragePool,
-    name: &str,
-) -> Result<Option<StorageVol>, CallFailure> {
-    match pool.lookup_storage_vol_by_name(name) {
-        Ok(vol) => Ok(Some(vol)),
-        Err(e) if is(&e, ErrorNumber::NoStorageVolume) => Ok(None),
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -238,7 +160,7 @@ pub(super) async fn inspect(
         refresh_pool(&pool)?;
         let vol = pool.lookup_storage_vol_by_name(&volume)?;
         let xml = vol.xml_desc(0)?;
-        let facts = parse_volume_xml(&xml).map_err(|e| {
+        let facts = VolumeFacts::parse(&xml).map_err(|e| {
             CallFailure::Agent(Error::io(
                 format!("host {host_name}: parse the XML of volume {volume}"),
                 std::io::Error::other(e),
@@ -268,7 +190,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     };
     if !expected_ok {
         return Err(Error::ImageFormat {
-            url: crate::image_fetch::redact_url(&image.url),
+            url: crate::images::fetch::redact_url(&image.url),
             problem: format!(
                 "libvirt probed the file as {found}, the configuration says {configured}"
             ),
@@ -276,7 +198,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     }
     if let Some(backing) = &inspected.backing_path {
         return Err(Error::ImageFormat {
-            url: crate::image_fetch::redact_url(&image.url),
+            url: crate::images::fetch::redact_url(&image.url),
             problem: format!(
                 "the image names a backing file ({backing}); a base image must be self-contained"
             ),
@@ -321,32 +243,6 @@ pub(super) async fn delete_half_written(host: &Arc<HostPool>, pool: &str, volume
 mod tests {
     use super::*;
 
-    #[test]
-    fn volume_xml_yields_format_and_backing_file() {
-        let xml = "<volume type='file'><name>o</name><capacity unit='bytes'>1</capacity>\
-                   <target><path>/p/o</path><format type='qcow2'/></target>\
-                   <backingStore><path>/p/a</path><format type='qcow2'/></backingStore></volume>";
-        let facts = parse_volume_xml(xml).unwrap();
-        assert_eq!(facts.format.as_deref(), Some("qcow2"));
-        assert_eq!(facts.backing_path.as_deref(), Some("/p/a"));
-        assert_eq!(facts.modified, None);
-        let xml = "<volume type='file'><name>a</name><target><path>/p/a</path>\
-                   <format type='raw'/><timestamps><atime>1764470000.5</atime>\
-                   <mtime>1764470400.000000250</mtime></timestamps></target></volume>";
-        let facts = parse_volume_xml(xml).unwrap();
-        assert_eq!(facts.format.as_deref(), Some("raw"));
-        assert_eq!(facts.backing_path, None);
-        assert_eq!(
-            facts.modified,
-            Some(SystemTime::UNIX_EPOCH + Duration::new(1_764_470_400, 250))
-        );
-        assert_eq!(
-            parse_timestamp("12"),
-            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(12))
-        );
-        assert_eq!(parse_timestamp("x.1"), None);
-    }
-
     /// A volume an upload stream still writes is deleted: libvirt 11 allows it on a dir
     /// pool (the stream writes on into the unlinked file); versions that refuse with
     /// OPERATION_INVALID get retries until the stream lets go.
@@ -362,7 +258,7 @@ mod tests {
             libvirtd.socket().display()
         ))
         .unwrap();
-        let pool = crate::pool::Pool::new(&config).unwrap();
+        let pool = crate::transport::pool::Pool::new(&config).unwrap();
         let host = pool.host("here").unwrap();
         // An upload in progress, on a connection of its own (as the bulk one).
         virt::error::clear_error_callback();
@@ -375,7 +271,7 @@ mod tests {
         let length = 1 << 20;
         let vol = StorageVol::create_xml(
             &storage,
-            &crate::volume_xml::raw_volume("half.img", length).unwrap(),
+            &crate::libvirt::xml::volume::raw_volume("half.img", length).unwrap(),
             0,
         )
         .unwrap();

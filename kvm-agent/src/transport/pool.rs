@@ -32,13 +32,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::bulk_runtime;
 use crate::config::{Config, HostConfig, TransportConfig};
-use crate::connection::Connection;
 use crate::error::{Error, ErrorClass};
-use crate::forward::Upstream;
-use crate::libvirt_call::{self, CallFailure, LibvirtOp};
-use crate::ssh::SshSession;
+use crate::transport::bulk;
+use crate::transport::call::{self, CallFailure, LibvirtOp};
+use crate::transport::connection::Connection;
+use crate::transport::relay::Upstream;
+use crate::transport::ssh::SshSession;
 
 /// Unix socket paths are limited to 108 bytes including the terminator.
 const MAX_SOCKET_PATH: usize = 100;
@@ -166,16 +166,16 @@ impl HostPool {
         &self.config
     }
 
-    /// Runs a libvirt call on the host's shared connection; see [`libvirt_call`].
+    /// Runs a libvirt call on the host's shared connection; see [`call`].
     pub async fn call<T, F>(&self, op: LibvirtOp, deadline: Instant, call: F) -> Result<T, Error>
     where
         F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
         T: Send + 'static,
     {
         let api = op.api;
-        libvirt_call::traced(self.name(), &op, async move {
+        call::traced(self.name(), &op, async move {
             let connection = self.shared_connection(deadline).await?;
-            let outcome = libvirt_call::run(&connection, api, deadline, call).await;
+            let outcome = call::run(&connection, api, deadline, call).await;
             if outcome.discard {
                 self.discard(&connection);
             }
@@ -186,7 +186,7 @@ impl HostPool {
 
     /// Runs a call on a dedicated connection that is closed afterwards (streams, uploads).
     ///
-    /// The dial, the relay and the call run on the low-priority [`bulk_runtime`]; dropping
+    /// The dial, the relay and the call run on the low-priority [`bulk`]; dropping
     /// the returned future aborts them (the relay is cut, so the libvirt call returns).
     pub async fn bulk<T, F>(
         self: &Arc<Self>,
@@ -200,16 +200,14 @@ impl HostPool {
     {
         let api = op.api;
         let this = self.clone();
-        libvirt_call::traced(self.name(), &op, async move {
+        call::traced(self.name(), &op, async move {
             let host = this.name().to_owned();
             let work = async move {
                 let connection = Arc::new(this.dial(deadline, Purpose::Bulk).await?);
-                libvirt_call::run(&connection, api, deadline, call)
-                    .await
-                    .result
+                call::run(&connection, api, deadline, call).await.result
             }
             .in_current_span();
-            let Some(runtime) = bulk_runtime::handle() else {
+            let Some(runtime) = bulk::handle() else {
                 return work.await;
             };
             let mut task = AbortOnDrop(runtime.spawn(work));
@@ -305,7 +303,7 @@ impl HostPool {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let socket = self.dir.path().join(format!("c{id}.sock"));
         let op = LibvirtOp::new("virConnectOpen");
-        libvirt_call::traced(self.name(), &op, async {
+        call::traced(self.name(), &op, async {
             tracing::Span::current().record("libvirt.connection", id);
             Connection::open(self.name(), id, socket, upstream, &self.transport, deadline).await
         })

@@ -16,7 +16,7 @@
 //! 3. **Check.** Base and marker both present: done (no HTTP request). A base without
 //!    marker is what a killed agent leaves half-written: it is deleted and fetched again.
 //!    A marker without base is deleted.
-//! 4. **Fetch.** [`image_fetch::fetch`] classifies the answer (404/403 permanent, 5xx and
+//! 4. **Fetch.** [`fetch::fetch`] classifies the answer (404/403 permanent, 5xx and
 //!    network errors transient) and hashes the body as it passes. A server silent for
 //!    [`DEFAULT_IDLE_TIMEOUT`] fails the download (transient) long before
 //!    `imageDownloadTimeout`.
@@ -40,14 +40,11 @@
 //! 8. **Mark.** The marker volume is created last.
 //!
 //! The libvirt calls of each step are in `host_volumes`. [`ImageCache::evict_unused`]
-//! ([`eviction`]) deletes every base (marker first) that no volume in the pool uses as its
+//! ([`eviction`](super::eviction)) deletes every base (marker first) that no volume in the pool uses as its
 //! backing file, that is not being downloaded by this process and that is older than
 //! [`DEFAULT_EVICTION_MIN_AGE`] (by default). See
 //! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
 //! single flight is per process, so one agent (one replica) serves a host.
-
-pub mod eviction;
-mod host_volumes;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Seek, Write};
@@ -61,17 +58,17 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub use self::eviction::{EvictionReport, KeptBecause};
-use self::host_volumes::{
+pub use super::eviction::{EvictionReport, KeptBecause};
+use super::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
     delete_half_written, inspect,
 };
 use crate::config::{ImageConfig, ImageFormat, TransportConfig};
 use crate::error::{ConfigProblem, Error, ErrorClass};
-use crate::image_fetch::{self, Download};
-use crate::naming;
-use crate::pool::HostPool;
-use crate::volume_upload::upload_volume;
+use crate::images::fetch::{self, Download};
+use crate::libvirt::naming;
+use crate::transport::bulk::upload_volume;
+use crate::transport::pool::HostPool;
 
 /// Suffix of a base volume's completion marker.
 pub const MARKER_SUFFIX: &str = ".complete";
@@ -92,7 +89,8 @@ const RETRY_HINT_MAX: Duration = Duration::from_secs(60);
 pub struct BaseImage {
     /// libvirt volume name in the host's storage pool.
     pub volume: String,
-    /// Its file path on the host (disks are file-type, lesson 1).
+    /// Its file path on the host (disks are file-type: libvirt's AppArmor helper only
+    /// allows file sources with a path).
     pub path: String,
     /// Its disk format, as configured and checked by libvirt's probe.
     pub format: ImageFormat,
@@ -231,10 +229,10 @@ pub struct ImageCache {
 
 /// Names of one image's volumes.
 #[derive(Debug, Clone)]
-struct BaseNames {
-    digest: String,
-    base: String,
-    marker: String,
+pub(super) struct BaseNames {
+    pub(super) digest: String,
+    pub(super) base: String,
+    pub(super) marker: String,
 }
 
 impl BaseNames {
@@ -354,7 +352,7 @@ impl ImageCache {
     /// Deletes the base volumes on `host` that no volume of its pool uses as backing file
     /// (and their markers, first), except those this process is downloading and those
     /// written less than `eviction_min_age` ago; also deletes markers left without their
-    /// base. See [`eviction`].
+    /// base. See [`eviction`](super::eviction).
     pub async fn evict_unused(
         &self,
         host: &Arc<HostPool>,
@@ -369,7 +367,7 @@ impl ImageCache {
             .filter_map(|(_, digest)| naming::base_volume(digest).ok())
             .collect();
         let min_age = self.options.eviction_min_age;
-        eviction::evict(host, in_flight, min_age, deadline).await
+        super::eviction::evict(host, in_flight, min_age, deadline).await
     }
 }
 
@@ -471,7 +469,7 @@ impl Job {
 
     fn timed_out(&self) -> Error {
         Error::ImageTruncated {
-            url: image_fetch::redact_url(&self.image.url),
+            url: fetch::redact_url(&self.image.url),
             received: self.progress.received(),
             expected: self.progress.expected(),
             reason: format!(
@@ -487,7 +485,7 @@ impl Job {
         let (host, pool, names) = (&self.host, self.pool.as_str(), &self.names);
         let image = &self.image;
         let idle = self.options.idle_timeout;
-        let download = image_fetch::fetch(&image.url, image.sha256.as_deref(), idle).await?;
+        let download = fetch::fetch(&image.url, image.sha256.as_deref(), idle).await?;
         // Dropped with this future (deadline): a read blocked on a stalled server returns.
         let _cancel = CancelOnDrop(download.canceller());
         let failure = download.failure();
@@ -511,7 +509,7 @@ impl Job {
         };
         if length == 0 {
             return Err(Error::ImageFetch {
-                url: image_fetch::redact_url(&image.url),
+                url: fetch::redact_url(&image.url),
                 reason: "the server sent an empty image".into(),
                 permanent: true,
             });
@@ -547,7 +545,7 @@ impl Job {
     }
 }
 
-struct CancelOnDrop(image_fetch::Canceller);
+struct CancelOnDrop(fetch::Canceller);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -639,7 +637,7 @@ mod tests {
         );
         let names = BaseNames::for_image("i", &image).unwrap();
         assert_eq!(names.marker, format!("{}.complete", names.base));
-        assert!(eviction::is_base(&names.base));
-        assert!(!eviction::is_base(&names.marker));
+        assert!(super::super::eviction::is_base(&names.base));
+        assert!(!super::super::eviction::is_base(&names.marker));
     }
 }

@@ -1,7 +1,7 @@
 //! The NoCloud seed of an instance: an ISO 9660 image labelled `cidata` holding
 //! `meta-data`, `user-data` and, when there is any, `vendor-data`.
 //!
-//! Built in memory ([`crate::iso9660`]): the agent's root filesystem is read-only
+//! Built in memory ([`crate::guest::iso9660`]): the agent's root filesystem is read-only
 //! (lesson 11), and the image is small (the documents are limited to 64 KiB each). It is
 //! rebuilt and re-uploaded on every Create attempt before the domain exists, never
 //! reused (lesson 6): a cancelled Create may have left a truncated one.
@@ -11,8 +11,8 @@
 
 use serde::Serialize;
 
-use crate::cloud_init::SeedDocuments;
-use crate::iso9660::{self, IsoFile};
+use crate::guest::cloud_init::SeedDocuments;
+use crate::guest::iso9660::{self, IsoFile};
 
 /// The volume label cloud-init's NoCloud datasource looks for.
 pub const SEED_LABEL: &str = "cidata";

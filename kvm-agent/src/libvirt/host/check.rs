@@ -13,16 +13,16 @@
 
 use std::fmt;
 
-use serde::Deserialize;
 use virt::connect::Connect;
 use virt::error::ErrorNumber;
 
 use crate::config::{Attachment, DomainType, HostConfig};
-use crate::domain_xml::VirtType;
 use crate::error::classify_libvirt;
-use crate::host_capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
-use crate::libvirt_call::CallFailure;
-use crate::volume_xml::raw_volume;
+use crate::libvirt::host::capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
+use crate::libvirt::xml::capabilities::confinement_models;
+use crate::libvirt::xml::domain::VirtType;
+use crate::libvirt::xml::volume::raw_volume;
+use crate::transport::call::CallFailure;
 
 /// How a check went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +123,7 @@ pub fn check_host(
 }
 
 /// [`check_host`] with the `auto` domain type already known (`auto`, e.g. from
-/// [`crate::host_capabilities::VirtTypes`]), so that it does not probe again.
+/// [`crate::libvirt::host::capabilities::VirtTypes`]), so that it does not probe again.
 pub fn check_host_with(
     conn: &Connect,
     host: &HostConfig,
@@ -339,28 +339,9 @@ fn check_attachment(conn: &Connect, attachment: &Attachment) -> Result<Check, Ca
 }
 
 fn check_confinement(conn: &Connect) -> Result<Check, CallFailure> {
-    #[derive(Deserialize)]
-    struct Capabilities {
-        host: Host,
-    }
-    #[derive(Deserialize)]
-    struct Host {
-        #[serde(default)]
-        secmodel: Vec<SecModel>,
-    }
-    #[derive(Deserialize)]
-    struct SecModel {
-        model: String,
-    }
     let xml = conn.capabilities()?;
-    let models: Vec<String> = match quick_xml::de::from_str::<Capabilities>(&xml) {
-        Ok(caps) => caps
-            .host
-            .secmodel
-            .into_iter()
-            .map(|m| m.model)
-            .filter(|m| m != "dac" && m != "none")
-            .collect(),
+    let models = match confinement_models(&xml) {
+        Ok(models) => models,
         Err(e) => {
             return Ok(problem(
                 "confinement",

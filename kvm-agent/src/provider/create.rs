@@ -1,6 +1,6 @@
 //! CreateInstance on one host, idempotent at every step.
 //!
-//! [`crate::instances::Instances::create`] plans the request, takes the key's lock and
+//! [`crate::provider::instances::Instances::create`] plans the request, takes the key's lock and
 //! then:
 //! 1. **existing domain** ([`existing_instance`]): a domain for the key whose metadata has
 //!    the same spec digest is started if it is not running and returned; another digest
@@ -12,7 +12,8 @@
 //!    libvirt call, reused when an earlier attempt made it for the same base and size
 //!    (remade when the image or machine type changed in between);
 //! 4. **seed**: any old seed volume deleted, a new one created and the NoCloud image
-//!    (built in memory) uploaded, always, before the domain exists (lesson 6);
+//!    (built in memory) uploaded, always, before the domain exists (a cancelled attempt may
+//!    have left a truncated seed, so one is never reused);
 //! 5. **define** the domain: file disks whose paths libvirt reported for the volumes,
 //!    the metadata element with key, name, tags, creation time and spec digest;
 //! 6. **start** it, and return the instance (PROVISIONING until it has an address).
@@ -21,25 +22,26 @@
 //! domain) or replaces (seed): a retry ends with one running domain, one overlay and one
 //! seed. [`FaultHook`] lets tests fail Create after each [`CreateStep`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use egressproxy_provider::{ProviderError, pb};
 use tokio::time::Instant;
 
-use crate::create_ops::{self, FoundDomain};
-use crate::create_plan::CreatePlan;
-use crate::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use crate::error::Error;
-use crate::image_cache::BaseImage;
-use crate::instance_ops::{self, NicKind};
-use crate::instances::to_contract_instance;
-use crate::libvirt_call::LibvirtOp;
-use crate::pool::HostPool;
-use crate::seed::build_seed;
-use crate::volume_upload::upload_volume;
+use crate::guest::seed::build_seed;
+use crate::images::cache::BaseImage;
+use crate::libvirt::domains::FoundDomain;
+use crate::libvirt::domains::{self, NicKind};
+use crate::libvirt::volumes;
+use crate::libvirt::xml::domain::{DomainSpec, VirtType};
+use crate::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
+use crate::provider::plan::CreatePlan;
+use crate::provider::state::to_contract_instance;
+use crate::transport::bulk::upload_volume;
+use crate::transport::call::LibvirtOp;
+use crate::transport::pool::HostPool;
 
 /// A step of Create after which a test may inject a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,52 +104,6 @@ impl fmt::Debug for FaultHook {
     }
 }
 
-/// One Create at a time per instance key in this agent; others wait their turn and then
-/// find the domain the first one made.
-#[derive(Debug, Default)]
-pub struct KeyLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
-
-impl KeyLocks {
-    /// Waits (until `deadline`) for the lock of `key` on `host`.
-    pub async fn lock(
-        &self,
-        host: &str,
-        key: &str,
-        deadline: Instant,
-    ) -> Result<tokio::sync::OwnedMutexGuard<()>, Error> {
-        let lock = {
-            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, weak| weak.strong_count() > 0);
-            let id = format!("{host}/{key}");
-            match map.get(&id).and_then(Weak::upgrade) {
-                Some(lock) => lock,
-                None => {
-                    let lock = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(id, Arc::downgrade(&lock));
-                    lock
-                }
-            }
-        };
-        let waited_from = Instant::now();
-        tokio::time::timeout_at(deadline, lock.lock_owned())
-            .await
-            .map_err(|_| Error::CreateInProgress {
-                host: host.to_owned(),
-                key: key.to_owned(),
-                waited: waited_from.elapsed(),
-            })
-    }
-}
-
-pub use crate::host_capabilities::VirtTypes;
-
-fn nic_kind(plan: &CreatePlan) -> NicKind {
-    match plan.host.attachment() {
-        crate::config::Attachment::Network(_) => NicKind::Network,
-        crate::config::Attachment::Bridge(_) => NicKind::Bridge,
-    }
-}
-
 /// Step 1: the key's existing instance (started if need be), `None` when there is none.
 pub async fn existing_instance(
     host: &Arc<HostPool>,
@@ -161,7 +117,7 @@ pub async fn existing_instance(
         .call(
             LibvirtOp::new("virDomainLookupByName").domain(domain.clone()),
             deadline,
-            move |conn| create_ops::find_domain(conn, &lookup),
+            move |conn| domains::find_domain(conn, &lookup),
         )
         .await?;
     match found {
@@ -173,11 +129,11 @@ pub async fn existing_instance(
         }
         .into()),
         FoundDomain::Ours { spec_sha256, .. } if spec_sha256 != plan.spec_sha256 => {
-            Err(ProviderError::already_exists(format!(
-                "key {key} belongs to instance {}/{key}, created with a different placement, \
-                 cloud-init or proxy port: delete it first or use another key",
-                host.name()
-            )))
+            Err(Error::SpecMismatch {
+                host: host.name().to_owned(),
+                key: key.to_owned(),
+            }
+            .into())
         }
         FoundDomain::Ours { running, .. } => {
             if !running {
@@ -193,7 +149,7 @@ async fn start(host: &Arc<HostPool>, domain: &str, deadline: Instant) -> Result<
     host.call(
         LibvirtOp::new("virDomainCreate").domain(domain),
         deadline,
-        move |conn| create_ops::start_domain(conn, &name),
+        move |conn| domains::start_domain(conn, &name),
     )
     .await
 }
@@ -204,21 +160,21 @@ async fn read(
     deadline: Instant,
 ) -> Result<pb::Instance, ProviderError> {
     let names = plan.names.clone();
-    let nic = nic_kind(plan);
+    let nic = NicKind::of(&plan.host.attachment());
     let snapshot = host
         .call(
             LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone()),
             deadline,
-            move |conn| instance_ops::read_instance(conn, &names, nic),
+            move |conn| domains::read_instance(conn, &names, nic),
         )
         .await?;
     snapshot
         .map(|s| to_contract_instance(host.name(), s))
         .ok_or_else(|| {
-            ProviderError::transient(format!(
-                "domain {} vanished right after Create made it (deleted concurrently?)",
-                plan.names.domain
-            ))
+            Error::InstanceVanished {
+                domain: plan.names.domain.clone(),
+            }
+            .into()
         })
 }
 
@@ -249,9 +205,7 @@ pub async fn create_from_base(
         .call(
             LibvirtOp::new("virStorageVolCreateXML").volume(names.overlay_volume.clone()),
             deadline,
-            move |conn| {
-                create_ops::ensure_overlay(conn, &pool, &name, capacity, &base_path, format)
-            },
+            move |conn| volumes::ensure_overlay(conn, &pool, &name, capacity, &base_path, format),
         )
         .await?;
     tracing::debug!(
@@ -269,7 +223,7 @@ pub async fn create_from_base(
         .call(
             LibvirtOp::new("virStorageVolCreateXML").volume(names.seed_volume.clone()),
             deadline,
-            move |conn| create_ops::recreate_seed_volume(conn, &pool, &name, seed_len),
+            move |conn| volumes::recreate_seed_volume(conn, &pool, &name, seed_len),
         )
         .await?;
     faults.after(CreateStep::SeedVolume)?;
@@ -319,7 +273,7 @@ pub async fn create_from_base(
     host.call(
         LibvirtOp::new("virDomainDefineXML").domain(names.domain.clone()),
         deadline,
-        move |conn| create_ops::define_domain(conn, &xml),
+        move |conn| domains::define_domain(conn, &xml),
     )
     .await?;
     faults.after(CreateStep::Define)?;
