@@ -13,6 +13,8 @@ use std::time::Duration;
 use egressproxy_provider::ProviderError;
 use virt::error::{ErrorDomain, ErrorNumber};
 
+use crate::libvirt::xml::XmlError;
+
 /// What a caller should do about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -444,6 +446,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// XML the agent exchanges with libvirt could not be read back (libvirt returned
+    /// something the agent does not understand) or not be built. Not an I/O failure:
+    /// retrying the same call gets the same XML.
+    #[error("{context}: {error}")]
+    Xml {
+        /// What the agent was reading or building.
+        context: String,
+        /// The XML error.
+        error: XmlError,
+    },
+
     /// The task running Create's steps panicked or was cancelled.
     #[error("Create of key {key} stopped unexpectedly: {reason}")]
     CreateTaskFailed {
@@ -497,6 +510,7 @@ impl Error {
             | Error::SshAuthRejected { .. }
             | Error::DomainXmlInvalid { .. }
             | Error::InvalidArgument { .. }
+            | Error::Xml { .. }
             | Error::HostNotReady { .. } => ErrorClass::Permanent,
             Error::DomainNameTaken { .. } | Error::SpecMismatch { .. } => ErrorClass::Conflict,
             Error::InstanceNotFound { .. } => ErrorClass::NotFound,
@@ -544,6 +558,14 @@ impl Error {
             Error::Libvirt { failure, .. } => Some(failure.code),
             Error::Shared(error) => error.libvirt_code(),
             _ => None,
+        }
+    }
+
+    /// XML that could not be read or built, while doing `context`.
+    pub(crate) fn xml(context: impl Into<String>, error: XmlError) -> Self {
+        Self::Xml {
+            context: context.into(),
+            error,
         }
     }
 
@@ -605,6 +627,11 @@ impl Error {
                 (C::Transient, "AGENT_WORKER_FAILED")
             }
             Error::SpecMismatch { .. } => (C::AlreadyExists, "SPEC_MISMATCH"),
+            Error::Xml {
+                error: XmlError::Parse { .. },
+                ..
+            } => (C::Permanent, "LIBVIRT_XML_UNREADABLE"),
+            Error::Xml { .. } => (C::Permanent, "LIBVIRT_XML_UNBUILDABLE"),
             Error::InstanceNotFound { .. } => (C::NotFound, "INSTANCE_NOT_FOUND"),
             Error::InstanceVanished { .. } => (C::Transient, "INSTANCE_VANISHED"),
             Error::InvalidArgument { field, reason } => {
@@ -768,8 +795,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_error_maps_to_one_contract_class_and_reason() {
+    /// One error of every kind the mapping tells apart, with its contract class and reason.
+    fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str)> {
         use egressproxy_provider::ErrorClass as C;
         use virt::error::{ErrorDomain as D, ErrorNumber as N};
         let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
@@ -1055,6 +1082,19 @@ mod tests {
                 "IMAGE_SERVER_ERROR",
             ),
         ];
+        table
+    }
+
+    #[test]
+    fn every_error_maps_to_one_contract_class_and_reason() {
+        use egressproxy_provider::ErrorClass as C;
+        let backing_off = |last_class| Error::SshBackingOff {
+            host: "hv".into(),
+            retry_in: Duration::from_secs(3),
+            last_error: "refused".into(),
+            last_class,
+        };
+        let table = mapping_table();
         for (error, class, reason) in table {
             let mapped = error.to_provider_error();
             assert_eq!(
@@ -1259,5 +1299,123 @@ mod tests {
         assert!(!err.drops_connection());
         assert_eq!(err.class(), ErrorClass::NotFound);
         assert_eq!(err.libvirt_code(), Some(42));
+    }
+
+    /// Errors the mapping tells apart that the table above leaves out: their contract
+    /// class has no counterpart in [`ErrorClass`] (an instance, not a libvirt object, is
+    /// missing) or they only exist on the contract's side.
+    fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str)> {
+        use egressproxy_provider::ErrorClass as C;
+        let unreadable =
+            || crate::libvirt::xml::volume::VolumeFacts::parse("<volume>").unwrap_err();
+        let unbuildable = XmlError::Serialize(quick_xml::SeError::Custom("no".into()));
+        vec![
+            (
+                Error::SpecMismatch {
+                    host: "hv".into(),
+                    key: "k".into(),
+                },
+                C::AlreadyExists,
+                "SPEC_MISMATCH",
+            ),
+            (
+                Error::InstanceNotFound {
+                    id: "hv/k".into(),
+                    detail: "no domain egressproxy-k on host hv".into(),
+                },
+                C::NotFound,
+                "INSTANCE_NOT_FOUND",
+            ),
+            (
+                Error::InstanceVanished {
+                    domain: "egressproxy-k".into(),
+                },
+                C::Transient,
+                "INSTANCE_VANISHED",
+            ),
+            (
+                Error::CreateTaskFailed {
+                    key: "k".into(),
+                    reason: "panic".into(),
+                },
+                C::Transient,
+                "AGENT_WORKER_FAILED",
+            ),
+            (
+                Error::InvalidArgument {
+                    field: "id",
+                    reason: "bad".into(),
+                },
+                C::InvalidArgument,
+                "INVALID_ARGUMENT",
+            ),
+            (
+                Error::xml("domain egressproxy-k", unreadable()),
+                C::Permanent,
+                "LIBVIRT_XML_UNREADABLE",
+            ),
+            (
+                Error::xml("volume XML for v", unbuildable),
+                C::Permanent,
+                "LIBVIRT_XML_UNBUILDABLE",
+            ),
+        ]
+    }
+
+    #[test]
+    fn contract_only_errors_map_through_the_one_mapping() {
+        for (error, class, reason) in contract_only_table() {
+            let mapped = error.to_provider_error();
+            assert_eq!(
+                (mapped.class, mapped.reason.as_str()),
+                (class, reason),
+                "{error}"
+            );
+            assert_eq!(mapped.message, error.to_string());
+        }
+        // XML libvirt returned that cannot be read is not a transient I/O failure.
+        let unreadable = Error::xml(
+            "domain d",
+            crate::libvirt::xml::domain::DomainFacts::parse("<domain").unwrap_err(),
+        );
+        assert_eq!(unreadable.class(), ErrorClass::Permanent);
+    }
+
+    /// The reason codes in the error table of docs/kvm-agent.md are exactly those the
+    /// agent answers with.
+    #[test]
+    fn the_documented_error_table_lists_every_reason_and_no_other() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kvm-agent.md"))
+                .unwrap();
+        let section = doc
+            .split("\n## Errors\n")
+            .nth(1)
+            .expect("docs/kvm-agent.md has an Errors section");
+        let section = section.split("\n## ").next().unwrap();
+        let documented: std::collections::BTreeSet<String> = section
+            .lines()
+            .filter(|line| line.starts_with("| `"))
+            .flat_map(|line| {
+                let first_column = line.split('|').nth(1).unwrap_or_default();
+                first_column
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut produced: std::collections::BTreeSet<String> = mapping_table()
+            .into_iter()
+            .chain(contract_only_table())
+            .map(|(_, _, reason)| reason.to_owned())
+            .collect();
+        // Answered by the guest layer's cloud-config check, not through this mapping.
+        produced.insert("INVALID_CLOUD_CONFIG".to_owned());
+        assert_eq!(
+            documented, produced,
+            "the error table of docs/kvm-agent.md and the code disagree"
+        );
     }
 }

@@ -224,12 +224,12 @@ fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure> {
 /// cannot see).
 fn listed_volume(host: &str, name: String, path: String, xml: &str) -> Result<ListedVolume, Error> {
     let facts = VolumeFacts::parse(xml).map_err(|e| {
-        Error::io(
+        Error::xml(
             format!(
                 "host {host}: eviction stopped, nothing deleted: cannot read the XML of volume \
                  {name} (is it an overlay on a base?)"
             ),
-            std::io::Error::other(e),
+            e,
         )
     })?;
     Ok(ListedVolume {

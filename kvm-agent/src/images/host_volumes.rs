@@ -93,12 +93,8 @@ pub(super) async fn create_upload_target(
     length: u64,
     deadline: Instant,
 ) -> Result<(), Error> {
-    let xml = sparse_raw_volume(volume, length).map_err(|e| {
-        Error::io(
-            format!("volume XML for {volume}"),
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    let xml = sparse_raw_volume(volume, length)
+        .map_err(|e| Error::xml(format!("volume XML for {volume}"), e))?;
     let pool = pool.to_owned();
     let op = LibvirtOp::new("virStorageVolCreateXML")
         .volume(volume)
@@ -117,12 +113,8 @@ pub(super) async fn create_marker(
     marker: &str,
     deadline: Instant,
 ) -> Result<(), Error> {
-    let xml = sparse_raw_volume(marker, 0).map_err(|e| {
-        Error::io(
-            format!("volume XML for {marker}"),
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    let xml = sparse_raw_volume(marker, 0)
+        .map_err(|e| Error::xml(format!("volume XML for {marker}"), e))?;
     let pool = pool.to_owned();
     let op = LibvirtOp::new("virStorageVolCreateXML").volume(marker);
     host.call(op, deadline, move |c| {
@@ -161,9 +153,9 @@ pub(super) async fn inspect(
         let vol = pool.lookup_storage_vol_by_name(&volume)?;
         let xml = vol.xml_desc(0)?;
         let facts = VolumeFacts::parse(&xml).map_err(|e| {
-            CallFailure::Agent(Error::io(
-                format!("host {host_name}: parse the XML of volume {volume}"),
-                std::io::Error::other(e),
+            CallFailure::Agent(Error::xml(
+                format!("host {host_name}: the XML of volume {volume}"),
+                e,
             ))
         })?;
         Ok(Inspected {

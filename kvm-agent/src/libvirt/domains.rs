@@ -134,12 +134,8 @@ fn running_addresses(
     if !matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED) {
         return Ok(Vec::new());
     }
-    let facts = DomainFacts::parse(&domain.xml_desc(0)?).map_err(|e| {
-        CallFailure::Agent(crate::Error::io(
-            format!("domain {name}: {e}"),
-            std::io::Error::from(std::io::ErrorKind::InvalidData),
-        ))
-    })?;
+    let facts = DomainFacts::parse(&domain.xml_desc(0)?)
+        .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("domain {name}"), e)))?;
     discover_addresses(domain, facts.macs.first().map(String::as_str), nic)
 }
 

@@ -42,10 +42,7 @@ pub(crate) fn lookup_volume(
 }
 
 fn xml_failure(e: XmlError) -> CallFailure {
-    CallFailure::Agent(Error::io(
-        e.to_string(),
-        std::io::Error::from(std::io::ErrorKind::InvalidData),
-    ))
+    CallFailure::Agent(Error::xml("volume", e))
 }
 
 /// The overlay as found or made.

@@ -178,12 +178,9 @@ pub fn domain_capabilities(
         VirtType::Qemu => "qemu",
     };
     match conn.domain_capabilities(None, Some("x86_64"), Some("q35"), Some(kind), 0) {
-        Ok(xml) => DomainCapabilities::parse(&xml).map(Some).map_err(|e| {
-            CallFailure::Agent(crate::Error::io(
-                e.to_string(),
-                std::io::Error::from(std::io::ErrorKind::InvalidData),
-            ))
-        }),
+        Ok(xml) => DomainCapabilities::parse(&xml)
+            .map(Some)
+            .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("{kind} domain"), e))),
         Err(e)
             if e.code().is_any(vec![
                 ErrorNumber::InvalidArg,
@@ -250,12 +247,8 @@ pub fn probe(
     name: &str,
     timeout: Duration,
 ) -> Result<ProbeOutcome, CallFailure> {
-    let xml = probe_domain_xml(name, virt_type).map_err(|e| {
-        CallFailure::Agent(crate::Error::io(
-            e.to_string(),
-            std::io::Error::from(std::io::ErrorKind::InvalidData),
-        ))
-    })?;
+    let xml = probe_domain_xml(name, virt_type)
+        .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("probe domain {name}"), e)))?;
     let started = Instant::now();
     let domain = match start_probe_domain(conn, &xml)? {
         Ok(domain) => domain,

@@ -15,7 +15,7 @@ pub mod volume;
 #[derive(Debug, thiserror::Error)]
 pub enum XmlError {
     /// Building the XML failed.
-    #[error("cannot build domain XML: {0}")]
+    #[error("cannot build libvirt XML: {0}")]
     Serialize(#[from] quick_xml::SeError),
     /// The XML libvirt returned does not parse as expected.
     #[error("cannot parse {what}: {source}")]
