@@ -18,18 +18,18 @@
 //!   transport   SSH, relay, connections, the traced deadline-bounded call
 //! ```
 //!
-//! - [`transport`]: [`transport::ssh`] sessions, the [`transport::relay`] under each
-//!   libvirt connection, [`transport::connection`], the per-host [`transport::pool`],
+//! - [`transport`]: `transport::ssh` sessions, the [`transport::relay`] under each
+//!   libvirt connection, `transport::connection`, the per-host [`transport::pool`],
 //!   [`transport::call`] (the one traced, deadline-bounded wrapper of every libvirt
 //!   call), libvirt's [`transport::event_loop`], and [`transport::bulk`] uploads.
 //! - [`libvirt`]: [`libvirt::xml`] (domain, metadata, volume, capabilities),
 //!   [`libvirt::naming`], [`libvirt::domains`], [`libvirt::addresses`],
-//!   [`libvirt::volumes`] and [`libvirt::host`] (capabilities, check-host).
+//!   `libvirt::volumes` and [`libvirt::host`] (capabilities, check-host).
 //! - [`guest`]: [`guest::cloud_init`], [`guest::seed`] and [`guest::iso9660`].
 //! - [`images`]: the content-addressed base volume [`images::cache`], image
-//!   [`images::fetch`] and [`images::eviction`].
+//!   [`images::fetch`] and `images::eviction`.
 //! - [`provider`]: the gRPC [`provider::service`] over [`provider::instances`], with
-//!   [`provider::plan`], [`provider::create`], [`provider::state`] and [`provider::sync`].
+//!   [`provider::plan`], [`provider::create`], [`provider::state`] and `provider::sync`.
 //! - [`config`]: the YAML configuration, validated at start-up.
 //! - [`error`]: the crate's error type and THE mapping of every error to the contract.
 //!

@@ -1,7 +1,7 @@
 //! A minimal ISO 9660 image writer: one root directory of small files, in memory.
 //!
 //! Enough for a NoCloud seed, and deliberately no more: no subdirectories, no boot
-//! record, at most [`MAX_FILES`] files. The image carries two directory trees over the
+//! record, at most `MAX_FILES` files. The image carries two directory trees over the
 //! same file data, as `genisoimage -J` writes them:
 //! - the primary tree (ECMA-119) with the names upper-cased plus `.;1`
 //!   (`USER-DATA.;1`), which Linux shows as `user-data` even when mounted `nojoliet`;
@@ -16,9 +16,9 @@
 
 const SECTOR: usize = 2048;
 /// The most files one image holds (the root directory is one sector).
-pub const MAX_FILES: usize = 8;
+pub(crate) const MAX_FILES: usize = 8;
 /// The longest file name.
-pub const MAX_NAME_LEN: usize = 30;
+pub(crate) const MAX_NAME_LEN: usize = 30;
 
 const PRIMARY_ROOT: u32 = 23;
 const JOLIET_ROOT: u32 = 24;
@@ -27,7 +27,7 @@ const PATH_TABLE_LEN: u32 = 10;
 
 /// A file of the image.
 #[derive(Clone, PartialEq, Eq)]
-pub struct IsoFile<'a> {
+pub(crate) struct IsoFile<'a> {
     /// The file's name: 1 to [`MAX_NAME_LEN`] characters of `[a-z0-9._-]`.
     pub name: &'a str,
     /// The file's content.
@@ -46,7 +46,7 @@ impl std::fmt::Debug for IsoFile<'_> {
 
 /// Why an image cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IsoError {
+pub(crate) enum IsoError {
     /// A volume label must be 1 to 32 characters of `[a-z0-9_]` (any case).
     #[error("volume label {0:?} must be 1 to 32 characters of [A-Za-z0-9_]")]
     Label(String),
@@ -65,7 +65,7 @@ pub enum IsoError {
 }
 
 /// Builds an image with volume label `label` holding `files` in its root directory.
-pub fn build(label: &str, files: &[IsoFile<'_>]) -> Result<Vec<u8>, IsoError> {
+pub(crate) fn build(label: &str, files: &[IsoFile<'_>]) -> Result<Vec<u8>, IsoError> {
     if label.is_empty()
         || label.len() > 32
         || !label

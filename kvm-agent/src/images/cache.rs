@@ -40,7 +40,7 @@
 //! 8. **Mark.** The marker volume is created last.
 //!
 //! The libvirt calls of each step are in `host_volumes`. [`ImageCache::evict_unused`]
-//! ([`eviction`](super::eviction)) deletes every base (marker first) that no volume in the pool uses as its
+//! (`eviction`) deletes every base (marker first) that no volume in the pool uses as its
 //! backing file, that is not being downloaded by this process and that is older than
 //! [`DEFAULT_EVICTION_MIN_AGE`] (by default). See
 //! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
@@ -71,7 +71,7 @@ use crate::transport::bulk::upload_volume;
 use crate::transport::pool::HostPool;
 
 /// Suffix of a base volume's completion marker.
-pub const MARKER_SUFFIX: &str = ".complete";
+pub(crate) const MARKER_SUFFIX: &str = ".complete";
 
 /// Buffer of the spool copy; the size the upload sends, too.
 const SPOOL_CHUNK: usize = 256 * 1024;
@@ -105,7 +105,7 @@ pub fn marker_volume(base: &str) -> String {
 
 /// The digest that names `image`'s base volume: its configured SHA-256 (lowercased), or
 /// the SHA-256 of its URL when none is configured. See the module docs.
-pub fn image_digest(image: &ImageConfig) -> String {
+pub(crate) fn image_digest(image: &ImageConfig) -> String {
     match &image.sha256 {
         Some(sum) => sum.to_ascii_lowercase(),
         None => hex(&Sha256::digest(image.url.as_bytes())),
@@ -352,7 +352,7 @@ impl ImageCache {
     /// Deletes the base volumes on `host` that no volume of its pool uses as backing file
     /// (and their markers, first), except those this process is downloading and those
     /// written less than `eviction_min_age` ago; also deletes markers left without their
-    /// base. See [`eviction`](super::eviction).
+    /// base. See `images::eviction`.
     pub async fn evict_unused(
         &self,
         host: &Arc<HostPool>,

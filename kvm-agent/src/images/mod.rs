@@ -3,9 +3,9 @@
 //! - [`cache`]: the per-host cache of base volumes, one download per base at a time.
 //! - [`fetch`]: an image's HTTP(S) or `file://` body, streamed through SHA-256.
 //! - `host_volumes`: the cache's libvirt steps (look up, create, inspect, delete).
-//! - [`eviction`]: deleting base volumes no domain uses any more.
+//! - `eviction`: deleting base volumes no domain uses any more.
 
 pub mod cache;
-pub mod eviction;
+pub(crate) mod eviction;
 pub mod fetch;
 mod host_volumes;

@@ -30,7 +30,7 @@ pub const ADDRESS_SOURCES: [AddressSource; 3] = [
 
 impl AddressSource {
     /// The `virDomainInterfaceAddressesSource` value.
-    pub fn libvirt_source(self) -> sys::virDomainInterfaceAddressesSource {
+    pub(crate) fn libvirt_source(self) -> sys::virDomainInterfaceAddressesSource {
         match self {
             AddressSource::Agent => sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
             AddressSource::Lease => sys::VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
@@ -40,7 +40,7 @@ impl AddressSource {
 
     /// Whether this source can answer for a NIC on a host bridge (leases need a libvirt
     /// network).
-    pub fn works_on_bridge(self) -> bool {
+    pub(crate) fn works_on_bridge(self) -> bool {
         self != AddressSource::Lease
     }
 }
@@ -59,7 +59,10 @@ pub fn is_usable_address(address: IpAddr) -> bool {
 /// The usable addresses of `interfaces` (one source's answer), in order, without
 /// duplicates. With `mac`, only the NIC with that hardware address counts (the guest
 /// agent also reports `lo` and any bridge the guest itself runs).
-pub fn usable_addresses(interfaces: &[virt::domain::Interface], mac: Option<&str>) -> Vec<IpAddr> {
+pub(crate) fn usable_addresses(
+    interfaces: &[virt::domain::Interface],
+    mac: Option<&str>,
+) -> Vec<IpAddr> {
     let mut found = Vec::new();
     for interface in interfaces {
         if let (Some(want), Some(have)) = (mac, interface.hwaddr.as_deref())

@@ -140,7 +140,7 @@ fn running_addresses(
 }
 
 /// Guest addresses from the first source that has any, in [`ADDRESS_SOURCES`] order.
-pub fn discover_addresses(
+pub(crate) fn discover_addresses(
     domain: &Domain,
     mac: Option<&str>,
     nic: NicKind,

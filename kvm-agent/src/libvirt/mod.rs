@@ -6,7 +6,7 @@
 //! - [`naming`]: the names of every domain and volume the agent creates, from the key.
 //! - [`domains`]: finding, reading, listing, defining, starting and deleting domains.
 //! - [`addresses`]: where a guest's addresses come from, and which of them are usable.
-//! - [`volumes`]: an instance's overlay and seed volumes.
+//! - `volumes`: an instance's overlay and seed volumes.
 //! - [`host`]: what a hypervisor can run ([`host::capabilities`]) and whether it is ready
 //!   for the agent ([`host::check`]).
 
@@ -14,5 +14,5 @@ pub mod addresses;
 pub mod domains;
 pub mod host;
 pub mod naming;
-pub mod volumes;
+pub(crate) mod volumes;
 pub mod xml;

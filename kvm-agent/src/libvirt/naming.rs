@@ -20,7 +20,7 @@ use std::fmt;
 use egressproxy_provider::validation::MAX_KEY_LEN;
 
 /// Prefix of every domain and instance volume the agent creates.
-pub const INSTANCE_PREFIX: &str = "egressproxy-";
+pub(crate) const INSTANCE_PREFIX: &str = "egressproxy-";
 /// Prefix of base image volumes (followed by the image's SHA-256 in hex).
 pub const BASE_PREFIX: &str = "egressproxy-base-";
 
@@ -41,7 +41,7 @@ pub struct InstanceNames {
 pub struct InvalidKey;
 
 /// Whether `key` is a valid instance key (the contract's rule).
-pub fn is_valid_key(key: &str) -> bool {
+pub(crate) fn is_valid_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= MAX_KEY_LEN
         && key
@@ -64,7 +64,7 @@ impl InstanceNames {
     }
 
     /// The key a domain name was derived from, if it is one of the agent's domains.
-    pub fn key_of_domain(domain: &str) -> Option<&str> {
+    pub(crate) fn key_of_domain(domain: &str) -> Option<&str> {
         domain
             .strip_prefix(INSTANCE_PREFIX)
             .filter(|key| is_valid_key(key))
@@ -74,7 +74,7 @@ impl InstanceNames {
 /// The guest's hostname for instance `key`: a valid DNS label (lowercase letters,
 /// digits and `-`, at most 63 characters). Not unique (case and punctuation fold, long
 /// keys are cut), which is fine for a hostname.
-pub fn hostname_for_key(key: &str) -> String {
+pub(crate) fn hostname_for_key(key: &str) -> String {
     let mut name: String = format!("{INSTANCE_PREFIX}{key}")
         .chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -111,7 +111,7 @@ pub struct InvalidDigest;
 
 /// The provider id of an instance: the host it runs on and its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstanceId {
+pub(crate) struct InstanceId {
     /// The host's name in the configuration.
     pub host: String,
     /// The instance key.
@@ -120,7 +120,7 @@ pub struct InstanceId {
 
 impl InstanceId {
     /// Parses `<host>/<key>`; the key is what follows the last `/`.
-    pub fn parse(id: &str) -> Option<Self> {
+    pub(crate) fn parse(id: &str) -> Option<Self> {
         let (host, key) = id.rsplit_once('/')?;
         (!host.is_empty() && is_valid_key(key)).then(|| Self {
             host: host.to_owned(),

@@ -47,7 +47,7 @@ fn xml_failure(e: XmlError) -> CallFailure {
 
 /// The overlay as found or made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Overlay {
+pub(crate) struct Overlay {
     /// Its path on the hypervisor.
     pub path: PathBuf,
     /// Whether this call created it (false: an earlier attempt's was reused).
@@ -64,7 +64,7 @@ pub struct Overlay {
 /// machine type changed after a Create that failed before its domain was defined) is
 /// deleted and made again. The caller holds the key's lock and has checked that no
 /// domain exists for the key, so nothing uses that overlay.
-pub fn ensure_overlay(
+pub(crate) fn ensure_overlay(
     conn: &Connect,
     pool: &str,
     name: &str,
@@ -112,7 +112,7 @@ pub fn ensure_overlay(
 
 /// Deletes any seed volume `name` and creates an empty raw one of `length` bytes;
 /// returns its path.
-pub fn recreate_seed_volume(
+pub(crate) fn recreate_seed_volume(
     conn: &Connect,
     pool: &str,
     name: &str,

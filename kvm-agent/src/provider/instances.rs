@@ -111,7 +111,7 @@ impl Instances {
     /// when the client cancels or its deadline passes) does not stop them half-way, nor
     /// let a Delete or another Create of the key run beside them. The task ends when the
     /// steps are done or the request's deadline has passed.
-    pub async fn create_with<F, Fut>(
+    pub(crate) async fn create_with<F, Fut>(
         &self,
         request: &pb::CreateInstanceRequest,
         deadline: Instant,

@@ -6,11 +6,11 @@
 //! - [`plan`]: Create's request checked and resolved against the configuration.
 //! - [`create`]: Create's steps in order, idempotent, with a test fault hook.
 //! - [`state`]: libvirt states and guest addresses in the contract's terms.
-//! - [`sync`]: per-key locks, so one Create per key runs at a time.
+//! - `sync`: per-key locks, so one Create per key runs at a time.
 
 pub mod create;
 pub mod instances;
 pub mod plan;
 pub mod service;
 pub mod state;
-pub mod sync;
+pub(crate) mod sync;

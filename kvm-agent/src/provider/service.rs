@@ -31,13 +31,13 @@ use crate::provider::plan::resolve_placement;
 use crate::transport::call::LibvirtOp;
 
 /// The name GetPluginInfo reports.
-pub const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
+pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
 /// The largest ListInstances page.
-pub const MAX_PAGE_SIZE: usize = 1000;
+pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Instances per ListInstances page when the caller sets no size: the largest, because
 /// every page costs a full sweep of the hosts whatever its size (a few round trips plus
 /// one metadata read per domain), so fewer pages are cheaper.
-pub const DEFAULT_PAGE_SIZE: usize = MAX_PAGE_SIZE;
+pub(crate) const DEFAULT_PAGE_SIZE: usize = MAX_PAGE_SIZE;
 /// How much earlier than the caller's deadline the agent gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 

@@ -41,7 +41,7 @@ pub fn instance_state(
 
 /// An address as the contract reports it. The agent only knows addresses on the
 /// hypervisor's networks, so they are internal.
-pub fn to_contract_address(address: IpAddr) -> pb::Address {
+pub(crate) fn to_contract_address(address: IpAddr) -> pb::Address {
     pb::Address {
         address: address.to_string(),
         scope: pb::AddressScope::Internal.into(),

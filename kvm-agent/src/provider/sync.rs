@@ -15,11 +15,11 @@ use crate::error::Error;
 /// One Create at a time per instance key in this agent; others wait their turn and then
 /// find the domain the first one made.
 #[derive(Debug, Default)]
-pub struct KeyLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+pub(crate) struct KeyLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
 
 impl KeyLocks {
     /// Waits (until `deadline`) for the lock of `key` on `host`.
-    pub async fn lock(
+    pub(crate) async fn lock(
         &self,
         host: &str,
         key: &str,

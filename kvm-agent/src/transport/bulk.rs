@@ -36,7 +36,7 @@ static RUNTIME: OnceLock<std::io::Result<tokio::runtime::Runtime>> = OnceLock::n
 
 /// The bulk runtime's handle, or `None` if it could not be built (then the caller's own
 /// runtime is used).
-pub fn handle() -> Option<tokio::runtime::Handle> {
+pub(crate) fn handle() -> Option<tokio::runtime::Handle> {
     RUNTIME
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()

@@ -1,6 +1,6 @@
 //! The one wrapper every libvirt call passes through: traced, off the runtime, bounded.
 //!
-//! [`run`] executes a closure against a [`Connection`]:
+//! [`run`] executes a closure against a `Connection`:
 //! 1. it opens a span named after the libvirt API (`otel.name`, e.g. `virDomainDefineXML`)
 //!    with `libvirt.host`, `libvirt.domain`/`libvirt.volume`, `libvirt.bytes`, the
 //!    connection number, and on completion `libvirt.duration_ms` and, on failure,
@@ -119,7 +119,7 @@ pub struct Outcome<T> {
 }
 
 /// Records completion fields on `span` and logs the call (visible with `-v`).
-pub fn finish_span<T>(span: &Span, started: Instant, result: &Result<T, Error>) {
+pub(crate) fn finish_span<T>(span: &Span, started: Instant, result: &Result<T, Error>) {
     let elapsed = started.elapsed();
     span.record("libvirt.duration_ms", elapsed.as_secs_f64() * 1000.0);
     match result {
@@ -311,7 +311,7 @@ fn round_ms(d: Duration) -> Duration {
 }
 
 /// Runs `future` inside `op`'s span and records its completion.
-pub async fn traced<T>(
+pub(crate) async fn traced<T>(
     host: &str,
     op: &LibvirtOp,
     future: impl Future<Output = Result<T, Error>>,

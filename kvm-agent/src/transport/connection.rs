@@ -107,7 +107,7 @@ impl Connection {
     }
 
     /// False once the relay has ended: the connection is dead and must be replaced.
-    pub fn is_usable(&self) -> bool {
+    pub(crate) fn is_usable(&self) -> bool {
         !self.forward.is_finished()
     }
 
@@ -122,7 +122,7 @@ impl Connection {
     }
 
     /// Why the connection was cut, if [`Connection::cut`] was called.
-    pub fn cut_because(&self) -> Option<String> {
+    pub(crate) fn cut_because(&self) -> Option<String> {
         self.cut_because
             .lock()
             .unwrap_or_else(|p| p.into_inner())

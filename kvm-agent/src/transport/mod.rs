@@ -1,10 +1,10 @@
 //! The bottom layer: reaching a hypervisor's libvirt and calling it safely.
 //!
 //! A libvirt call travels down this stack:
-//! 1. [`pool`] finds the host's shared [`connection`] (dialling it when there is none,
+//! 1. [`pool`] finds the host's shared `connection` (dialling it when there is none,
 //!    one dial at a time, with backoff after failures);
 //! 2. the connection speaks libvirt's RPC over a [`relay`]: a local unix socket whose
-//!    streams are pumped into [`ssh`] channels (or into the hypervisor's own socket when
+//!    streams are pumped into `ssh` channels (or into the hypervisor's own socket when
 //!    the agent runs on it);
 //! 3. [`call`] runs the blocking libvirt function on a blocking thread, inside a span,
 //!    bounded by the caller's deadline: on expiry it cuts the relay under the connection,
@@ -16,8 +16,8 @@
 
 pub mod bulk;
 pub mod call;
-pub mod connection;
+pub(crate) mod connection;
 pub mod event_loop;
 pub mod pool;
 pub mod relay;
-pub mod ssh;
+pub(crate) mod ssh;

@@ -65,7 +65,7 @@ pub struct VirtTypes(Arc<Mutex<HashMap<String, Slot>>>);
 
 impl VirtTypes {
     /// The domain type new domains on `host` get.
-    pub async fn for_host(
+    pub(crate) async fn for_host(
         &self,
         host: &Arc<HostPool>,
         deadline: tokio::time::Instant,

@@ -124,7 +124,7 @@ pub fn check_host(
 
 /// [`check_host`] with the `auto` domain type already known (`auto`, e.g. from
 /// [`crate::libvirt::host::capabilities::VirtTypes`]), so that it does not probe again.
-pub fn check_host_with(
+pub(crate) fn check_host_with(
     conn: &Connect,
     host: &HostConfig,
     needs_uefi: bool,

@@ -79,7 +79,7 @@ impl DomainCapabilities {
 
 /// The security models that confine guests on the host (`apparmor`, `selinux`), from
 /// `virConnectGetCapabilities`; `dac` and `none` do not confine and are left out.
-pub fn confinement_models(xml: &str) -> Result<Vec<String>, XmlError> {
+pub(crate) fn confinement_models(xml: &str) -> Result<Vec<String>, XmlError> {
     #[derive(Deserialize)]
     struct Capabilities {
         host: Host,

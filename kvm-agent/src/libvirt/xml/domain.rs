@@ -31,7 +31,7 @@ use super::XmlError;
 use super::metadata::{InstanceMetadata, METADATA_NAMESPACE, MetadataElement};
 
 /// The virtio serial channel qemu-guest-agent listens on.
-pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+pub(crate) const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
 
 /// The virtualisation a domain uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ pub fn raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
 
 /// A raw volume of `capacity_bytes` with nothing allocated: an upload target that libvirt
 /// creates sparse instead of first writing `capacity_bytes` of zeros.
-pub fn sparse_raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
+pub(crate) fn sparse_raw_volume(name: &str, capacity_bytes: u64) -> Result<String, XmlError> {
     to_xml(&raw(name, capacity_bytes, Some(0)))
 }
 
@@ -135,7 +135,7 @@ pub struct VolumeFacts {
 
 impl VolumeFacts {
     /// Parses the parts of a volume's XML the agent reads; everything else is ignored.
-    pub fn parse(xml: &str) -> Result<Self, XmlError> {
+    pub(crate) fn parse(xml: &str) -> Result<Self, XmlError> {
         #[derive(Deserialize)]
         struct Volume {
             #[serde(default)]
@@ -221,7 +221,7 @@ impl VolumeFacts {
     }
 
     /// Whether this is the overlay of `capacity_bytes` on `base_path` in `base_format`.
-    pub fn is_overlay_of(
+    pub(crate) fn is_overlay_of(
         &self,
         capacity_bytes: u64,
         base_path: &str,

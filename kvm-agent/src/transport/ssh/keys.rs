@@ -8,7 +8,7 @@ use russh::keys::{HashAlg, PrivateKey};
 /// Loads an unencrypted OpenSSH private key; the error says what is wrong and what to do.
 ///
 /// The key's contents never appear in an error or a log line.
-pub fn load_private_key(path: &Path) -> Result<Arc<PrivateKey>, String> {
+pub(crate) fn load_private_key(path: &Path) -> Result<Arc<PrivateKey>, String> {
     if let Err(e) = std::fs::metadata(path) {
         return Err(format!(
             "cannot read private key {}: {e}; point it to the key the agent authenticates with",
@@ -32,6 +32,6 @@ pub fn load_private_key(path: &Path) -> Result<Arc<PrivateKey>, String> {
 }
 
 /// `SHA256:...` fingerprint of a private key's public half, for messages.
-pub fn fingerprint(key: &PrivateKey) -> String {
+pub(crate) fn fingerprint(key: &PrivateKey) -> String {
     key.public_key().fingerprint(HashAlg::Sha256).to_string()
 }

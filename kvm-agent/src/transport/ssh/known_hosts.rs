@@ -13,7 +13,7 @@ use crate::error::Error;
 
 /// How a host's SSH key is verified.
 #[derive(Debug, Clone)]
-pub enum HostKeyPolicy {
+pub(crate) enum HostKeyPolicy {
     /// The key must be listed in this `known_hosts` file.
     KnownHosts(PathBuf),
     /// Any key is accepted (explicit opt-out; warned about at every connect).
@@ -21,12 +21,12 @@ pub enum HostKeyPolicy {
 }
 
 /// `SHA256:...` fingerprint of a public key.
-pub fn fingerprint(key: &PublicKey) -> String {
+pub(crate) fn fingerprint(key: &PublicKey) -> String {
     key.fingerprint(HashAlg::Sha256).to_string()
 }
 
 /// Verifies the key `host:port` presented under `policy`.
-pub fn verify(
+pub(crate) fn verify(
     policy: &HostKeyPolicy,
     host_name: &str,
     host: &str,
@@ -69,7 +69,7 @@ pub fn verify(
 }
 
 /// Start-up check: `path` is readable and lists at least one key for `host:port`.
-pub fn check_file_lists_host(path: &Path, host: &str, port: u16) -> Result<(), String> {
+pub(crate) fn check_file_lists_host(path: &Path, host: &str, port: u16) -> Result<(), String> {
     if let Err(e) = std::fs::read(path) {
         return Err(format!("cannot read known_hosts {}: {e}", path.display()));
     }

@@ -5,8 +5,8 @@
 //! - [`session`]: one authenticated russh session per host, with a handshake deadline
 //!   and SSH keepalives that close a dead session.
 
-pub mod keys;
-pub mod known_hosts;
-pub mod session;
+pub(crate) mod keys;
+pub(crate) mod known_hosts;
+pub(crate) mod session;
 
-pub use session::SshSession;
+pub(crate) use session::SshSession;

@@ -183,12 +183,12 @@ impl SshSession {
     }
 
     /// Whether the session has ended (closed by either side or by missed keepalives).
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.handle.is_closed()
     }
 
     /// Opens a `direct-streamlocal@openssh.com` channel to `socket` on the remote host.
-    pub async fn open_streamlocal(
+    pub(crate) async fn open_streamlocal(
         &self,
         socket: &std::path::Path,
     ) -> Result<russh::Channel<client::Msg>, Error> {
