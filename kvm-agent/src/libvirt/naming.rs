@@ -109,6 +109,16 @@ pub fn base_volume(sha256_hex: &str) -> Result<String, InvalidDigest> {
 #[error("a SHA-256 digest must be 64 lowercase hexadecimal digits")]
 pub struct InvalidDigest;
 
+/// A name for a transient KVM probe domain that no concurrent probe (another agent,
+/// another replica, the host check beside a Create) shares: the process id and the
+/// clock's nanoseconds.
+pub(crate) fn probe_domain_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("egressproxy-probe-{}-{nanos}", std::process::id())
+}
+
 /// The provider id of an instance: the host it runs on and its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InstanceId {

@@ -32,6 +32,7 @@ use virt::error::ErrorNumber;
 
 use crate::config::DomainType;
 use crate::error::Error;
+use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::XmlError;
 use crate::libvirt::xml::capabilities::DomainCapabilities;
 use crate::libvirt::xml::domain::VirtType;
@@ -129,13 +130,7 @@ impl VirtTypes {
         let (tx, rx) = watch::channel(None);
         let map = self.0.clone();
         tokio::spawn(async move {
-            let probe = format!(
-                "egressproxy-probe-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.subsec_nanos())
-            );
+            let probe = probe_domain_name();
             let result = host
                 .call(LibvirtOp::new("virDomainCreateXML"), until, move |conn| {
                     detect_virt_type(conn, &probe)

@@ -19,6 +19,7 @@ use virt::error::ErrorNumber;
 use crate::config::{Attachment, DomainType, HostConfig};
 use crate::error::classify_libvirt;
 use crate::libvirt::host::capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
+use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::capabilities::confinement_models;
 use crate::libvirt::xml::domain::VirtType;
 use crate::libvirt::xml::volume::raw_volume;
@@ -223,14 +224,6 @@ pub(crate) fn check_host_with(
         checks,
         virt_type,
     })
-}
-
-/// A probe domain name no concurrent check (another agent, another replica) shares.
-fn probe_domain_name() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("egressproxy-probe-{}-{nanos}", std::process::id())
 }
 
 fn check_pool(conn: &Connect, name: &str) -> Result<Check, CallFailure> {
