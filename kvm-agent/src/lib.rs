@@ -21,7 +21,8 @@
 //! - [`transport`]: `transport::ssh` sessions, the [`transport::relay`] under each
 //!   libvirt connection, `transport::connection`, the per-host [`transport::pool`],
 //!   [`transport::call`] (the one traced, deadline-bounded wrapper of every libvirt
-//!   call), libvirt's [`transport::event_loop`], and [`transport::bulk`] uploads.
+//!   call), [`transport::libvirt_error`] (libvirt's errors classified once), libvirt's
+//!   [`transport::event_loop`], and [`transport::bulk`] uploads.
 //! - [`libvirt`]: [`libvirt::xml`] (domain, metadata, volume, capabilities),
 //!   [`libvirt::naming`], [`libvirt::domains`], [`libvirt::addresses`],
 //!   `libvirt::volumes` and [`libvirt::host`] (capabilities, check-host).

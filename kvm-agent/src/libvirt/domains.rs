@@ -32,12 +32,12 @@ use virt::error::ErrorNumber;
 use virt::sys;
 
 use crate::config::Attachment;
-use crate::error::classify_libvirt;
 use crate::libvirt::addresses::{ADDRESS_SOURCES, AddressSource, usable_addresses};
 use crate::libvirt::naming::InstanceNames;
 use crate::libvirt::xml::domain::DomainFacts;
 use crate::libvirt::xml::metadata::{InstanceMetadata, METADATA_NAMESPACE};
 use crate::transport::call::CallFailure;
+use crate::transport::libvirt_error::classify_libvirt;
 
 /// What the agent knows about one of its domains.
 #[derive(Debug, Clone, PartialEq, Eq)]

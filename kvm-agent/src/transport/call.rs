@@ -32,8 +32,9 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::error::{Error, classify_libvirt};
+use crate::error::Error;
 use crate::transport::connection::Connection;
+use crate::transport::libvirt_error::classify_libvirt;
 
 /// What a libvirt call is about, for its span.
 #[derive(Debug, Clone, Default)]

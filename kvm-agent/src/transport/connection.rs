@@ -15,8 +15,9 @@ use std::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::config::TransportConfig;
-use crate::error::{Error, classify_libvirt};
+use crate::error::Error;
 use crate::transport::event_loop;
+use crate::transport::libvirt_error::classify_libvirt;
 use crate::transport::relay::{Forward, Upstream};
 
 /// An open libvirt connection; share it with `Arc`.

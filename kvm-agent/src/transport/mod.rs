@@ -9,6 +9,8 @@
 //! 3. [`call`] runs the blocking libvirt function on a blocking thread, inside a span,
 //!    bounded by the caller's deadline: on expiry it cuts the relay under the connection,
 //!    which makes the call return;
+//!    [`libvirt_error`] classifies what libvirt answers: reported (the connection stays)
+//!    or a transport failure (the connection is dropped);
 //! 4. [`event_loop`] runs libvirt's event loop, which libvirt keepalive needs;
 //! 5. [`bulk`] streams volume uploads on a connection of their own, at low CPU priority.
 //!
@@ -18,6 +20,7 @@ pub mod bulk;
 pub mod call;
 pub(crate) mod connection;
 pub mod event_loop;
+pub mod libvirt_error;
 pub mod pool;
 pub mod relay;
 pub(crate) mod ssh;

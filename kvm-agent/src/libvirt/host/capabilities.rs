@@ -284,7 +284,11 @@ pub fn start_probe_domain(
     match conn.create_domain_xml(xml, virt::sys::VIR_DOMAIN_START_AUTODESTROY) {
         Ok(domain) => Ok(Ok(domain)),
         Err(e)
-            if crate::error::classify_libvirt(&e, conn.is_alive().unwrap_or(false)).transport =>
+            if crate::transport::libvirt_error::classify_libvirt(
+                &e,
+                conn.is_alive().unwrap_or(false),
+            )
+            .transport =>
         {
             Err(e.into())
         }

@@ -17,13 +17,13 @@ use virt::connect::Connect;
 use virt::error::ErrorNumber;
 
 use crate::config::{Attachment, DomainType, HostConfig};
-use crate::error::classify_libvirt;
 use crate::libvirt::host::capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
 use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::capabilities::confinement_models;
 use crate::libvirt::xml::domain::VirtType;
 use crate::libvirt::xml::volume::raw_volume;
 use crate::transport::call::CallFailure;
+use crate::transport::libvirt_error::classify_libvirt;
 
 /// How a check went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
