@@ -30,7 +30,7 @@ mod support;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::Config;
-use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
+use kvm_agent::images::cache::{ImageCache, ImageCacheOptions};
 use sha2::{Digest, Sha256};
 use support::{median, verdict, write_ssh_wrapper};
 use virt::connect::Connect;
@@ -164,7 +164,7 @@ fn child(args: &str) -> anyhow::Result<()> {
         parts.next().unwrap_or_default().to_owned(),
         parts.next().unwrap_or_default().to_owned(),
     );
-    kvm_agent::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
+    kvm_agent::transport::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
     let config = Config::load(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -172,7 +172,7 @@ fn child(args: &str) -> anyhow::Result<()> {
         .build()?;
     let started = Instant::now();
     runtime.block_on(async {
-        let pool = kvm_agent::pool::Pool::new(&config)?;
+        let pool = kvm_agent::transport::pool::Pool::new(&config)?;
         let cache = ImageCache::new(ImageCacheOptions::from_transport(&config.transport));
         let image = kvm_agent::config::ImageConfig {
             url,
@@ -233,7 +233,7 @@ fn delete_base_volumes(conn: &Connect) -> anyhow::Result<()> {
     pool.refresh(0)?;
     for vol in pool.list_all_volumes(0)? {
         let name = vol.name()?;
-        if name.starts_with(kvm_agent::naming::BASE_PREFIX) {
+        if name.starts_with(kvm_agent::libvirt::naming::BASE_PREFIX) {
             vol.delete(0)?;
         }
     }

@@ -20,11 +20,12 @@ use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{Attachment, Config, Firmware};
 use kvm_agent::contract::pb;
-use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
-use kvm_agent::instances::Instances;
-use kvm_agent::naming::InstanceNames;
-use kvm_agent::pool::Pool;
-use kvm_agent::provider_service::KvmProvider;
+use kvm_agent::libvirt::naming::InstanceNames;
+use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
+use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
+use kvm_agent::provider::instances::Instances;
+use kvm_agent::provider::service::KvmProvider;
+use kvm_agent::transport::pool::Pool;
 use support::ssh_and_local_config;
 use virt::connect::Connect;
 
@@ -37,7 +38,7 @@ fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     virt::error::clear_error_callback();
-    kvm_agent::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
+    kvm_agent::transport::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
     let libvirtd = Libvirtd::start()?;
     let sshd = Sshd::start()?;
 

@@ -23,9 +23,9 @@ mod support;
 
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::pool::{HostPool, Pool};
-use kvm_agent::volume_upload::upload_volume;
+use kvm_agent::transport::bulk::upload_volume;
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::{HostPool, Pool};
 use support::{median, percentile, ssh_and_local_config, verdict, write_ssh_wrapper};
 use virt::connect::Connect;
 use virt::stream::Stream;
@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(256);
     let upload_bytes = upload_mib * 1024 * 1024;
     virt::error::clear_error_callback();
-    kvm_agent::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
+    kvm_agent::transport::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
 
     let libvirtd = Libvirtd::start()?;
     let sshd = Sshd::start()?;
@@ -94,9 +94,9 @@ fn main() -> anyhow::Result<()> {
         "1. cheap call virConnectGetLibVersion, {CALLS} calls, interleaved    median        p90"
     );
     let _enter = runtime.enter();
-    let relay = kvm_agent::forward::Forward::listen(
+    let relay = kvm_agent::transport::relay::Forward::listen(
         work.path().join("diag.sock"),
-        kvm_agent::forward::Upstream::Local {
+        kvm_agent::transport::relay::Upstream::Local {
             host: "diag".into(),
             socket: socket.clone(),
         },

@@ -112,7 +112,7 @@ pub struct MachineType {
     pub disk_gib: u64,
 }
 
-/// A base image. Its `Debug` shows the URL as [`redact_url`](crate::image_fetch::redact_url)
+/// A base image. Its `Debug` shows the URL as [`redact_url`](crate::images::fetch::redact_url)
 /// does: no credentials, no query.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -134,7 +134,7 @@ pub struct ImageConfig {
 impl fmt::Debug for ImageConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ImageConfig")
-            .field("url", &crate::image_fetch::redact_url(&self.url))
+            .field("url", &crate::images::fetch::redact_url(&self.url))
             .field("sha256", &self.sha256)
             .field("format", &self.format)
             .field("firmware", &self.firmware)
@@ -388,7 +388,7 @@ impl Config {
                     format!("{at}.url"),
                     format!(
                         "{:?} is not an http://, https:// or file:// URL",
-                        crate::image_fetch::redact_url(&image.url)
+                        crate::images::fetch::redact_url(&image.url)
                     ),
                 );
             }
@@ -487,7 +487,7 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
             "is empty; name the remote SSH user".into(),
         );
     }
-    if let Err(e) = crate::ssh::keys::load_private_key(&ssh.private_key) {
+    if let Err(e) = crate::transport::ssh::keys::load_private_key(&ssh.private_key) {
         p(format!("{at}.privateKey"), e);
     }
     match (&ssh.known_hosts, ssh.insecure_skip_host_key_verification) {
@@ -503,7 +503,9 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
         ),
         (Some(path), false) => {
             let checked = match host_port {
-                Some((h, port)) => crate::ssh::known_hosts::check_file_lists_host(path, &h, port),
+                Some((h, port)) => {
+                    crate::transport::ssh::known_hosts::check_file_lists_host(path, &h, port)
+                }
                 None => std::fs::read(path)
                     .map(drop)
                     .map_err(|e| format!("cannot read known_hosts {}: {e}", path.display())),

@@ -1,17 +1,21 @@
-//! The crate's one error type, and the one place that classifies foreign errors.
+//! The crate's one error type, and THE mapping of every error to the contract.
 //!
 //! Every [`Error`] has a [`ErrorClass`] that tells a caller what to do (retry, surface and
-//! stop, treat as absent, or report the deadline). libvirt errors are split in
-//! [`classify_libvirt`]: an error libvirt *reports* (no such domain, bad XML) leaves the
-//! connection healthy; an error of the *transport* under it (EOF, reset, RPC failure) means
-//! the connection is dead and must be dropped ([`Error::drops_connection`]).
+//! stop, treat as absent, or report the deadline). libvirt errors are classified where
+//! the call runs, in [`crate::transport::libvirt_error`]; a transport failure drops the
+//! connection ([`Error::drops_connection`]).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use egressproxy_provider::ProviderError;
-use virt::error::{ErrorDomain, ErrorNumber};
+
+use crate::libvirt::xml::XmlError;
+use crate::transport::libvirt_error::SYSTEM_ERROR;
+pub use crate::transport::libvirt_error::{
+    LibvirtFailure, classify_libvirt, classify_libvirt_parts,
+};
 
 /// What a caller should do about an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,21 +60,6 @@ impl fmt::Display for ConfigProblem {
             write!(f, "{}: {}", self.field, self.message)
         }
     }
-}
-
-/// A libvirt error as reported by the library, detached from its FFI types.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LibvirtFailure {
-    /// The `virErrorNumber` (e.g. 42 for `VIR_ERR_NO_DOMAIN`).
-    pub code: i32,
-    /// The code's name (e.g. `NoDomain`).
-    pub code_name: String,
-    /// libvirt's message.
-    pub message: String,
-    /// Whether the failure is the connection's transport, not the operation.
-    pub transport: bool,
-    /// The class derived from the code.
-    pub class: ErrorClass,
 }
 
 /// Errors of the kvm-agent.
@@ -406,6 +395,64 @@ pub enum Error {
         retry_in: Duration,
     },
 
+    /// Create found the key's instance, made from another spec (placement, cloud-init or
+    /// proxy port): the key is taken.
+    #[error(
+        "key {key} belongs to instance {host}/{key}, created with a different placement, \
+         cloud-init or proxy port: delete it first or use another key"
+    )]
+    SpecMismatch {
+        /// Host name from the configuration.
+        host: String,
+        /// The instance key.
+        key: String,
+    },
+
+    /// The instance a request names does not exist.
+    #[error("instance {id} does not exist ({detail})")]
+    InstanceNotFound {
+        /// The instance id as requested.
+        id: String,
+        /// Why it is missing (no such domain, or an id this provider cannot have made).
+        detail: String,
+    },
+
+    /// The domain Create just made or found was gone when it was read back.
+    #[error("domain {domain} vanished right after Create made it (deleted concurrently?)")]
+    InstanceVanished {
+        /// The domain's name.
+        domain: String,
+    },
+
+    /// A request field this provider cannot use.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The field's name in the request.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// XML the agent exchanges with libvirt could not be read back (libvirt returned
+    /// something the agent does not understand) or not be built. Not an I/O failure:
+    /// retrying the same call gets the same XML.
+    #[error("{context}: {error}")]
+    Xml {
+        /// What the agent was reading or building.
+        context: String,
+        /// The XML error.
+        error: XmlError,
+    },
+
+    /// The task running Create's steps panicked or was cancelled.
+    #[error("Create of key {key} stopped unexpectedly: {reason}")]
+    CreateTaskFailed {
+        /// The instance key.
+        key: String,
+        /// Panic or cancellation message.
+        reason: String,
+    },
+
     /// A blocking libvirt task panicked or was cancelled.
     #[error("host {host}: {op} worker ended abnormally: {reason}")]
     Worker {
@@ -449,8 +496,14 @@ impl Error {
             | Error::HostKeyChanged { .. }
             | Error::SshAuthRejected { .. }
             | Error::DomainXmlInvalid { .. }
+            | Error::InvalidArgument { .. }
+            | Error::Xml { .. }
             | Error::HostNotReady { .. } => ErrorClass::Permanent,
-            Error::DomainNameTaken { .. } => ErrorClass::Conflict,
+            Error::DomainNameTaken { .. } | Error::SpecMismatch { .. } => ErrorClass::Conflict,
+            Error::InstanceNotFound { .. } => ErrorClass::NotFound,
+            Error::InstanceVanished { .. } | Error::CreateTaskFailed { .. } => {
+                ErrorClass::Transient
+            }
             Error::CreateInProgress { .. } | Error::KvmProbeRunning { .. } => ErrorClass::Transient,
             Error::SshConnect { .. }
             | Error::SshHandshakeTimeout { .. }
@@ -495,6 +548,14 @@ impl Error {
         }
     }
 
+    /// XML that could not be read or built, while doing `context`.
+    pub(crate) fn xml(context: impl Into<String>, error: XmlError) -> Self {
+        Self::Xml {
+            context: context.into(),
+            error,
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
@@ -510,8 +571,8 @@ impl Error {
     /// A libvirt object that does not exist (pool, network, volume) maps to
     /// FAILED_PRECONDITION, not NOT_FOUND: the contract's NOT_FOUND means *the instance*
     /// is gone (the operator then forgets it), which only Get and Delete decide, from the
-    /// domain lookup. A host missing from the configuration is permanent (lesson 10): an
-    /// endless retry would pin the operator's finalizer.
+    /// domain lookup. A host missing from the configuration is permanent: an endless retry
+    /// would pin the operator's finalizer.
     pub fn to_provider_error(&self) -> ProviderError {
         use egressproxy_provider::ErrorClass as C;
         let (class, reason) = match self {
@@ -549,7 +610,20 @@ impl Error {
             Error::DeadlineExceeded { .. } => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
             Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
             Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
-            Error::Worker { .. } => (C::Transient, "AGENT_WORKER_FAILED"),
+            Error::Worker { .. } | Error::CreateTaskFailed { .. } => {
+                (C::Transient, "AGENT_WORKER_FAILED")
+            }
+            Error::SpecMismatch { .. } => (C::AlreadyExists, "SPEC_MISMATCH"),
+            Error::Xml {
+                error: XmlError::Parse { .. },
+                ..
+            } => (C::Permanent, "LIBVIRT_XML_UNREADABLE"),
+            Error::Xml { .. } => (C::Permanent, "LIBVIRT_XML_UNBUILDABLE"),
+            Error::InstanceNotFound { .. } => (C::NotFound, "INSTANCE_NOT_FOUND"),
+            Error::InstanceVanished { .. } => (C::Transient, "INSTANCE_VANISHED"),
+            Error::InvalidArgument { field, reason } => {
+                return ProviderError::invalid_argument(*field, reason.clone());
+            }
             Error::ImageHttp { status, .. } => match (status, http_status_class(*status)) {
                 (404 | 410, _) => (C::Permanent, "IMAGE_NOT_FOUND"),
                 (401 | 403, _) => (C::Permanent, "IMAGE_FORBIDDEN"),
@@ -584,620 +658,5 @@ impl From<Error> for ProviderError {
     }
 }
 
-/// `VIR_ERR_SYSTEM_ERROR`: an OS call failed, on the agent's side (the transport) or on
-/// the hypervisor (EACCES, ENOSPC, EROFS, a failed qemu-img).
-const SYSTEM_ERROR: i32 = 38;
-
-/// Classifies a libvirt error. `connection_alive` is `virConnectIsAlive` after the failure.
-pub fn classify_libvirt(error: &virt::error::Error, connection_alive: bool) -> LibvirtFailure {
-    classify_libvirt_parts(
-        error.code(),
-        error.domain(),
-        error.message(),
-        connection_alive,
-    )
-}
-
-/// [`classify_libvirt`] on the error's parts.
-///
-/// | error | transport (drops the connection) | class |
-/// |---|---|---|
-/// | any, on a dead connection | yes | transient |
-/// | any from the RPC or remote layer (`VIR_FROM_RPC`, `VIR_FROM_REMOTE`) | yes | transient |
-/// | `Rpc`, `NoConnect`, `InvalidConn`, `AuthFailed`, `Ssh`, `Libssh` | yes | transient |
-/// | `SystemError` from the hypervisor's drivers (storage, qemu) on a live connection | no | transient (`LIBVIRT_HOST_ERROR`: fix the host, e.g. permissions or disk space; retried with backoff) |
-/// | `No*` (domain, pool, volume, network, ...) | no | not found |
-/// | invalid argument, XML, unsupported, denied, CPU incompatible | no | permanent |
-/// | anything else | no | transient |
-///
-/// A `SystemError` libvirtd reports about the host (its own OS call failed) arrives on a
-/// healthy connection: dropping that connection would not help and would break lesson 5's
-/// last rule. Only the client's own system errors (RPC/remote layer: EOF, reset) and any
-/// error on a dead connection are transport failures.
-pub fn classify_libvirt_parts(
-    code: virt::error::ErrorNumberEnum,
-    domain: virt::error::ErrorDomainEnum,
-    message: &str,
-    connection_alive: bool,
-) -> LibvirtFailure {
-    use ErrorNumber as N;
-    let transport = !connection_alive
-        || domain.is_any(vec![ErrorDomain::Rpc, ErrorDomain::Remote])
-        || code.is_any(vec![
-            N::Rpc,
-            N::NoConnect,
-            N::InvalidConn,
-            N::AuthFailed,
-            N::Ssh,
-            N::Libssh,
-        ]);
-    let class = if transport {
-        ErrorClass::Transient
-    } else if code.is_any(vec![
-        N::NoDomain,
-        N::NoStoragePool,
-        N::NoStorageVolume,
-        N::NoNetwork,
-        N::NoDomainMetadata,
-        N::NoDomainSnapshot,
-        N::NoSecret,
-        N::NoInterface,
-        N::NoNodeDevice,
-    ]) {
-        ErrorClass::NotFound
-    } else if code.is_any(vec![
-        N::InvalidArg,
-        N::XmlError,
-        N::XmlDetail,
-        N::XmlInvalidSchema,
-        N::ConfigUnsupported,
-        N::NoSupport,
-        N::ArgumentUnsupported,
-        N::OperationUnsupported,
-        N::OperationDenied,
-        N::AccessDenied,
-        N::CpuIncompatible,
-    ]) {
-        ErrorClass::Permanent
-    } else {
-        ErrorClass::Transient
-    };
-    LibvirtFailure {
-        code: code.to_raw() as i32,
-        code_name: code.to_string(),
-        message: message.to_owned(),
-        transport,
-        class,
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_error_lists_every_problem_with_its_field() {
-        let err = Error::config(vec![
-            ConfigProblem::new("hosts[0].name", "is empty"),
-            ConfigProblem::new("hosts[1].ssh.user", "is empty"),
-        ]);
-        let text = err.to_string();
-        assert!(text.contains("  - hosts[0].name: is empty"), "{text}");
-        assert!(text.contains("  - hosts[1].ssh.user: is empty"), "{text}");
-        assert_eq!(err.class(), ErrorClass::Permanent);
-    }
-
-    fn libvirt(class: ErrorClass, transport: bool) -> Error {
-        Error::Libvirt {
-            host: "hv".into(),
-            op: "virStoragePoolLookupByName",
-            failure: LibvirtFailure {
-                code: 49,
-                code_name: "NoStoragePool".into(),
-                message: "no pool".into(),
-                transport,
-                class,
-            },
-        }
-    }
-
-    fn image_http(status: u16) -> Error {
-        Error::ImageHttp {
-            url: "https://example.org/i.qcow2".into(),
-            status,
-        }
-    }
-
-    #[test]
-    fn every_error_maps_to_one_contract_class_and_reason() {
-        use egressproxy_provider::ErrorClass as C;
-        use virt::error::{ErrorDomain as D, ErrorNumber as N};
-        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let backing_off = |last_class| Error::SshBackingOff {
-            host: "hv".into(),
-            retry_in: Duration::from_secs(3),
-            last_error: "refused".into(),
-            last_class,
-        };
-        let table: Vec<(Error, C, &str)> = vec![
-            (Error::config(vec![]), C::Permanent, "AGENT_CONFIG_INVALID"),
-            (
-                Error::UnknownHost {
-                    host: "gone".into(),
-                },
-                C::Permanent,
-                "HOST_NOT_CONFIGURED",
-            ),
-            (
-                Error::SshConnect {
-                    host: "hv".into(),
-                    address: "hv:22".into(),
-                    source: io(),
-                },
-                C::Transient,
-                "HOST_UNREACHABLE",
-            ),
-            (
-                Error::SshHandshakeTimeout {
-                    host: "hv".into(),
-                    after: Duration::from_secs(10),
-                },
-                C::Transient,
-                "HOST_UNREACHABLE",
-            ),
-            (
-                Error::SshSessionClosed { host: "hv".into() },
-                C::Transient,
-                "HOST_UNREACHABLE",
-            ),
-            (
-                Error::LocalSocket {
-                    host: "hv".into(),
-                    socket: "/s".into(),
-                    source: io(),
-                },
-                C::Transient,
-                "HOST_UNREACHABLE",
-            ),
-            (
-                Error::Ssh {
-                    host: "hv".into(),
-                    source: russh::Error::Disconnect,
-                },
-                C::Transient,
-                "SSH_FAILED",
-            ),
-            (
-                Error::HostKeyUnknown {
-                    host: "hv".into(),
-                    fingerprint: "SHA256:x".into(),
-                    known_hosts: "/kh".into(),
-                },
-                C::Permanent,
-                "SSH_HOST_KEY_UNKNOWN",
-            ),
-            (
-                Error::HostKeyChanged {
-                    host: "hv".into(),
-                    fingerprint: "SHA256:x".into(),
-                    known_hosts: "/kh".into(),
-                    line: 3,
-                },
-                C::Permanent,
-                "SSH_HOST_KEY_CHANGED",
-            ),
-            (
-                Error::SshAuthRejected {
-                    host: "hv".into(),
-                    user: "u".into(),
-                    key_fingerprint: "SHA256:k".into(),
-                },
-                C::Permanent,
-                "SSH_AUTH_REJECTED",
-            ),
-            (
-                backing_off(ErrorClass::Transient),
-                C::Transient,
-                "SSH_BACKING_OFF",
-            ),
-            (
-                backing_off(ErrorClass::Permanent),
-                C::Permanent,
-                "SSH_BACKING_OFF",
-            ),
-            (
-                Error::ForwardRefused {
-                    host: "hv".into(),
-                    socket: "/s".into(),
-                    reason: "denied".into(),
-                },
-                C::Transient,
-                "LIBVIRT_FORWARD_REFUSED",
-            ),
-            (
-                libvirt(ErrorClass::Transient, true),
-                C::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                libvirt(ErrorClass::NotFound, false),
-                C::Permanent,
-                "LIBVIRT_OBJECT_MISSING",
-            ),
-            (
-                libvirt(ErrorClass::Permanent, false),
-                C::Permanent,
-                "LIBVIRT_REJECTED",
-            ),
-            (
-                libvirt(ErrorClass::Transient, false),
-                C::Transient,
-                "LIBVIRT_FAILED",
-            ),
-            (
-                Error::DeadlineExceeded {
-                    host: "hv".into(),
-                    op: "virDomainCreate",
-                    after: Duration::from_secs(1),
-                },
-                C::DeadlineExceeded,
-                "LIBVIRT_DEADLINE",
-            ),
-            (
-                Error::ConnectionCut {
-                    host: "hv".into(),
-                    op: "virDomainCreate",
-                    cause: "x".into(),
-                },
-                C::Transient,
-                "LIBVIRT_CONNECTION_CUT",
-            ),
-            (Error::io("relay", io()), C::Transient, "AGENT_IO_FAILED"),
-            (
-                Error::Worker {
-                    host: "hv".into(),
-                    op: "virDomainCreate",
-                    reason: "panic".into(),
-                },
-                C::Transient,
-                "AGENT_WORKER_FAILED",
-            ),
-            (image_http(404), C::Permanent, "IMAGE_NOT_FOUND"),
-            (image_http(410), C::Permanent, "IMAGE_NOT_FOUND"),
-            (image_http(403), C::Permanent, "IMAGE_FORBIDDEN"),
-            (image_http(401), C::Permanent, "IMAGE_FORBIDDEN"),
-            (image_http(500), C::Transient, "IMAGE_SERVER_ERROR"),
-            (image_http(503), C::Transient, "IMAGE_SERVER_ERROR"),
-            (image_http(429), C::Transient, "IMAGE_SERVER_ERROR"),
-            (image_http(408), C::Transient, "IMAGE_SERVER_ERROR"),
-            (image_http(400), C::Permanent, "IMAGE_HTTP_ERROR"),
-            (image_http(304), C::Permanent, "IMAGE_HTTP_ERROR"),
-            (
-                Error::ImageFetch {
-                    url: "u".into(),
-                    reason: "refused".into(),
-                    permanent: false,
-                },
-                C::Transient,
-                "IMAGE_UNREACHABLE",
-            ),
-            (
-                Error::ImageFetch {
-                    url: "u".into(),
-                    reason: "bad url".into(),
-                    permanent: true,
-                },
-                C::Permanent,
-                "IMAGE_URL_INVALID",
-            ),
-            (
-                Error::ImageTruncated {
-                    url: "u".into(),
-                    received: 1,
-                    expected: Some(2),
-                    reason: "eof".into(),
-                },
-                C::Transient,
-                "IMAGE_TRUNCATED",
-            ),
-            (
-                Error::ImageChecksum {
-                    url: "u".into(),
-                    expected: "a".into(),
-                    actual: "b".into(),
-                },
-                C::Permanent,
-                "IMAGE_CHECKSUM_MISMATCH",
-            ),
-            (
-                Error::ImageDownloading {
-                    image: "debian".into(),
-                    host: "hv".into(),
-                    received: 1,
-                    expected: Some(2),
-                    retry_in: Duration::from_secs(7),
-                },
-                C::Transient,
-                "IMAGE_DOWNLOADING",
-            ),
-            (
-                Error::ImageFormat {
-                    url: "u".into(),
-                    problem: "libvirt found raw, the configuration says qcow2".into(),
-                },
-                C::Permanent,
-                "IMAGE_FORMAT_MISMATCH",
-            ),
-            (
-                Error::Libvirt {
-                    host: "hv".into(),
-                    op: "virStorageVolCreateXML",
-                    failure: classify_libvirt_parts(
-                        N::SystemError.into(),
-                        D::Storage.into(),
-                        "cannot create file: Read-only file system",
-                        true,
-                    ),
-                },
-                C::Transient,
-                "LIBVIRT_HOST_ERROR",
-            ),
-            (
-                Error::DomainNameTaken {
-                    host: "hv".into(),
-                    key: "k".into(),
-                    domain: "egressproxy-k".into(),
-                },
-                C::AlreadyExists,
-                "DOMAIN_NAME_TAKEN",
-            ),
-            (
-                Error::DomainXmlInvalid {
-                    domain: "egressproxy-k".into(),
-                    reason: "bad".into(),
-                },
-                C::Permanent,
-                "DOMAIN_XML_INVALID",
-            ),
-            (
-                Error::HostNotReady {
-                    host: "hv".into(),
-                    failures: vec!["network: missing".into()],
-                },
-                C::Permanent,
-                "HOST_NOT_READY",
-            ),
-            (
-                Error::CreateInProgress {
-                    host: "hv".into(),
-                    key: "k".into(),
-                    waited: Duration::from_secs(1),
-                },
-                C::Transient,
-                "CREATE_IN_PROGRESS",
-            ),
-            (
-                Error::KvmProbeRunning {
-                    host: "hv".into(),
-                    retry_in: Duration::from_secs(9),
-                },
-                C::Transient,
-                "KVM_PROBE_RUNNING",
-            ),
-            (
-                Error::Shared(std::sync::Arc::new(image_http(404))),
-                C::Permanent,
-                "IMAGE_NOT_FOUND",
-            ),
-            (
-                Error::Shared(std::sync::Arc::new(image_http(503))),
-                C::Transient,
-                "IMAGE_SERVER_ERROR",
-            ),
-        ];
-        for (error, class, reason) in table {
-            let mapped = error.to_provider_error();
-            assert_eq!(
-                (mapped.class, mapped.reason.as_str()),
-                (class, reason),
-                "{error}"
-            );
-            assert_eq!(mapped.message, error.to_string());
-            // The agent's own class agrees wherever the contract has the same notion.
-            match error.class() {
-                ErrorClass::Transient => assert_eq!(class, C::Transient, "{error}"),
-                ErrorClass::Permanent | ErrorClass::NotFound => {
-                    assert_eq!(class, C::Permanent, "{error}")
-                }
-                ErrorClass::DeadlineExceeded => assert_eq!(class, C::DeadlineExceeded),
-                ErrorClass::Conflict => assert_eq!(class, C::AlreadyExists, "{error}"),
-            }
-            // Round trip through the wire mapping.
-            let status = mapped.to_status();
-            assert_eq!(ProviderError::from_status(&status), mapped, "{error}");
-        }
-        assert_eq!(
-            backing_off(ErrorClass::Transient)
-                .to_provider_error()
-                .retry_after,
-            Some(Duration::from_secs(3))
-        );
-        let downloading = Error::ImageDownloading {
-            image: "debian".into(),
-            host: "hv".into(),
-            received: 1,
-            expected: None,
-            retry_in: Duration::from_secs(7),
-        };
-        assert_eq!(
-            downloading.to_provider_error().retry_after,
-            Some(Duration::from_secs(7))
-        );
-    }
-
-    /// Which libvirt errors are the transport's (the connection is dropped) and which
-    /// libvirtd reports about the host on a healthy connection.
-    #[test]
-    fn libvirt_errors_classify_by_code_domain_and_liveness() {
-        use virt::error::{ErrorDomain as D, ErrorNumber as N};
-        let table: Vec<(N, D, bool, bool, ErrorClass, &str)> = vec![
-            // (code, domain, alive) -> (transport, class, reason)
-            // libvirtd's own OS errors (EACCES, ENOSPC, EROFS, qemu-img) on a live
-            // connection: the connection stays, the host needs fixing, retried.
-            (
-                N::SystemError,
-                D::Storage,
-                true,
-                false,
-                ErrorClass::Transient,
-                "LIBVIRT_HOST_ERROR",
-            ),
-            (
-                N::SystemError,
-                D::Qemu,
-                true,
-                false,
-                ErrorClass::Transient,
-                "LIBVIRT_HOST_ERROR",
-            ),
-            // The client's socket failed (EOF, reset): the RPC/remote layer reports it.
-            (
-                N::SystemError,
-                D::Rpc,
-                true,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                N::SystemError,
-                D::Remote,
-                true,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            // Any error on a dead connection is the transport's.
-            (
-                N::SystemError,
-                D::Storage,
-                false,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                N::NoDomain,
-                D::Dom,
-                false,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                N::Rpc,
-                D::None,
-                true,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                N::NoConnect,
-                D::None,
-                true,
-                true,
-                ErrorClass::Transient,
-                "LIBVIRT_CONNECTION_FAILED",
-            ),
-            (
-                N::NoDomain,
-                D::Qemu,
-                true,
-                false,
-                ErrorClass::NotFound,
-                "LIBVIRT_OBJECT_MISSING",
-            ),
-            (
-                N::NoStorageVolume,
-                D::Storage,
-                true,
-                false,
-                ErrorClass::NotFound,
-                "LIBVIRT_OBJECT_MISSING",
-            ),
-            (
-                N::XmlError,
-                D::Dom,
-                true,
-                false,
-                ErrorClass::Permanent,
-                "LIBVIRT_REJECTED",
-            ),
-            (
-                N::OperationInvalid,
-                D::Qemu,
-                true,
-                false,
-                ErrorClass::Transient,
-                "LIBVIRT_FAILED",
-            ),
-        ];
-        for (code, domain, alive, transport, class, reason) in table {
-            let failure = classify_libvirt_parts(code.into(), domain.into(), "m", alive);
-            let case = format!("{code:?} from {domain:?}, alive {alive}");
-            assert_eq!(
-                (failure.transport, failure.class),
-                (transport, class),
-                "{case}"
-            );
-            let error = Error::Libvirt {
-                host: "hv".into(),
-                op: "virStorageVolCreateXML",
-                failure,
-            };
-            assert_eq!(error.drops_connection(), transport, "{case}");
-            assert_eq!(error.to_provider_error().reason, reason, "{case}");
-        }
-    }
-
-    /// A Create that waits past its deadline for another Create of the same key is told
-    /// so (transient, CREATE_IN_PROGRESS), not that libvirt timed out.
-    #[tokio::test]
-    async fn a_busy_key_is_create_in_progress() {
-        let locks = crate::instance_create::KeyLocks::default();
-        let soon = || tokio::time::Instant::now() + Duration::from_millis(50);
-        let _first = locks.lock("hv", "k", soon()).await.unwrap();
-        let err = locks.lock("hv", "k", soon()).await.unwrap_err();
-        let mapped = err.to_provider_error();
-        assert_eq!(
-            (mapped.class, mapped.reason.as_str()),
-            (
-                egressproxy_provider::ErrorClass::Transient,
-                "CREATE_IN_PROGRESS"
-            ),
-            "{err}"
-        );
-        assert!(err.to_string().contains("key k on host hv"), "{err}");
-        // Another key is not held up.
-        assert!(locks.lock("hv", "other", soon()).await.is_ok());
-    }
-
-    #[test]
-    fn reported_libvirt_error_keeps_the_connection() {
-        let err = Error::Libvirt {
-            host: "hv".into(),
-            op: "virDomainLookupByName",
-            failure: LibvirtFailure {
-                code: 42,
-                code_name: "NoDomain".into(),
-                message: "no domain".into(),
-                transport: false,
-                class: ErrorClass::NotFound,
-            },
-        };
-        assert!(!err.drops_connection());
-        assert_eq!(err.class(), ErrorClass::NotFound);
-        assert_eq!(err.libvirt_code(), Some(42));
-    }
-}
+mod tests;

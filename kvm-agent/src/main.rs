@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use kvm_agent::config::Config;
-use kvm_agent::pool::Pool;
+use kvm_agent::transport::pool::Pool;
 
 /// egressproxy provider for libvirt/KVM hypervisors reached over SSH.
 #[derive(Debug, Parser)]
@@ -141,8 +141,8 @@ async fn serve(
     tls: Option<egressproxy_provider::server::ServerTls>,
 ) -> anyhow::Result<()> {
     use egressproxy_provider::server::{ProviderServer, shutdown_signal};
-    use kvm_agent::instances::Instances;
-    use kvm_agent::provider_service::KvmProvider;
+    use kvm_agent::provider::instances::Instances;
+    use kvm_agent::provider::service::KvmProvider;
     use std::sync::Arc;
 
     let config = Arc::new(Config::load(path)?);
@@ -202,8 +202,8 @@ async fn check_hosts(path: &Path) -> Result<(), kvm_agent::Error> {
 /// Prints each host's report; `Ok(false)` when a host is not ready.
 async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::Error> {
     use kvm_agent::config::Firmware;
-    use kvm_agent::host_capabilities::PROBE_TIMEOUT;
-    use kvm_agent::libvirt_call::LibvirtOp;
+    use kvm_agent::libvirt::host::capabilities::PROBE_TIMEOUT;
+    use kvm_agent::transport::call::LibvirtOp;
 
     let config = Config::load(path)?;
     let pool = Pool::new(&config)?;
@@ -228,7 +228,7 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
         let checked = pool
             .host(&name)?
             .call(LibvirtOp::new("check-host"), deadline, move |c| {
-                kvm_agent::host_check::check_host(c, &host, needs_uefi)
+                kvm_agent::libvirt::host::check::check_host(c, &host, needs_uefi)
             })
             .await;
         match checked {
@@ -251,7 +251,7 @@ async fn evict_images(
     only: Option<&str>,
     min_age: std::time::Duration,
 ) -> Result<(), kvm_agent::Error> {
-    use kvm_agent::image_cache::{ImageCache, ImageCacheOptions};
+    use kvm_agent::images::cache::{ImageCache, ImageCacheOptions};
 
     let config = Config::load(path)?;
     let pool = Pool::new(&config)?;

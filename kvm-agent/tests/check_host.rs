@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use common::{kvm_agent, local_host};
-use kvm_agent::host_check::{Status, check_host};
+use kvm_agent::libvirt::host::check::{Status, check_host};
 
 use egressproxy_integration::libvirtd::Libvirtd;
 

@@ -18,11 +18,11 @@ use egressproxy_provider::{ErrorClass, pb};
 use guest_env::{FileServer, GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
 use kvm_agent::config::Config;
 use kvm_agent::error::Error;
-use kvm_agent::image_cache::marker_volume;
-use kvm_agent::instance_create::{CreateStep, FaultHook};
-use kvm_agent::instances::Instances;
-use kvm_agent::naming::{InstanceNames, base_volume};
-use kvm_agent::pool::Pool;
+use kvm_agent::images::cache::marker_volume;
+use kvm_agent::libvirt::naming::{InstanceNames, base_volume};
+use kvm_agent::provider::create::{CreateStep, FaultHook};
+use kvm_agent::provider::instances::Instances;
+use kvm_agent::transport::pool::Pool;
 use tracing::Instrument;
 
 const GENEROUS: Duration = Duration::from_secs(120);

@@ -11,9 +11,9 @@ use std::process::Command;
 
 use egressproxy_integration::libvirtd::Libvirtd;
 use kvm_agent::config::ImageFormat;
-use kvm_agent::image_cache::marker_volume;
-use kvm_agent::naming::base_volume;
-use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use kvm_agent::images::cache::marker_volume;
+use kvm_agent::libvirt::naming::base_volume;
+use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
 use virt::storage_vol::StorageVol;
 
 /// The `evict-images` example of docs/kvm-agent.md: its arguments and output lines.

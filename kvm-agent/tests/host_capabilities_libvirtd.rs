@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
-use kvm_agent::domain_xml::VirtType;
-use kvm_agent::host_capabilities::{
+use kvm_agent::libvirt::host::capabilities::{
     ProbeOutcome, VirtTypes, detect_virt_type, domain_capabilities, probe, probe_domain_xml,
     start_probe_domain,
 };
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::pool::Pool;
+use kvm_agent::libvirt::xml::domain::VirtType;
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::Pool;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_detection_and_a_probe_guest_on_tcg() {

@@ -21,7 +21,7 @@ use common::{config, deadline_in, kvm_agent, ssh_host};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::{Sshd, SshdOptions};
 use kvm_agent::error::Error;
-use kvm_agent::pool::Pool;
+use kvm_agent::transport::pool::Pool;
 
 /// The user the documentation creates.
 const USER: &str = "egressproxy";

@@ -14,13 +14,13 @@ use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{ImageConfig, ImageFormat};
 use kvm_agent::error::{Error, ErrorClass};
-use kvm_agent::image_cache::{
+use kvm_agent::images::cache::{
     BaseImage, ImageCache, ImageCacheOptions, KeptBecause, marker_volume,
 };
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::naming::base_volume;
-use kvm_agent::pool::{HostPool, Pool};
-use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use kvm_agent::libvirt::naming::base_volume;
+use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::{HostPool, Pool};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use kvm_agent::error::{Error, ErrorClass};
-use kvm_agent::image_fetch::{Download, fetch};
+use kvm_agent::images::fetch::{Download, fetch};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

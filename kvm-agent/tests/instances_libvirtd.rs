@@ -10,16 +10,17 @@ use std::time::Duration;
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_provider::{ErrorClass, pb};
-use kvm_agent::cloud_init::seed_documents;
 use kvm_agent::config::{Attachment, Firmware, ImageFormat};
-use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
-use kvm_agent::instances::Instances;
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::naming::{InstanceNames, base_volume};
-use kvm_agent::pool::Pool;
-use kvm_agent::seed::build_seed;
-use kvm_agent::volume_upload::upload_volume;
-use kvm_agent::volume_xml::{overlay_volume, raw_volume};
+use kvm_agent::guest::cloud_init::seed_documents;
+use kvm_agent::guest::seed::build_seed;
+use kvm_agent::libvirt::naming::{InstanceNames, base_volume};
+use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
+use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
+use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
+use kvm_agent::provider::instances::Instances;
+use kvm_agent::transport::bulk::upload_volume;
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::Pool;
 
 const GENEROUS: Duration = Duration::from_secs(60);
 
@@ -194,7 +195,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
     assert_eq!(left, [base], "overlay and seed deleted, the base kept");
 
     // Ids: one this provider cannot have returned names no instance (Get NOT_FOUND,
-    // Delete succeeds); a host no longer configured is permanent (lesson 10), for Get
+    // Delete succeeds); a host no longer configured is permanent (an endless retry would pin the finalizer), for Get
     // and Delete alike.
     let err = instances
         .get("no-slash", deadline_in(GENEROUS))

@@ -9,9 +9,9 @@ use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::error::ErrorClass;
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::pool::Pool;
-use kvm_agent::volume_upload::upload_volume;
+use kvm_agent::transport::bulk::upload_volume;
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::Pool;
 use tracing::Instrument;
 
 const GENEROUS: Duration = Duration::from_secs(20);

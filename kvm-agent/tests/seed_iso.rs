@@ -7,8 +7,8 @@
 
 use std::process::Command;
 
-use kvm_agent::cloud_init::seed_documents;
-use kvm_agent::seed::build_seed;
+use kvm_agent::guest::cloud_init::seed_documents;
+use kvm_agent::guest::seed::build_seed;
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));

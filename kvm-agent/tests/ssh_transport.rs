@@ -10,8 +10,8 @@ use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::error::{Error, ErrorClass};
-use kvm_agent::libvirt_call::LibvirtOp;
-use kvm_agent::pool::Pool;
+use kvm_agent::transport::call::LibvirtOp;
+use kvm_agent::transport::pool::Pool;
 use opentelemetry::trace::Status;
 use tracing::Instrument;
 

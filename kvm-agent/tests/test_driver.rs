@@ -7,13 +7,14 @@
 use std::collections::BTreeMap;
 
 use kvm_agent::config::{Attachment, Firmware};
-use kvm_agent::domain_xml::{
-    DomainFacts, DomainSpec, InstanceMetadata, METADATA_NAMESPACE, PlacementRecord, VirtType,
-};
 use kvm_agent::error::{ErrorClass, classify_libvirt};
-use kvm_agent::instance_ops::{Deleted, NicKind, delete_instance, list_instances, read_instance};
-use kvm_agent::instance_state::instance_state;
-use kvm_agent::naming::InstanceNames;
+use kvm_agent::libvirt::domains::{
+    Deleted, NicKind, delete_instance, list_instances, read_instance,
+};
+use kvm_agent::libvirt::naming::InstanceNames;
+use kvm_agent::libvirt::xml::domain::{DomainFacts, DomainSpec, VirtType};
+use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, METADATA_NAMESPACE, PlacementRecord};
+use kvm_agent::provider::state::instance_state;
 use virt::connect::Connect;
 use virt::sys;
 
@@ -189,7 +190,7 @@ fn read_instance_reports_state_metadata_and_addresses() {
     assert!(!running.addresses.is_empty(), "{running:?}");
     for address in &running.addresses {
         assert!(
-            kvm_agent::instance_state::is_usable_address(*address),
+            kvm_agent::libvirt::addresses::is_usable_address(*address),
             "{address}"
         );
     }
@@ -206,7 +207,7 @@ fn a_domain_with_our_prefix_but_no_metadata_is_not_ours() {
     );
     conn.define_domain_xml(&xml).unwrap();
     assert_eq!(read_instance(&conn, &names, NicKind::Bridge).unwrap(), None);
-    let listed = list_instances(&conn, &[]).unwrap();
+    let listed = list_instances(&conn, &[], NicKind::Bridge).unwrap();
     assert!(listed.iter().all(|s| s.domain != names.domain));
     conn.lookup_domain_by_name(&names.domain)
         .unwrap()
@@ -225,7 +226,7 @@ fn list_filters_by_every_tag_of_the_selector() {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        list_instances(&conn, &selector)
+        list_instances(&conn, &selector, NicKind::Network)
             .unwrap()
             .into_iter()
             .map(|s| s.metadata.key)
@@ -268,7 +269,7 @@ fn delete_removes_domain_and_volumes_and_is_idempotent() {
         delete_instance(&conn, &names, TEST_POOL).unwrap(),
         Deleted::default()
     );
-    // A pool that does not exist means nothing to clean (lesson 12).
+    // A pool that does not exist means nothing to clean.
     assert_eq!(
         delete_instance(&conn, &names, "td-no-such-pool").unwrap(),
         Deleted::default()
@@ -285,7 +286,7 @@ fn delete_removes_domain_and_volumes_and_is_idempotent() {
 fn list_reports_each_domain_with_its_own_metadata_and_state() {
     // More domains than metadata readers, so every reader thread gets a share.
     let conn = connect();
-    let keys: Vec<String> = (0..3 * kvm_agent::instance_ops::METADATA_READERS + 1)
+    let keys: Vec<String> = (0..3 * kvm_agent::libvirt::domains::METADATA_READERS + 1)
         .map(|i| format!("td-many-{i:02}"))
         .collect();
     for key in &keys {
@@ -300,7 +301,12 @@ fn list_reports_each_domain_with_its_own_metadata_and_state() {
     paused.create().unwrap();
     paused.suspend().unwrap();
 
-    let listed = list_instances(&conn, &[("cluster".into(), "td-many".into())]).unwrap();
+    let listed = list_instances(
+        &conn,
+        &[("cluster".into(), "td-many".into())],
+        NicKind::Network,
+    )
+    .unwrap();
     let listed_keys: Vec<&str> = listed.iter().map(|s| s.metadata.key.as_str()).collect();
     assert_eq!(listed_keys, keys);
     for snapshot in &listed {

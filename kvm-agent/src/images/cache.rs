@@ -1,0 +1,360 @@
+//! The content-addressed base image cache: one verified base volume per host and image.
+//!
+//! [`ImageCache::ensure_base`] makes sure an image is complete in a host's storage pool:
+//! 1. **Name by content.** The base volume is [`naming::base_volume`] of the image's
+//!    configured `sha256`, or, without one, of the SHA-256 of its URL string
+//!    (`printf %s URL | sha256sum`). A changed URL or checksum thus names a new base beside
+//!    the old one, which stays for the overlays that use it as their backing file.
+//!    Its completion marker is a second, empty volume named `<base>.complete`
+//!    ([`marker_volume`]); libvirt cannot rename volumes, so "complete" cannot be a rename.
+//! 2. **Single flight.** One download per (host, digest) runs at a time in this process;
+//!    every caller, the first included, waits for the same detached task. The task runs
+//!    under `transport.imageDownloadTimeout`; a caller waits only until its own deadline
+//!    and then gets [`Error::ImageDownloading`] (transient, with the bytes so far and a
+//!    retry hint from the rate so far), while the download goes on and a later call finds
+//!    it done. Each cheap libvirt call of the download has `transport.defaultCallTimeout`.
+//! 3. **Check.** Base and marker both present: done (no HTTP request). A base without
+//!    marker is what a killed agent leaves half-written: it is deleted and fetched again.
+//!    A marker without base is deleted.
+//! 4. **Fetch.** [`fetch::fetch`](super::fetch::fetch) classifies the answer (404/403 permanent, 5xx and
+//!    network errors transient) and hashes the body as it passes. A server silent for
+//!    [`DEFAULT_IDLE_TIMEOUT`] fails the download (transient) long before
+//!    `imageDownloadTimeout`.
+//! 5. **Stage.** With a `Content-Length`, a sparse raw volume of that size is created and
+//!    the body streams straight into [`upload_volume`](crate::transport::bulk::upload_volume) (a dedicated bulk connection).
+//!    Without one, the body is first spooled to an unnamed file in
+//!    `transport.imageSpoolDir` (libvirt needs the length before the first byte; the
+//!    container's root is read-only), then uploaded from there. Memory stays bounded
+//!    either way.
+//! 6. **Verify.** The reader fails the read that would hand out the last bytes when the
+//!    digest is wrong (permanent) or the body is short (transient), so the upload never
+//!    completes with wrong content. On any failure the download is cancelled, the upload
+//!    call is awaited (at most `UPLOAD_SETTLE`, so the volume is not deleted under a
+//!    stream still writing it), and the volume is deleted on the spot (retried while
+//!    libvirt reports it in use; libvirt 11 does not on a dir pool, a test shows); when
+//!    even that fails (or the agent is killed), step 3 deletes it next time.
+//! 7. **Inspect.** A pool refresh makes libvirt probe the file: its format must be the
+//!    configured one and it must not name a backing file (a guest could otherwise read a
+//!    file of the hypervisor); its capacity is the virtual size, which an overlay must
+//!    not undercut.
+//! 8. **Mark.** The marker volume is created last.
+//!
+//! The libvirt calls of each step are in `host_volumes`. [`ImageCache::evict_unused`]
+//! (`eviction`) deletes every base (marker first) that no volume in the pool uses as its
+//! backing file, that is not being downloaded by this process and that is older than
+//! [`DEFAULT_EVICTION_MIN_AGE`] (by default). See
+//! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
+//! single flight is per process, so one agent (one replica) serves a host.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::download::{Job, Progress};
+pub use super::eviction::{EvictionReport, KeptBecause};
+use crate::config::{ImageConfig, ImageFormat, TransportConfig};
+use crate::error::{ConfigProblem, Error};
+use crate::libvirt::naming;
+use crate::transport::pool::HostPool;
+
+/// Suffix of a base volume's completion marker.
+pub(crate) const MARKER_SUFFIX: &str = ".complete";
+
+/// A verified base volume on a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseImage {
+    /// libvirt volume name in the host's storage pool.
+    pub volume: String,
+    /// Its file path on the host (disks are file-type: libvirt's AppArmor helper only
+    /// allows file sources with a path).
+    pub path: String,
+    /// Its disk format, as configured and checked by libvirt's probe.
+    pub format: ImageFormat,
+    /// Virtual size of the base: an overlay must be at least this large.
+    pub capacity_bytes: u64,
+}
+
+/// The completion marker volume of base volume `base`.
+pub fn marker_volume(base: &str) -> String {
+    format!("{base}{MARKER_SUFFIX}")
+}
+
+/// The digest that names `image`'s base volume: its configured SHA-256 (lowercased), or
+/// the SHA-256 of its URL when none is configured. See the module docs.
+pub(crate) fn image_digest(image: &ImageConfig) -> String {
+    match &image.sha256 {
+        Some(sum) => sum.to_ascii_lowercase(),
+        None => hex(&Sha256::digest(image.url.as_bytes())),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Settings of an [`ImageCache`].
+#[derive(Debug, Clone)]
+pub struct ImageCacheOptions {
+    /// Where a download without `Content-Length` is spooled before its upload.
+    pub spool_dir: PathBuf,
+    /// How long one download (fetch, upload, inspection, marker) may take in all.
+    pub download_timeout: Duration,
+    /// Deadline of each cheap libvirt call of a download (lookups, create, refresh).
+    pub call_timeout: Duration,
+    /// Longest silence of the image server (no headers, no body bytes) before the
+    /// download fails as transient; [`DEFAULT_IDLE_TIMEOUT`].
+    pub idle_timeout: Duration,
+    /// Eviction keeps a base (or marker) written more recently than this, by the
+    /// hypervisor's clock; [`DEFAULT_EVICTION_MIN_AGE`].
+    pub eviction_min_age: Duration,
+}
+
+/// Another agent process may be uploading a base this young, or a Create may be about to
+/// put an overlay on it: eviction leaves it.
+pub const DEFAULT_EVICTION_MIN_AGE: Duration = Duration::from_secs(15 * 60);
+
+/// A server silent this long while the agent waits for bytes has stalled.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl ImageCacheOptions {
+    /// `transport.imageSpoolDir` (default: the system temp dir),
+    /// `transport.imageDownloadTimeout` and `transport.defaultCallTimeout`; the idle
+    /// timeout is [`DEFAULT_IDLE_TIMEOUT`], the eviction minimum age
+    /// [`DEFAULT_EVICTION_MIN_AGE`].
+    pub fn from_transport(transport: &TransportConfig) -> Self {
+        Self {
+            spool_dir: transport
+                .image_spool_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
+            download_timeout: transport.image_download_timeout,
+            call_timeout: transport.default_call_timeout,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            eviction_min_age: DEFAULT_EVICTION_MIN_AGE,
+        }
+    }
+}
+
+impl Default for ImageCacheOptions {
+    fn default() -> Self {
+        Self::from_transport(&TransportConfig::default())
+    }
+}
+
+/// Bytes of a download so far.
+type FlightResult = Option<Result<BaseImage, Arc<Error>>>;
+/// (host name, digest).
+type FlightKey = (String, String);
+
+/// A download in progress that callers wait for.
+#[derive(Debug, Clone)]
+struct Flight {
+    progress: Arc<Progress>,
+    done: watch::Receiver<FlightResult>,
+}
+
+/// The base image cache of every host. See the module docs.
+#[derive(Debug, Default)]
+pub struct ImageCache {
+    options: ImageCacheOptions,
+    flights: Arc<Mutex<HashMap<FlightKey, Flight>>>,
+}
+
+/// Names of one image's volumes.
+#[derive(Debug, Clone)]
+pub(super) struct BaseNames {
+    pub(super) digest: String,
+    pub(super) base: String,
+    pub(super) marker: String,
+}
+
+impl BaseNames {
+    fn for_image(image_name: &str, image: &ImageConfig) -> Result<Self, Error> {
+        let digest = image_digest(image);
+        let base = naming::base_volume(&digest).map_err(|e| {
+            Error::config(vec![ConfigProblem::new(
+                format!("images.{image_name}.sha256"),
+                e.to_string(),
+            )])
+        })?;
+        Ok(Self {
+            digest,
+            marker: marker_volume(&base),
+            base,
+        })
+    }
+}
+
+impl ImageCache {
+    /// An empty cache (nothing in flight) with `options`.
+    pub fn new(options: ImageCacheOptions) -> Self {
+        Self {
+            options,
+            flights: Arc::default(),
+        }
+    }
+
+    /// Makes sure `image` is present and complete on `host`, downloading it at most once
+    /// per (host, image digest) at a time; other callers wait. `deadline` bounds only how
+    /// long this caller waits, never the download itself.
+    pub async fn ensure_base(
+        &self,
+        host: &Arc<HostPool>,
+        image_name: &str,
+        image: &ImageConfig,
+        deadline: Instant,
+    ) -> Result<BaseImage, Error> {
+        let names = BaseNames::for_image(image_name, image)?;
+        let flight = self.join_or_start(host, image_name, image, names);
+        let mut done = flight.done.clone();
+        let waited = tokio::time::timeout_at(deadline, done.wait_for(Option::is_some)).await;
+        match waited {
+            Err(_) => Err(Error::ImageDownloading {
+                image: image_name.to_owned(),
+                host: host.name().to_owned(),
+                received: flight.progress.received(),
+                expected: flight.progress.expected(),
+                retry_in: flight.progress.retry_hint(),
+            }),
+            Ok(Err(_)) => Err(abnormal_end(host.name())),
+            Ok(Ok(result)) => match &*result {
+                Some(Ok(base)) => Ok(base.clone()),
+                Some(Err(error)) => Err(Error::Shared(error.clone())),
+                None => Err(abnormal_end(host.name())),
+            },
+        }
+    }
+
+    /// The flight of `names` on `host`: the one in progress, or a new detached one.
+    fn join_or_start(
+        &self,
+        host: &Arc<HostPool>,
+        image_name: &str,
+        image: &ImageConfig,
+        names: BaseNames,
+    ) -> Flight {
+        let key = (host.name().to_owned(), names.digest.clone());
+        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(flight) = flights.get(&key) {
+            return flight.clone();
+        }
+        let (done_tx, done_rx) = watch::channel(None);
+        let flight = Flight {
+            progress: Arc::default(),
+            done: done_rx,
+        };
+        flights.insert(key.clone(), flight.clone());
+        drop(flights);
+        let landing = Landing {
+            flights: self.flights.clone(),
+            key,
+        };
+        let span = tracing::info_span!(
+            "image download",
+            otel.name = "image download",
+            image.name = image_name,
+            image.volume = %names.base,
+            host = host.name(),
+        );
+        let job = Job {
+            host: host.clone(),
+            pool: host.config().storage_pool.clone(),
+            image: image.clone(),
+            names,
+            options: self.options.clone(),
+            progress: flight.progress.clone(),
+            deadline: Instant::now() + self.options.download_timeout,
+            uploading: Arc::default(),
+        };
+        tokio::spawn(
+            async move {
+                let result = job.run().await;
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, "image download failed");
+                }
+                // Leave the map first: a caller arriving now starts afresh instead of
+                // receiving this (possibly failed) result.
+                drop(landing);
+                done_tx.send_replace(Some(result.map_err(Arc::new)));
+            }
+            .instrument(span),
+        );
+        flight
+    }
+
+    /// Deletes the base volumes on `host` that no volume of its pool uses as backing file
+    /// (and their markers, first), except those this process is downloading and those
+    /// written less than `eviction_min_age` ago; also deletes markers left without their
+    /// base. See `images::eviction`.
+    pub async fn evict_unused(
+        &self,
+        host: &Arc<HostPool>,
+        deadline: Instant,
+    ) -> Result<EvictionReport, Error> {
+        let in_flight: BTreeSet<String> = self
+            .flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|(h, _)| h == host.name())
+            .filter_map(|(_, digest)| naming::base_volume(digest).ok())
+            .collect();
+        let min_age = self.options.eviction_min_age;
+        super::eviction::evict(host, in_flight, min_age, deadline).await
+    }
+}
+
+fn abnormal_end(host: &str) -> Error {
+    Error::Worker {
+        host: host.to_owned(),
+        op: "image download",
+        reason: "the download task ended without a result".into(),
+    }
+}
+
+/// Removes a flight from the map when its task ends, normally or by panic.
+struct Landing {
+    flights: Arc<Mutex<HashMap<FlightKey, Flight>>>,
+    key: FlightKey,
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        self.flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_the_checksum_or_the_urls() {
+        let mut image = ImageConfig {
+            url: "http://127.0.0.1/i.qcow2".into(),
+            sha256: Some("AB".repeat(32)),
+            format: ImageFormat::Qcow2,
+            firmware: Default::default(),
+        };
+        assert_eq!(image_digest(&image), "ab".repeat(32));
+        image.sha256 = None;
+        // printf %s http://127.0.0.1/i.qcow2 | sha256sum
+        assert_eq!(
+            image_digest(&image),
+            hex(&Sha256::digest(b"http://127.0.0.1/i.qcow2"))
+        );
+        let names = BaseNames::for_image("i", &image).unwrap();
+        assert_eq!(names.marker, format!("{}.complete", names.base));
+        assert!(super::super::eviction::is_base(&names.base));
+        assert!(!super::super::eviction::is_base(&names.marker));
+    }
+}

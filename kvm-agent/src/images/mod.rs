@@ -1,0 +1,13 @@
+//! Base images: downloaded once per host and image, verified, named by content.
+//!
+//! - [`cache`]: the per-host cache of base volumes, one download per base at a time.
+//! - [`fetch`]: an image's HTTP(S) or `file://` body, streamed through SHA-256.
+//! - `download`: one download of a base, the detached work the cache waits on.
+//! - `host_volumes`: the cache's libvirt steps (look up, create, inspect, delete).
+//! - `eviction`: deleting base volumes no domain uses any more.
+
+pub mod cache;
+mod download;
+pub(crate) mod eviction;
+pub mod fetch;
+mod host_volumes;

@@ -1,0 +1,18 @@
+//! What the agent asks of libvirt, as blocking functions on one connection.
+//!
+//! Each function here runs inside a [`HostPool::call`](crate::transport::pool::HostPool::call)
+//! closure, so it is traced and bounded by a deadline by the layer below.
+//! - [`xml`]: domain, volume and capabilities XML, built from and parsed into serde structs.
+//! - [`naming`]: the names of every domain and volume the agent creates, from the key.
+//! - [`domains`]: finding, reading, listing, defining, starting and deleting domains.
+//! - [`addresses`]: where a guest's addresses come from, and which of them are usable.
+//! - `volumes`: an instance's overlay and seed volumes.
+//! - [`host`]: what a hypervisor can run ([`host::capabilities`]) and whether it is ready
+//!   for the agent ([`host::check`]).
+
+pub mod addresses;
+pub mod domains;
+pub mod host;
+pub mod naming;
+pub(crate) mod volumes;
+pub mod xml;

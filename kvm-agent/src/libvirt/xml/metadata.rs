@@ -1,0 +1,161 @@
+//! The agent's record of an instance, kept in the domain's `<metadata>` element under
+//! [`METADATA_NAMESPACE`]: key, name, tags, creation time, placement, proxy port and the
+//! digest of the spec.
+//!
+//! libvirt returns the metadata element re-indented and without its namespace prefix
+//! (whatever prefix it was written with), so [`InstanceMetadata::parse`] matches elements by local name and accepts
+//! both forms. Every user-supplied string is an attribute; [`check_xml_safe`] refuses
+//! what libvirt's XML cannot keep unchanged.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::XmlError;
+
+/// The namespace URI of the agent's metadata element.
+pub const METADATA_NAMESPACE: &str = "https://egressproxy.dev/xmlns/kvm-agent/v1";
+/// The prefix the agent writes the metadata element with (`virDomainSetMetadata`'s key).
+pub const METADATA_PREFIX: &str = "egressproxy";
+/// The agent's record of an instance, stored in the domain's metadata element.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "egressproxy:instance")]
+pub struct InstanceMetadata {
+    /// The idempotency key.
+    #[serde(rename = "@key")]
+    pub key: String,
+    /// The caller's human-readable name.
+    #[serde(rename = "@name", default)]
+    pub name: String,
+    /// Creation time, RFC 3339.
+    #[serde(rename = "@created")]
+    pub created: String,
+    /// TCP port of the proxy in the guest.
+    #[serde(rename = "@proxyPort")]
+    pub proxy_port: u32,
+    /// SHA-256 (hex) of the create request's placement, cloud-init and proxy port: a
+    /// repeated Create with another spec is ALREADY_EXISTS.
+    #[serde(rename = "@specSha256")]
+    pub spec_sha256: String,
+    /// Where and on what the instance runs.
+    #[serde(rename(serialize = "egressproxy:placement", deserialize = "placement"))]
+    pub placement: PlacementRecord,
+    /// The instance's tags.
+    #[serde(
+        rename(serialize = "egressproxy:tags", deserialize = "tags"),
+        default,
+        with = "tag_list"
+    )]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The resolved placement of an instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRecord {
+    /// The host's name in the configuration.
+    #[serde(rename = "@host")]
+    pub host: String,
+    /// The machine type's name.
+    #[serde(rename = "@machineType")]
+    pub machine_type: String,
+    /// The image's name.
+    #[serde(rename = "@image")]
+    pub image: String,
+    /// The base volume the overlay is backed by.
+    #[serde(rename = "@baseVolume")]
+    pub base_volume: String,
+}
+
+mod tag_list {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Tags {
+        #[serde(rename(serialize = "egressproxy:tag", deserialize = "tag"), default)]
+        tag: Vec<Tag>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Tag {
+        #[serde(rename = "@key")]
+        key: String,
+        #[serde(rename = "@value", default)]
+        value: String,
+    }
+
+    pub(super) fn serialize<S: serde::Serializer>(
+        tags: &BTreeMap<String, String>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        Tags {
+            tag: tags
+                .iter()
+                .map(|(key, value)| Tag {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        }
+        .serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, String>, D::Error> {
+        Ok(Tags::deserialize(d)?
+            .tag
+            .into_iter()
+            .map(|t| (t.key, t.value))
+            .collect())
+    }
+}
+
+/// A value that cannot be stored in the domain XML unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("contains a control character (U+{code:04X}), which libvirt's XML cannot keep")]
+pub struct NotXmlSafe {
+    /// The offending character's code point.
+    pub code: u32,
+}
+
+/// Refuses strings that would not survive a trip through libvirt's XML unchanged.
+pub fn check_xml_safe(value: &str) -> Result<(), NotXmlSafe> {
+    match value
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'))
+    {
+        Some(c) => Err(NotXmlSafe { code: u32::from(c) }),
+        None => Ok(()),
+    }
+}
+
+impl InstanceMetadata {
+    /// The element as `virDomainSetMetadata` or a domain definition takes it: prefixed,
+    /// with the namespace declared.
+    pub fn to_xml(&self) -> Result<String, XmlError> {
+        let element = MetadataElement {
+            xmlns: METADATA_NAMESPACE,
+            inner: self,
+        };
+        Ok(quick_xml::se::to_string_with_root(
+            "egressproxy:instance",
+            &element,
+        )?)
+    }
+
+    /// Parses the element as libvirt returns it (bare, re-indented) or as written.
+    pub fn parse(xml: &str) -> Result<Self, XmlError> {
+        quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {
+            what: "instance metadata",
+            source,
+        })
+    }
+}
+
+#[derive(Serialize)]
+pub(super) struct MetadataElement<'a> {
+    #[serde(rename = "@xmlns:egressproxy")]
+    pub(super) xmlns: &'static str,
+    #[serde(flatten)]
+    pub(super) inner: &'a InstanceMetadata,
+}

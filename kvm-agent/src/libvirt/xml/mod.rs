@@ -1,0 +1,29 @@
+//! libvirt XML, built from serde structs (never by string concatenation) and parsed back
+//! into the few facts the agent reads.
+//!
+//! - [`domain`]: an instance's domain XML, and the facts read back from a defined domain.
+//! - [`metadata`]: the agent's `<metadata>` element (key, tags, placement, spec digest).
+//! - [`volume`]: raw, sparse and overlay volume XML, and the facts of an existing volume.
+//! - [`capabilities`]: libvirt's domain capabilities (KVM, UEFI firmware).
+
+pub mod capabilities;
+pub mod domain;
+pub mod metadata;
+pub mod volume;
+
+/// XML (de)serialization failed.
+#[derive(Debug, thiserror::Error)]
+pub enum XmlError {
+    /// Building the XML failed.
+    #[error("cannot build libvirt XML: {0}")]
+    Serialize(#[from] quick_xml::SeError),
+    /// The XML libvirt returned does not parse as expected.
+    #[error("cannot parse {what}: {source}")]
+    Parse {
+        /// What was being parsed.
+        what: &'static str,
+        /// The parser's error.
+        #[source]
+        source: quick_xml::DeError,
+    },
+}

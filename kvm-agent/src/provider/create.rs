@@ -1,0 +1,324 @@
+//! CreateInstance on one host, idempotent at every step.
+//!
+//! [`crate::provider::instances::Instances::create`] plans the request, takes the key's lock and
+//! then:
+//! 1. **existing domain** ([`existing_instance`]): a domain for the key whose metadata has
+//!    the same spec digest is started if it is not running and returned; another digest
+//!    is ALREADY_EXISTS naming the key; a domain with the name but not the agent's
+//!    metadata is ALREADY_EXISTS too (it is never touched);
+//! 2. **base image**: the content-addressed base volume, from the image cache;
+//! 3. **overlay** ([`create_from_base`] from here on): a qcow2 overlay on the base file,
+//!    as large as the machine type's disk and never smaller than the base; created in one
+//!    libvirt call, reused when an earlier attempt made it for the same base and size
+//!    (remade when the image or machine type changed in between);
+//! 4. **seed**: any old seed volume deleted, a new one created and the NoCloud image
+//!    (built in memory) uploaded, always, before the domain exists (a cancelled attempt may
+//!    have left a truncated seed, so one is never reused);
+//! 5. **define** the domain: file disks whose paths libvirt reported for the volumes,
+//!    the metadata element with key, name, tags, creation time and spec digest;
+//! 6. **start** it, and return the instance (PROVISIONING until it has an address).
+//!
+//! A failure at any point leaves only what a repeated Create reuses (overlay, defined
+//! domain) or replaces (seed): a retry ends with one running domain, one overlay and one
+//! seed. [`FaultHook`] lets tests fail Create after each [`CreateStep`].
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use egressproxy_provider::{ProviderError, pb};
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::guest::seed::build_seed;
+use crate::images::cache::BaseImage;
+use crate::libvirt::domains::FoundDomain;
+use crate::libvirt::domains::{self, NicKind};
+use crate::libvirt::volumes;
+use crate::libvirt::xml::domain::{DomainSpec, VirtType};
+use crate::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
+use crate::provider::plan::CreatePlan;
+use crate::provider::state::to_contract_instance;
+use crate::transport::bulk::upload_volume;
+use crate::transport::call::LibvirtOp;
+use crate::transport::pool::HostPool;
+
+/// A step of Create after which a test may inject a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CreateStep {
+    /// The base image volume is ready.
+    BaseImage,
+    /// The overlay exists.
+    Overlay,
+    /// An empty seed volume exists (its upload has not started).
+    SeedVolume,
+    /// The seed is uploaded.
+    SeedUpload,
+    /// The domain is defined, not started.
+    Define,
+    /// The domain is started.
+    Start,
+}
+
+impl CreateStep {
+    /// Every step, in order.
+    pub const ALL: [CreateStep; 6] = [
+        CreateStep::BaseImage,
+        CreateStep::Overlay,
+        CreateStep::SeedVolume,
+        CreateStep::SeedUpload,
+        CreateStep::Define,
+        CreateStep::Start,
+    ];
+}
+
+/// Called after each [`CreateStep`]; an error fails Create there. For tests only: the
+/// agent itself never sets one.
+#[derive(Clone, Default)]
+pub struct FaultHook(Option<Arc<StepHook>>);
+
+type StepHook = dyn Fn(CreateStep) -> Result<(), Error> + Send + Sync;
+
+impl FaultHook {
+    /// A hook that runs `hook` after each step.
+    pub fn new(hook: impl Fn(CreateStep) -> Result<(), Error> + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(hook)))
+    }
+
+    /// Runs the hook for `step`.
+    pub fn after(&self, step: CreateStep) -> Result<(), Error> {
+        match &self.0 {
+            Some(hook) => hook(step),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for FaultHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "FaultHook(set)"
+        } else {
+            "FaultHook(none)"
+        })
+    }
+}
+
+/// Step 1: the key's existing instance (started if need be), `None` when there is none.
+pub async fn existing_instance(
+    host: &Arc<HostPool>,
+    plan: &CreatePlan,
+    key: &str,
+    deadline: Instant,
+) -> Result<Option<pb::Instance>, ProviderError> {
+    let domain = plan.names.domain.clone();
+    let lookup = domain.clone();
+    let found = host
+        .call(
+            LibvirtOp::new("virDomainLookupByName").domain(domain.clone()),
+            deadline,
+            move |conn| domains::find_domain(conn, &lookup),
+        )
+        .await?;
+    match found {
+        FoundDomain::Nothing => Ok(None),
+        FoundDomain::Foreign => Err(Error::DomainNameTaken {
+            host: host.name().to_owned(),
+            key: key.to_owned(),
+            domain,
+        }
+        .into()),
+        FoundDomain::Ours { spec_sha256, .. } if spec_sha256 != plan.spec_sha256 => {
+            Err(Error::SpecMismatch {
+                host: host.name().to_owned(),
+                key: key.to_owned(),
+            }
+            .into())
+        }
+        FoundDomain::Ours { running, .. } => {
+            if !running {
+                start(host, &domain, deadline).await?;
+            }
+            Ok(Some(read(host, plan, deadline).await?))
+        }
+    }
+}
+
+async fn start(host: &Arc<HostPool>, domain: &str, deadline: Instant) -> Result<(), Error> {
+    let name = domain.to_owned();
+    host.call(
+        LibvirtOp::new("virDomainCreate").domain(domain),
+        deadline,
+        move |conn| domains::start_domain(conn, &name),
+    )
+    .await
+}
+
+async fn read(
+    host: &Arc<HostPool>,
+    plan: &CreatePlan,
+    deadline: Instant,
+) -> Result<pb::Instance, ProviderError> {
+    let names = plan.names.clone();
+    let nic = NicKind::of(&plan.host.attachment());
+    let snapshot = host
+        .call(
+            LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone()),
+            deadline,
+            move |conn| domains::read_instance(conn, &names, nic),
+        )
+        .await?;
+    snapshot
+        .map(|s| to_contract_instance(host.name(), s))
+        .ok_or_else(|| {
+            Error::InstanceVanished {
+                domain: plan.names.domain.clone(),
+            }
+            .into()
+        })
+}
+
+/// Steps 3 to 6 on `base`. See the module docs.
+#[allow(clippy::too_many_arguments)]
+pub async fn create_from_base(
+    host: &Arc<HostPool>,
+    plan: &CreatePlan,
+    request: &pb::CreateInstanceRequest,
+    base: &BaseImage,
+    virt_type: VirtType,
+    faults: &FaultHook,
+    deadline: Instant,
+) -> Result<pb::Instance, ProviderError> {
+    let storage_pool = plan.host.storage_pool.clone();
+    let names = plan.names.clone();
+
+    // Never smaller than the base: qemu-img refuses to shrink, and the guest's
+    // filesystem spans the base's size.
+    let capacity = (plan.machine_type.1.disk_gib << 30).max(base.capacity_bytes);
+    let (pool, name, base_path, format) = (
+        storage_pool.clone(),
+        names.overlay_volume.clone(),
+        base.path.clone(),
+        base.format,
+    );
+    let overlay = host
+        .call(
+            LibvirtOp::new("virStorageVolCreateXML").volume(names.overlay_volume.clone()),
+            deadline,
+            move |conn| volumes::ensure_overlay(conn, &pool, &name, capacity, &base_path, format),
+        )
+        .await?;
+    tracing::debug!(
+        volume = %names.overlay_volume,
+        reused = !overlay.created,
+        replaced = overlay.replaced,
+        "overlay ready"
+    );
+    faults.after(CreateStep::Overlay)?;
+
+    let seed = build_seed(&plan.documents, &request.key, &plan.hostname);
+    let seed_len = seed.len() as u64;
+    let (pool, name) = (storage_pool.clone(), names.seed_volume.clone());
+    let seed_path: PathBuf = host
+        .call(
+            LibvirtOp::new("virStorageVolCreateXML").volume(names.seed_volume.clone()),
+            deadline,
+            move |conn| volumes::recreate_seed_volume(conn, &pool, &name, seed_len),
+        )
+        .await?;
+    faults.after(CreateStep::SeedVolume)?;
+    upload_volume(
+        host,
+        &storage_pool,
+        &names.seed_volume,
+        std::io::Cursor::new(seed),
+        seed_len,
+        deadline,
+    )
+    .await?;
+    faults.after(CreateStep::SeedUpload)?;
+
+    let spec = DomainSpec {
+        name: names.domain.clone(),
+        virt_type,
+        vcpus: plan.machine_type.1.vcpus,
+        memory_mib: plan.machine_type.1.memory_mib,
+        firmware: plan.image.1.firmware,
+        overlay_path: overlay.path,
+        seed_path,
+        attachment: plan.host.attachment(),
+        metadata: InstanceMetadata {
+            key: request.key.clone(),
+            name: request.name.clone(),
+            created: now_rfc3339(),
+            proxy_port: request.proxy_port,
+            spec_sha256: plan.spec_sha256.clone(),
+            placement: PlacementRecord {
+                host: plan.host.name.clone(),
+                machine_type: plan.machine_type.0.clone(),
+                image: plan.image.0.clone(),
+                base_volume: base.volume.clone(),
+            },
+            tags: request
+                .tags
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        },
+    };
+    let xml = spec.to_xml().map_err(|e| Error::DomainXmlInvalid {
+        domain: names.domain.clone(),
+        reason: e.to_string(),
+    })?;
+    host.call(
+        LibvirtOp::new("virDomainDefineXML").domain(names.domain.clone()),
+        deadline,
+        move |conn| domains::define_domain(conn, &xml),
+    )
+    .await?;
+    faults.after(CreateStep::Define)?;
+
+    start(host, &names.domain, deadline).await?;
+    faults.after(CreateStep::Start)?;
+    tracing::info!(
+        instance.id = %format!("{}/{}", host.name(), request.key),
+        domain = %names.domain,
+        base = %base.volume,
+        "created instance"
+    );
+    read(host, plan, deadline).await
+}
+
+/// Now, RFC 3339 in whole seconds.
+fn now_rfc3339() -> String {
+    let mut now = prost_types::Timestamp::from(std::time::SystemTime::now());
+    now.nanos = 0;
+    now.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_time_is_rfc3339_and_parses_back() {
+        let text = now_rfc3339();
+        assert!(text.ends_with('Z') && text.contains('T'), "{text}");
+        assert!(text.parse::<prost_types::Timestamp>().is_ok(), "{text}");
+    }
+
+    #[test]
+    fn the_fault_hook_fails_only_its_step() {
+        let hook = FaultHook::new(|step| match step {
+            CreateStep::Define => Err(Error::io(
+                "injected",
+                std::io::Error::from(std::io::ErrorKind::Other),
+            )),
+            _ => Ok(()),
+        });
+        assert!(hook.after(CreateStep::Overlay).is_ok());
+        assert!(hook.after(CreateStep::Define).is_err());
+        assert!(FaultHook::default().after(CreateStep::Define).is_ok());
+        assert_eq!(format!("{hook:?}"), "FaultHook(set)");
+    }
+}

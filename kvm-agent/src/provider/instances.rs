@@ -1,0 +1,292 @@
+//! Create, Get, Delete and List as the contract sees them, across the configured hosts.
+//!
+//! Create's steps are in [`crate::provider::create`].
+//!
+//! Each runs its libvirt work ([`crate::libvirt::domains`]) as one call on the host's pooled
+//! connection, so it is off the runtime, traced and bounded by the caller's deadline;
+//! errors leave as [`ProviderError`]s through the one mapping
+//! ([`Error::to_provider_error`]). The contract rules applied here:
+//! - an id this provider cannot have returned (not `<host>/<key>`) names no instance:
+//!   Get is NOT_FOUND and Delete succeeds, as for any missing instance;
+//! - an id whose host is not (any longer) configured is FAILED_PRECONDITION, not an
+//!   endless retry (which would pin the operator's finalizer);
+//! - Get of a missing domain is NOT_FOUND; Delete of one succeeds; a domain with the
+//!   instance's name but not the agent's metadata is missing for both (Delete leaves it
+//!   and its volumes alone);
+//! - List fails when any host cannot be reached, so a garbage collector never mistakes
+//!   an unreachable host for an empty one.
+
+use std::sync::Arc;
+
+use egressproxy_provider::{ProviderError, pb};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::images::cache::{BaseImage, ImageCache, ImageCacheOptions};
+use crate::libvirt::domains::{self, NicKind};
+use crate::libvirt::host::capabilities::VirtTypes;
+use crate::libvirt::naming::{InstanceId, InstanceNames};
+use crate::provider::create::{self, CreateStep, FaultHook};
+use crate::provider::plan::plan_create;
+use crate::provider::state::to_contract_instance;
+use crate::provider::sync::KeyLocks;
+use crate::transport::call::LibvirtOp;
+use crate::transport::pool::{HostPool, Pool};
+
+/// The instances on every configured host.
+#[derive(Debug, Clone)]
+pub struct Instances {
+    config: Arc<Config>,
+    pool: Arc<Pool>,
+    images: Arc<ImageCache>,
+    key_locks: Arc<KeyLocks>,
+    virt_types: Arc<VirtTypes>,
+    faults: FaultHook,
+}
+
+impl Instances {
+    /// Instances on the hosts of `config`, reached through `pool`.
+    pub fn new(config: Arc<Config>, pool: Arc<Pool>) -> Self {
+        Self {
+            images: Arc::new(ImageCache::new(ImageCacheOptions::from_transport(
+                &config.transport,
+            ))),
+            config,
+            pool,
+            key_locks: Arc::default(),
+            virt_types: Arc::default(),
+            faults: FaultHook::default(),
+        }
+    }
+
+    /// The same, failing Create where `faults` says (tests of Create's idempotency).
+    pub fn with_fault_hook(mut self, faults: FaultHook) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// The pool of connections to the hosts.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The `domainType: auto` answers, shared by Create and ValidatePlacement.
+    pub fn virt_types(&self) -> &VirtTypes {
+        &self.virt_types
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The base image cache Create uses.
+    pub fn image_cache(&self) -> &Arc<ImageCache> {
+        &self.images
+    }
+
+    /// Creates the instance of `request`, or returns the one its key already names. See
+    /// [`crate::provider::create`].
+    pub async fn create(
+        &self,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+    ) -> Result<pb::Instance, ProviderError> {
+        let images = self.images.clone();
+        self.create_with(request, deadline, move |host, plan| async move {
+            let (name, image) = &plan.image;
+            images.ensure_base(&host, name, image, deadline).await
+        })
+        .await
+    }
+
+    /// [`Instances::create`] with another source of the base image: `ensure_base`
+    /// provides the base image volume on the chosen host. See
+    /// [`crate::provider::create`].
+    ///
+    /// Once the key's lock is taken, the steps run in a task of their own that holds the
+    /// lock until they end: a caller that goes away (tonic drops the handler's future
+    /// when the client cancels or its deadline passes) does not stop them half-way, nor
+    /// let a Delete or another Create of the key run beside them. The task ends when the
+    /// steps are done or the request's deadline has passed.
+    pub(crate) async fn create_with<F, Fut>(
+        &self,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+        ensure_base: F,
+    ) -> Result<pb::Instance, ProviderError>
+    where
+        F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<BaseImage, Error>> + Send + 'static,
+    {
+        let plan = plan_create(&self.config, request)?;
+        let host = self.pool.host(&plan.host.name)?;
+        let turn = self
+            .key_locks
+            .lock(host.name(), &request.key, deadline)
+            .await?;
+        let this = self.clone();
+        let owned_request = request.clone();
+        // Dropping the JoinHandle (when this future is dropped) detaches the task; it
+        // does not abort it.
+        let steps = tokio::spawn(
+            async move {
+                let _turn = turn;
+                this.create_locked(host, plan, &owned_request, deadline, ensure_base)
+                    .await
+            }
+            .in_current_span(),
+        );
+        match steps.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::CreateTaskFailed {
+                key: request.key.clone(),
+                reason: e.to_string(),
+            }
+            .into()),
+        }
+    }
+
+    /// Create's steps, with the key's lock held.
+    async fn create_locked<F, Fut>(
+        &self,
+        host: Arc<HostPool>,
+        plan: crate::provider::plan::CreatePlan,
+        request: &pb::CreateInstanceRequest,
+        deadline: Instant,
+        ensure_base: F,
+    ) -> Result<pb::Instance, ProviderError>
+    where
+        F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut,
+        Fut: Future<Output = Result<BaseImage, Error>>,
+    {
+        if let Some(existing) =
+            create::existing_instance(&host, &plan, &request.key, deadline).await?
+        {
+            return Ok(existing);
+        }
+        let virt_type = self.virt_types.for_host(&host, deadline).await?;
+        let base = ensure_base(host.clone(), plan.clone()).await?;
+        self.faults.after(CreateStep::BaseImage)?;
+        create::create_from_base(
+            &host,
+            &plan,
+            request,
+            &base,
+            virt_type,
+            &self.faults,
+            deadline,
+        )
+        .await
+    }
+
+    /// The instance `id`: state, addresses, tags, placement.
+    pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, ProviderError> {
+        let Some((id, host, names)) = self.resolve(id)? else {
+            return Err(Error::InstanceNotFound {
+                id: id.to_owned(),
+                detail: "this provider's ids are <host>/<key>".to_owned(),
+            }
+            .into());
+        };
+        let nic = NicKind::of(&host.config().attachment());
+        let op = LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone());
+        let lookup = names.clone();
+        let snapshot = host
+            .call(op, deadline, move |conn| {
+                domains::read_instance(conn, &lookup, nic)
+            })
+            .await?;
+        match snapshot {
+            Some(snapshot) => Ok(to_contract_instance(&id.host, snapshot)),
+            None => Err(Error::InstanceNotFound {
+                id: id.to_string(),
+                detail: format!("no domain {} on host {}", names.domain, id.host),
+            }
+            .into()),
+        }
+    }
+
+    /// Deletes the instance `id` with its overlay and seed; a missing one is success. Waits
+    /// for a Create of the same key in this agent to finish first.
+    pub async fn delete(&self, id: &str, deadline: Instant) -> Result<(), ProviderError> {
+        let Some((id, host, names)) = self.resolve(id)? else {
+            return Ok(());
+        };
+        // After an in-flight Create of the key, so that Create cannot re-make what this
+        // deletes.
+        let _turn = self.key_locks.lock(host.name(), &id.key, deadline).await?;
+        let storage_pool = host.config().storage_pool.clone();
+        let names_domain = names.domain.clone();
+        let op = LibvirtOp::new("virDomainUndefineFlags").domain(names.domain.clone());
+        let deleted = host
+            .call(op, deadline, move |conn| {
+                domains::delete_instance(conn, &names, &storage_pool)
+            })
+            .await?;
+        if deleted.foreign_domain_left {
+            tracing::warn!(
+                instance.id = %id,
+                domain = %names_domain,
+                "delete: the domain with this instance's name is not the agent's \
+                 (no metadata); it and its volumes were left alone"
+            );
+        } else {
+            tracing::info!(
+                instance.id = %id,
+                domain_deleted = deleted.domain,
+                volumes_deleted = deleted.volumes.len(),
+                "deleted instance"
+            );
+        }
+        Ok(())
+    }
+
+    /// Every instance, on every host, whose tags contain all of `selector`; sorted by
+    /// host, then domain name.
+    pub async fn list(
+        &self,
+        selector: &[(String, String)],
+        deadline: Instant,
+    ) -> Result<Vec<pb::Instance>, ProviderError> {
+        let mut instances = Vec::new();
+        for host in &self.config.hosts {
+            let pool = self.pool.host(&host.name)?;
+            let selector = selector.to_vec();
+            let nic = NicKind::of(&host.attachment());
+            let found = pool
+                .call(
+                    LibvirtOp::new("virConnectListAllDomains"),
+                    deadline,
+                    move |conn| domains::list_instances(conn, &selector, nic),
+                )
+                .await?;
+            instances.extend(
+                found
+                    .into_iter()
+                    .map(|snapshot| to_contract_instance(&host.name, snapshot)),
+            );
+        }
+        Ok(instances)
+    }
+
+    /// The host and names of instance `id`; `None` when `id` cannot name an instance of
+    /// this provider.
+    fn resolve(
+        &self,
+        id: &str,
+    ) -> Result<Option<(InstanceId, Arc<HostPool>, InstanceNames)>, ProviderError> {
+        egressproxy_provider::validation::check_id(id)?;
+        let Some(parsed) = InstanceId::parse(id) else {
+            return Ok(None);
+        };
+        let host = self.pool.host(&parsed.host)?;
+        let names = InstanceNames::for_key(&parsed.key).map_err(|e| Error::InvalidArgument {
+            field: "id",
+            reason: e.to_string(),
+        })?;
+        Ok(Some((parsed, host, names)))
+    }
+}

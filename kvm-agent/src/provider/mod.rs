@@ -1,0 +1,16 @@
+//! The top layer: the `Provider` contract on the layers below.
+//!
+//! - [`service`]: the gRPC service (`kvm-agent serve`): requests in, the one error mapping out.
+//! - [`instances`]: Create, Get, List and Delete across hosts, each through
+//!   [`HostPool::call`](crate::transport::pool::HostPool::call).
+//! - [`plan`]: Create's request checked and resolved against the configuration.
+//! - [`create`]: Create's steps in order, idempotent, with a test fault hook.
+//! - [`state`]: libvirt states and guest addresses in the contract's terms.
+//! - `sync`: per-key locks, so one Create per key runs at a time.
+
+pub mod create;
+pub mod instances;
+pub mod plan;
+pub mod service;
+pub mod state;
+pub(crate) mod sync;

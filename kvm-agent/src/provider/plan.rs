@@ -1,0 +1,412 @@
+//! Step 1 of CreateInstance: check the request against the contract and the agent's
+//! configuration, and resolve everything Create needs, before touching a hypervisor.
+//!
+//! Every problem is reported at once as INVALID_ARGUMENT naming its field
+//! (`placement.host`, `placement.machine_type`, `placement.image`, `name`, `tags["k"]`,
+//! `cloud_init.user_data`, ...). The plan carries the digest of the request's spec
+//! (placement as given, cloud-init, proxy port), stored in the domain's metadata, so a
+//! repeated Create with the same key and another spec is ALREADY_EXISTS.
+
+use egressproxy_provider::pb::placement::Location;
+use egressproxy_provider::{ProviderError, pb, validation};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, HostConfig, ImageConfig, MachineType};
+use crate::guest::cloud_init::{SeedDocuments, seed_documents};
+use crate::libvirt::naming::{InstanceNames, hostname_for_key};
+use crate::libvirt::xml::metadata::check_xml_safe;
+
+/// What a Create will make, resolved from the request and the configuration.
+#[derive(Debug, Clone)]
+pub struct CreatePlan {
+    /// The host the instance goes to.
+    pub host: HostConfig,
+    /// The machine type's name and size.
+    pub machine_type: (String, MachineType),
+    /// The image's name and configuration.
+    pub image: (String, ImageConfig),
+    /// Names of the domain and volumes.
+    pub names: InstanceNames,
+    /// The guest's hostname.
+    pub hostname: String,
+    /// The seed's documents, with the guest-agent bootstrap merged in.
+    pub documents: SeedDocuments,
+    /// SHA-256 (hex) of the request's spec.
+    pub spec_sha256: String,
+}
+
+/// Checks `request` and resolves it against `config`. See the module docs.
+pub fn plan_create(
+    config: &Config,
+    request: &pb::CreateInstanceRequest,
+) -> Result<CreatePlan, ProviderError> {
+    validation::check_create_request(request)?;
+    let placement = request
+        .placement
+        .as_ref()
+        .expect("validated: placement is set");
+    let ResolvedParts {
+        host,
+        machine,
+        image,
+        mut violations,
+    } = resolve_parts(config, placement);
+    if let Err(e) = check_xml_safe(&request.name) {
+        violations.push(("name".into(), e.to_string()));
+    }
+    for (key, value) in &request.tags {
+        if let Err(e) = check_xml_safe(key).and_then(|()| check_xml_safe(value)) {
+            violations.push((format!("tags[{key:?}]"), e.to_string()));
+        }
+    }
+    let cloud_init = request.cloud_init.clone().unwrap_or_default();
+    let documents = seed_documents(&cloud_init.user_data, cloud_init.vendor_data.as_deref());
+    let documents = match documents {
+        Ok(documents) => Some(documents),
+        Err(e) => {
+            violations.extend(
+                e.field_violations
+                    .into_iter()
+                    .map(|v| (v.field, v.description)),
+            );
+            None
+        }
+    };
+    let mut violations = violations.into_iter();
+    if let Some((field, description)) = violations.next() {
+        return Err(violations.fold(
+            ProviderError::invalid_argument(field, description),
+            |error, (field, description)| error.with_violation(field, description),
+        ));
+    }
+    let (Some(host), Some(machine), Some(image), Some(documents)) =
+        (host, machine, image, documents)
+    else {
+        return Err(ProviderError::permanent(
+            "the agent has no hosts configured",
+        ));
+    };
+    let names = InstanceNames::for_key(&request.key)
+        .map_err(|e| ProviderError::invalid_argument("key", e.to_string()))?;
+    Ok(CreatePlan {
+        host,
+        machine_type: (placement.machine_type.clone(), machine),
+        image: (placement.image.clone(), image),
+        hostname: hostname_for_key(&request.key),
+        names,
+        documents,
+        spec_sha256: spec_sha256(request),
+    })
+}
+
+/// A placement resolved against the configuration (ValidatePlacement's answer).
+#[derive(Debug, Clone)]
+pub struct ResolvedPlacement {
+    /// The host the instance would go to.
+    pub host: HostConfig,
+    /// The machine type's name and size.
+    pub machine_type: (String, MachineType),
+    /// The image's name and configuration.
+    pub image: (String, ImageConfig),
+}
+
+impl ResolvedPlacement {
+    /// The placement as the contract states it, with the chosen host filled in.
+    pub fn to_contract(&self) -> pb::Placement {
+        pb::Placement {
+            location: Some(Location::Host(self.host.name.clone())),
+            machine_type: self.machine_type.0.clone(),
+            image: self.image.0.clone(),
+        }
+    }
+}
+
+/// Checks `placement` and resolves it against `config` as Create would: every unknown
+/// name is INVALID_ARGUMENT naming its field, all at once.
+pub fn resolve_placement(
+    config: &Config,
+    placement: Option<&pb::Placement>,
+) -> Result<ResolvedPlacement, ProviderError> {
+    validation::check_placement_request(placement)?;
+    let placement = placement.expect("validated: placement is set");
+    let ResolvedParts {
+        host,
+        machine,
+        image,
+        violations,
+    } = resolve_parts(config, placement);
+    let mut violations = violations.into_iter();
+    if let Some((field, description)) = violations.next() {
+        return Err(violations.fold(
+            ProviderError::invalid_argument(field, description),
+            |error, (field, description)| error.with_violation(field, description),
+        ));
+    }
+    let (Some(host), Some(machine), Some(image)) = (host, machine, image) else {
+        return Err(ProviderError::permanent(
+            "the agent has no hosts configured",
+        ));
+    };
+    Ok(ResolvedPlacement {
+        host,
+        machine_type: (placement.machine_type.clone(), machine),
+        image: (placement.image.clone(), image),
+    })
+}
+
+struct ResolvedParts {
+    host: Option<HostConfig>,
+    machine: Option<MachineType>,
+    image: Option<ImageConfig>,
+    violations: Vec<(String, String)>,
+}
+
+fn resolve_parts(config: &Config, placement: &pb::Placement) -> ResolvedParts {
+    let mut violations: Vec<(String, String)> = Vec::new();
+    let host = match &placement.location {
+        Some(Location::Host(name)) => config.host(name).cloned().or_else(|| {
+            violations.push((
+                "placement.host".into(),
+                unknown("host", name, host_names(config)),
+            ));
+            None
+        }),
+        Some(Location::Zone(_)) => {
+            violations.push((
+                "placement.zone".into(),
+                "this provider has no zones: set placement.host or leave the location unset".into(),
+            ));
+            None
+        }
+        None => config.hosts.first().cloned(),
+    };
+    let machine = config.machine_types.get(&placement.machine_type).cloned();
+    if machine.is_none() {
+        violations.push((
+            "placement.machine_type".into(),
+            unknown(
+                "machine type",
+                &placement.machine_type,
+                config.machine_types.keys().map(String::as_str),
+            ),
+        ));
+    }
+    let image = config.images.get(&placement.image).cloned();
+    if image.is_none() {
+        violations.push((
+            "placement.image".into(),
+            unknown(
+                "image",
+                &placement.image,
+                config.images.keys().map(String::as_str),
+            ),
+        ));
+    }
+    ResolvedParts {
+        host,
+        machine,
+        image,
+        violations,
+    }
+}
+
+fn host_names(config: &Config) -> impl Iterator<Item = &str> {
+    config.hosts.iter().map(|h| h.name.as_str())
+}
+
+fn unknown<'a>(what: &str, name: &str, known: impl Iterator<Item = &'a str>) -> String {
+    let known: Vec<&str> = known.collect();
+    if known.is_empty() {
+        format!("unknown {what} {name:?}: none is configured")
+    } else {
+        format!(
+            "unknown {what} {name:?}: this provider offers {}",
+            known.join(", ")
+        )
+    }
+}
+
+/// SHA-256 (hex) of what must match for a repeated Create to return the same instance:
+/// the placement as requested, cloud-init and the proxy port. Each field is
+/// length-prefixed, so no two specs encode alike.
+pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
+    let mut hash = Sha256::new();
+    let mut field = |tag: &[u8], value: &[u8]| {
+        hash.update(tag);
+        hash.update((value.len() as u64).to_be_bytes());
+        hash.update(value);
+    };
+    let placement = request.placement.clone().unwrap_or_default();
+    match &placement.location {
+        Some(Location::Host(host)) => field(b"host", host.as_bytes()),
+        Some(Location::Zone(zone)) => field(b"zone", zone.as_bytes()),
+        None => field(b"anywhere", b""),
+    }
+    field(b"machine_type", placement.machine_type.as_bytes());
+    field(b"image", placement.image.as_bytes());
+    let cloud_init = request.cloud_init.clone().unwrap_or_default();
+    field(b"user_data", &cloud_init.user_data);
+    match &cloud_init.vendor_data {
+        Some(vendor) => field(b"vendor_data", vendor),
+        None => field(b"no_vendor_data", b""),
+    }
+    field(b"proxy_port", &request.proxy_port.to_be_bytes());
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::parse(
+            "hosts:\n- {name: hv1, local: true}\n- {name: hv2, local: true}\n\
+             machineTypes:\n  small: {vcpus: 1, memoryMiB: 1024, diskGiB: 10}\n\
+             images:\n  debian-12: {url: 'https://example.org/d.qcow2'}\n",
+        )
+        .unwrap()
+    }
+
+    fn request() -> pb::CreateInstanceRequest {
+        pb::CreateInstanceRequest {
+            key: "uid-1".into(),
+            name: "ns/proxy".into(),
+            tags: [("cluster".to_string(), "dev".to_string())].into(),
+            placement: Some(pb::Placement {
+                location: None,
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+            }),
+            cloud_init: Some(pb::CloudInit {
+                user_data: b"#cloud-config\npackages: [squid]\n".to_vec(),
+                vendor_data: None,
+            }),
+            proxy_port: 3128,
+        }
+    }
+
+    fn fields(error: ProviderError) -> Vec<String> {
+        assert_eq!(
+            error.class,
+            egressproxy_provider::ErrorClass::InvalidArgument
+        );
+        error
+            .field_violations
+            .into_iter()
+            .map(|v| v.field)
+            .collect()
+    }
+
+    #[test]
+    fn a_valid_request_resolves_to_the_first_host_by_default() {
+        let plan = plan_create(&config(), &request()).unwrap();
+        assert_eq!(plan.host.name, "hv1");
+        assert_eq!(plan.machine_type.1.disk_gib, 10);
+        assert_eq!(plan.image.0, "debian-12");
+        assert_eq!(plan.names.domain, "egressproxy-uid-1");
+        assert_eq!(plan.hostname, "egressproxy-uid-1");
+        assert!(String::from_utf8_lossy(&plan.documents.user_data).contains("qemu-guest-agent"));
+        let mut on_hv2 = request();
+        on_hv2.placement.as_mut().unwrap().location = Some(Location::Host("hv2".into()));
+        assert_eq!(plan_create(&config(), &on_hv2).unwrap().host.name, "hv2");
+    }
+
+    #[test]
+    fn every_unknown_name_and_bad_field_is_reported_at_once() {
+        let mut bad = request();
+        bad.name = "line\nbreak".into();
+        bad.tags.insert("t".into(), "tab\t".into());
+        bad.placement = Some(pb::Placement {
+            location: Some(Location::Host("hv9".into())),
+            machine_type: "huge".into(),
+            image: "arch".into(),
+        });
+        bad.cloud_init.as_mut().unwrap().user_data = b"#cloud-config\n[1, 2]\n".to_vec();
+        assert_eq!(
+            fields(plan_create(&config(), &bad).unwrap_err()),
+            [
+                "placement.host",
+                "placement.machine_type",
+                "placement.image",
+                "name",
+                "tags[\"t\"]",
+                "cloud_init.user_data"
+            ]
+        );
+        let mut zoned = request();
+        zoned.placement.as_mut().unwrap().location = Some(Location::Zone("z".into()));
+        assert_eq!(
+            fields(plan_create(&config(), &zoned).unwrap_err()),
+            ["placement.zone"]
+        );
+        // The contract's own checks come first.
+        let mut no_key = request();
+        no_key.key.clear();
+        assert_eq!(
+            fields(plan_create(&config(), &no_key).unwrap_err()),
+            ["key"]
+        );
+    }
+
+    #[test]
+    fn placements_resolve_like_create_with_the_host_filled_in() {
+        let placement = request().placement;
+        let resolved = resolve_placement(&config(), placement.as_ref()).unwrap();
+        assert_eq!(
+            resolved.to_contract(),
+            pb::Placement {
+                location: Some(Location::Host("hv1".into())),
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+            }
+        );
+        let bad = pb::Placement {
+            location: Some(Location::Host("hv9".into())),
+            machine_type: "small".into(),
+            image: "arch".into(),
+        };
+        assert_eq!(
+            fields(resolve_placement(&config(), Some(&bad)).unwrap_err()),
+            ["placement.host", "placement.image"]
+        );
+        assert_eq!(
+            fields(resolve_placement(&config(), None).unwrap_err()),
+            ["placement"]
+        );
+    }
+
+    #[test]
+    fn unknown_names_list_what_is_offered() {
+        let mut bad = request();
+        bad.placement.as_mut().unwrap().machine_type = "huge".into();
+        let err = plan_create(&config(), &bad).unwrap_err();
+        assert!(err.message.contains("this provider offers small"), "{err}");
+    }
+
+    #[test]
+    fn the_spec_digest_changes_with_every_part_of_the_spec_and_nothing_else() {
+        let base = spec_sha256(&request());
+        assert_eq!(base.len(), 64);
+        let mut same = request();
+        same.name = "other/name".into();
+        same.tags.clear();
+        assert_eq!(spec_sha256(&same), base, "name and tags are not the spec");
+        let variants: [fn(&mut pb::CreateInstanceRequest); 6] = [
+            |r| r.proxy_port = 8080,
+            |r| r.placement.as_mut().unwrap().image = "debian-13".into(),
+            |r| r.placement.as_mut().unwrap().machine_type = "big".into(),
+            |r| r.placement.as_mut().unwrap().location = Some(Location::Host("hv1".into())),
+            |r| r.cloud_init.as_mut().unwrap().user_data.push(b'\n'),
+            |r| r.cloud_init.as_mut().unwrap().vendor_data = Some(Vec::new()),
+        ];
+        let mut seen = std::collections::BTreeSet::from([base]);
+        for change in variants {
+            let mut r = request();
+            change(&mut r);
+            assert!(
+                seen.insert(spec_sha256(&r)),
+                "a change left the digest unchanged"
+            );
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The `egressproxy.provider.v1.Provider` gRPC service of the agent.
+//!
+//! Each call:
+//! 1. takes its deadline from the request's `grpc-timeout` (a little earlier, so the
+//!    agent's own DEADLINE_EXCEEDED reaches the caller before the caller gives up), or
+//!    `transport.defaultCallTimeout` when the caller set none;
+//! 2. runs on [`Instances`] (Create, Get, Delete, List) or the host check
+//!    (ValidatePlacement), every libvirt call bounded by that deadline and traced under
+//!    the request's span;
+//! 3. answers errors through the crate's one mapping ([`crate::Error::to_provider_error`],
+//!    then [`ProviderError`] to `tonic::Status`).
+//!
+//! ListInstances pages over the matching instances sorted by id; the page token is the
+//! last id of the previous page, so instances created or deleted between pages neither
+//! repeat nor shift the rest. ValidatePlacement resolves the placement as Create would
+//! (unknown names are INVALID_ARGUMENT) and runs `check-host` on the chosen host: a
+//! failed check is FAILED_PRECONDITION listing what to fix; warnings (TCG instead of KVM)
+//! come back as the response's warnings.
+
+use std::time::Duration;
+
+use egressproxy_provider::{CONTRACT_VERSION, ProviderError, parse_grpc_timeout, pb};
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::config::{DomainType, Firmware};
+use crate::libvirt::host::check::{self, Status as CheckStatus};
+use crate::provider::instances::Instances;
+use crate::provider::plan::resolve_placement;
+use crate::transport::call::LibvirtOp;
+
+/// The name GetPluginInfo reports.
+pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
+/// The largest ListInstances page.
+pub(crate) const MAX_PAGE_SIZE: usize = 1000;
+/// Instances per ListInstances page when the caller sets no size: the largest, because
+/// every page costs a full sweep of the hosts whatever its size (a few round trips plus
+/// one metadata read per domain), so fewer pages are cheaper.
+pub(crate) const DEFAULT_PAGE_SIZE: usize = MAX_PAGE_SIZE;
+/// How much earlier than the caller's deadline the agent gives up.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
+
+/// The Provider service on the configured hosts. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct KvmProvider {
+    instances: Instances,
+}
+
+impl KvmProvider {
+    /// The service over `instances`.
+    pub fn new(instances: Instances) -> Self {
+        Self { instances }
+    }
+
+    /// The deadline of a call whose metadata is `metadata`. See the module docs.
+    pub fn deadline(&self, metadata: &MetadataMap) -> Instant {
+        match metadata
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+        {
+            Some(timeout) => {
+                let margin = DEADLINE_MARGIN.min(timeout / 10);
+                Instant::now() + timeout - margin
+            }
+            None => self.instances.pool().default_deadline(),
+        }
+    }
+
+    /// ValidatePlacement's work; see the module docs.
+    pub async fn validate(
+        &self,
+        placement: Option<&pb::Placement>,
+        deadline: Instant,
+    ) -> Result<pb::ValidatePlacementResponse, ProviderError> {
+        let resolved = resolve_placement(self.instances.config(), placement)?;
+        let host = self.instances.pool().host(&resolved.host.name)?;
+        let needs_uefi = resolved.image.1.firmware == Firmware::Uefi;
+        let host_config = resolved.host.clone();
+        // `auto`: the agent's cached answer (one probe per host per run, shared with
+        // Create), not a probe per call.
+        let auto = match host_config.domain_type {
+            DomainType::Auto => Some(
+                self.instances
+                    .virt_types()
+                    .auto_choice(&host, deadline)
+                    .await?,
+            ),
+            _ => None,
+        };
+        let report = host
+            .call(LibvirtOp::new("check-host"), deadline, move |conn| {
+                check::check_host_with(conn, &host_config, needs_uefi, auto)
+            })
+            .await?;
+        let line = |check: &check::Check| match &check.fix {
+            Some(fix) => format!("{}: {} (fix: {fix})", check.name, check.detail),
+            None => format!("{}: {}", check.name, check.detail),
+        };
+        let failures: Vec<String> = report
+            .checks
+            .iter()
+            .filter(|c| c.status == CheckStatus::Fail)
+            .map(line)
+            .collect();
+        if !failures.is_empty() {
+            return Err(crate::Error::HostNotReady {
+                host: report.host,
+                failures,
+            }
+            .into());
+        }
+        Ok(pb::ValidatePlacementResponse {
+            resolved: Some(resolved.to_contract()),
+            warnings: report
+                .checks
+                .iter()
+                .filter(|c| c.status == CheckStatus::Warn)
+                .map(line)
+                .collect(),
+        })
+    }
+
+    /// One page of ListInstances.
+    pub async fn list_page(
+        &self,
+        request: &pb::ListInstancesRequest,
+        deadline: Instant,
+    ) -> Result<pb::ListInstancesResponse, ProviderError> {
+        let page_size = match request.page_size {
+            None | Some(0) => DEFAULT_PAGE_SIZE,
+            Some(size) => usize::try_from(size)
+                .unwrap_or(MAX_PAGE_SIZE)
+                .min(MAX_PAGE_SIZE),
+        };
+        let mut selector: Vec<(String, String)> = request
+            .tag_selector
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        selector.sort();
+        let mut instances = self.instances.list(&selector, deadline).await?;
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(page(instances, &request.page_token, page_size))
+    }
+}
+
+/// The instances after `token` (all when empty), at most `size`, and the next token.
+fn page(instances: Vec<pb::Instance>, token: &str, size: usize) -> pb::ListInstancesResponse {
+    let mut instances: Vec<pb::Instance> = instances
+        .into_iter()
+        .filter(|i| token.is_empty() || i.id.as_str() > token)
+        .take(size + 1)
+        .collect();
+    let next_page_token = if instances.len() > size {
+        instances.truncate(size);
+        instances.last().map(|i| i.id.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    pb::ListInstancesResponse {
+        instances,
+        next_page_token,
+    }
+}
+
+/// Logs a failed call: a warning when the agent or a host is at fault, debug when the
+/// request was (invalid argument, already exists, not found).
+fn log_failure(call: &str, error: &ProviderError) {
+    use egressproxy_provider::ErrorClass as C;
+    match error.class {
+        C::InvalidArgument | C::AlreadyExists | C::NotFound => {
+            tracing::debug!(%error, "{call} refused");
+        }
+        _ => tracing::warn!(%error, reason = %error.reason, "{call} failed"),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::provider_server::Provider for KvmProvider {
+    async fn get_plugin_info(
+        &self,
+        _request: Request<pb::GetPluginInfoRequest>,
+    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
+        let hosts: Vec<&str> = self.instances.pool().host_names().collect();
+        Ok(Response::new(pb::GetPluginInfoResponse {
+            name: PLUGIN_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            contract_version: CONTRACT_VERSION.into(),
+            manifest: [
+                ("hypervisor".to_string(), "libvirt".to_string()),
+                ("hosts".to_string(), hosts.join(",")),
+            ]
+            .into(),
+        }))
+    }
+
+    async fn get_capabilities(
+        &self,
+        _request: Request<pb::GetCapabilitiesRequest>,
+    ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            pb::Capability::ValidatePlacement,
+            pb::Capability::VendorData,
+        ];
+        Ok(Response::new(pb::GetCapabilitiesResponse {
+            capabilities: capabilities.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn create_instance(
+        &self,
+        request: Request<pb::CreateInstanceRequest>,
+    ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        let instance = self
+            .instances
+            .create(request.get_ref(), deadline)
+            .await
+            .inspect_err(|e| log_failure("CreateInstance", e))?;
+        Ok(Response::new(pb::CreateInstanceResponse {
+            instance: Some(instance),
+        }))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<pb::GetInstanceRequest>,
+    ) -> Result<Response<pb::GetInstanceResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        let instance = self.instances.get(&request.get_ref().id, deadline).await?;
+        Ok(Response::new(pb::GetInstanceResponse {
+            instance: Some(instance),
+        }))
+    }
+
+    async fn delete_instance(
+        &self,
+        request: Request<pb::DeleteInstanceRequest>,
+    ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        self.instances
+            .delete(&request.get_ref().id, deadline)
+            .await
+            .inspect_err(|e| log_failure("DeleteInstance", e))?;
+        Ok(Response::new(pb::DeleteInstanceResponse {}))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<pb::ListInstancesRequest>,
+    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        Ok(Response::new(
+            self.list_page(request.get_ref(), deadline).await?,
+        ))
+    }
+
+    async fn validate_placement(
+        &self,
+        request: Request<pb::ValidatePlacementRequest>,
+    ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        Ok(Response::new(
+            self.validate(request.get_ref().placement.as_ref(), deadline)
+                .await?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: &str) -> pb::Instance {
+        pb::Instance {
+            id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pages_follow_ids_and_end_with_an_empty_token() {
+        let all: Vec<pb::Instance> = ["a/1", "a/2", "b/1", "b/2", "c/1"]
+            .into_iter()
+            .map(instance)
+            .collect();
+        let mut token = String::new();
+        let mut seen = Vec::new();
+        loop {
+            let page = page(all.clone(), &token, 2);
+            assert!(page.instances.len() <= 2);
+            seen.extend(page.instances.into_iter().map(|i| i.id));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        assert_eq!(seen, ["a/1", "a/2", "b/1", "b/2", "c/1"]);
+        // A page that ends exactly at the last instance has no next token.
+        assert_eq!(page(all.clone(), "", 5).next_page_token, "");
+        // An instance deleted between pages does not shift the rest.
+        let fewer: Vec<_> = all.into_iter().filter(|i| i.id != "a/2").collect();
+        let next = page(fewer, "a/2", 2);
+        assert_eq!(
+            next.instances
+                .iter()
+                .map(|i| i.id.as_str())
+                .collect::<Vec<_>>(),
+            ["b/1", "b/2"]
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! Coordination inside one agent process.
+//!
+//! [`KeyLocks`]: Create is idempotent on its key, but two concurrent Creates of the same
+//! key would both find no domain and both build one. The lock makes the second wait for
+//! the first and then find what it made. The map holds weak references, so a key's
+//! entry lives only while someone holds or waits for its lock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::time::Instant;
+
+use crate::error::Error;
+
+/// One Create at a time per instance key in this agent; others wait their turn and then
+/// find the domain the first one made.
+#[derive(Debug, Default)]
+pub(crate) struct KeyLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+
+impl KeyLocks {
+    /// Waits (until `deadline`) for the lock of `key` on `host`.
+    pub(crate) async fn lock(
+        &self,
+        host: &str,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>, Error> {
+        let lock = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, weak| weak.strong_count() > 0);
+            let id = format!("{host}/{key}");
+            match map.get(&id).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(id, Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        let waited_from = Instant::now();
+        tokio::time::timeout_at(deadline, lock.lock_owned())
+            .await
+            .map_err(|_| Error::CreateInProgress {
+                host: host.to_owned(),
+                key: key.to_owned(),
+                waited: waited_from.elapsed(),
+            })
+    }
+}
