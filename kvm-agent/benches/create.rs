@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use egressproxy_provider::pb;
 use guest_env::{FileServer, GuestHost, ipxe_qcow2, sha256_file};
-use kvm_agent::cloud_init::seed_documents;
+use kvm_agent::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::config::{Attachment, Config, Firmware, ImageFormat};
 use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use kvm_agent::instances::Instances;
@@ -158,7 +158,7 @@ fn create_directly(
         0,
     )?;
     lap("overlay virStorageVolCreateXML");
-    let documents = seed_documents(b"#cloud-config\npackages: [squid]\n", None)?;
+    let documents = seed_documents(b"#cloud-config\npackages: [squid]\n", None, GuestAgent::Install)?;
     let seed = build_seed(&documents, key, &names.domain);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
         pool,

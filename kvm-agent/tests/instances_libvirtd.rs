@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_provider::{ErrorClass, pb};
-use kvm_agent::cloud_init::seed_documents;
+use kvm_agent::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::config::{Attachment, Firmware, ImageFormat};
 use kvm_agent::domain_xml::{DomainSpec, InstanceMetadata, PlacementRecord, VirtType};
 use kvm_agent::instances::Instances;
@@ -48,7 +48,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         names.seed_volume.clone(),
     );
     let seed = build_seed(
-        &seed_documents(b"#cloud-config\n", None).unwrap(),
+        &seed_documents(b"#cloud-config\n", None, GuestAgent::Install).unwrap(),
         key,
         "egressproxy-uid",
     );
