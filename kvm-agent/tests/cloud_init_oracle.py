@@ -12,11 +12,12 @@ as in the guest image, without booting anything:
    shell-script handler writes scripts where `scripts-user` later runs them;
 3. `ConfigMerger` (with vendor-data) gives the configuration that modules read.
 
-Usage: cloud_init_oracle.py USER_DATA [VENDOR_DATA]
+Usage: cloud_init_oracle.py [--vendor-data VENDOR_DATA] USER_DATA...
 
-Prints one JSON object: `config` (the merged configuration; YAML dates and times as
-`{"date": iso}`), `schema_errors` (what `cloud-init schema` finds wrong in it, by the
-same validation code; empty when valid), `parts` (content type, merge type and base64 payload of every
+Prints a JSON list with, for each USER_DATA (each seeded alone, with VENDOR_DATA when
+given), an object: `config` (the merged configuration; YAML dates and times as
+`{"date": iso}`), `schema_errors` (what `cloud-init schema` finds wrong in the
+assembled `cloud-config.txt`; empty when valid or when there is none), `parts` (content type, merge type and base64 payload of every
 processed user-data part, in order), `scripts` (file name -> base64 content of the
 scripts a guest would run) and `warnings` (cloud-init's warnings while processing).
 
@@ -30,15 +31,11 @@ import datetime
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 
 from cloudinit import handlers, helpers
-from cloudinit.config.schema import (
-    SchemaValidationError,
-    get_schema,
-    validate_cloudconfig_schema,
-)
 from cloudinit.handlers.cloud_config import CloudConfigPartHandler
 from cloudinit.handlers.jinja_template import JinjaTemplatePartHandler
 from cloudinit.handlers.shell_script import ShellScriptPartHandler
@@ -139,76 +136,91 @@ def process(paths, blob, handler_opts, frequency):
     return parts
 
 
-def main():
-    user_path = sys.argv[1]
-    vendor_path = sys.argv[2] if len(sys.argv) > 2 else None
+def assemble(user_path, vendor_path):
+    """Steps 1 to 3 for one seed, in a fresh instance directory."""
     recorder = Recorder()
     logging.getLogger().addHandler(recorder)
-    logging.getLogger().setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory() as root:
-        cloud_dir = os.path.join(root, "cloud")
-        run_dir = os.path.join(root, "run")
-        paths = helpers.Paths(
-            {"cloud_dir": cloud_dir, "run_dir": run_dir}, ds=Datasource()
-        )
-        instance_dir = paths.get_ipath()
-        os.makedirs(instance_dir)
-        os.makedirs(run_dir)
-        os.symlink(instance_dir, paths.instance_link)
-        # What a NoCloud guest's jinja templates see.
-        with open(paths.get_runpath("instance_data_sensitive"), "w") as f:
-            json.dump(
-                {
-                    "v1": {
-                        "instance_id": INSTANCE_ID,
-                        "local_hostname": "egressproxy-oracle",
-                        "cloud_name": "nocloud",
-                        "platform": "nocloud",
-                    },
-                    "ds": {"meta_data": {"instance-id": INSTANCE_ID}},
-                },
-                f,
-            )
-        with open(user_path, "rb") as f:
-            parts = process(paths, f.read(), {}, PER_INSTANCE)
-        if vendor_path:
-            with open(vendor_path, "rb") as f:
-                process(
-                    paths,
-                    f.read(),
-                    {
-                        "script_path": "vendor_scripts",
-                        "cloud_config_path": "vendor_cloud_config",
-                    },
-                    PER_INSTANCE,
-                )
-        config = helpers.ConfigMerger(
-            paths=paths, datasource=paths.datasource, include_vendor=True
-        ).cfg
-        scripts = {}
-        scripts_dir = paths.get_ipath_cur("scripts")
-        if os.path.isdir(scripts_dir):
-            for name in sorted(os.listdir(scripts_dir)):
-                with open(os.path.join(scripts_dir, name), "rb") as f:
-                    scripts[name] = base64.b64encode(f.read()).decode()
     try:
-        validate_cloudconfig_schema(
-            config, get_schema(), strict=True, log_details=False
-        )
-        schema_errors = ""
-    except SchemaValidationError as e:
-        schema_errors = str(e)
-    json.dump(
-        {
-            "config": jsonable(config),
-            "schema_errors": schema_errors,
-            "parts": parts,
-            "scripts": scripts,
-            "warnings": recorder.messages,
-        },
-        sys.stdout,
-        sort_keys=True,
+        with tempfile.TemporaryDirectory() as root:
+            return assemble_in(root, user_path, vendor_path, recorder)
+    finally:
+        logging.getLogger().removeHandler(recorder)
+
+
+def assemble_in(root, user_path, vendor_path, recorder):
+    cloud_dir = os.path.join(root, "cloud")
+    run_dir = os.path.join(root, "run")
+    paths = helpers.Paths(
+        {"cloud_dir": cloud_dir, "run_dir": run_dir}, ds=Datasource()
     )
+    instance_dir = paths.get_ipath()
+    os.makedirs(instance_dir)
+    os.makedirs(run_dir)
+    os.symlink(instance_dir, paths.instance_link)
+    # What a NoCloud guest's jinja templates see.
+    with open(paths.get_runpath("instance_data_sensitive"), "w") as f:
+        json.dump(
+            {
+                "v1": {
+                    "instance_id": INSTANCE_ID,
+                    "local_hostname": "egressproxy-oracle",
+                    "cloud_name": "nocloud",
+                    "platform": "nocloud",
+                },
+                "ds": {"meta_data": {"instance-id": INSTANCE_ID}},
+            },
+            f,
+        )
+    with open(user_path, "rb") as f:
+        parts = process(paths, f.read(), {}, PER_INSTANCE)
+    if vendor_path:
+        with open(vendor_path, "rb") as f:
+            process(
+                paths,
+                f.read(),
+                {
+                    "script_path": "vendor_scripts",
+                    "cloud_config_path": "vendor_cloud_config",
+                },
+                PER_INSTANCE,
+            )
+    config = helpers.ConfigMerger(
+        paths=paths, datasource=paths.datasource, include_vendor=True
+    ).cfg
+    scripts = {}
+    scripts_dir = paths.get_ipath_cur("scripts")
+    if os.path.isdir(scripts_dir):
+        for name in sorted(os.listdir(scripts_dir)):
+            with open(os.path.join(scripts_dir, name), "rb") as f:
+                scripts[name] = base64.b64encode(f.read()).decode()
+    # `cloud-init schema` on the cloud-config the guest assembled (the file modules read).
+    schema_errors = ""
+    cloud_config_txt = paths.get_ipath_cur("cloud_config")
+    if os.path.isfile(cloud_config_txt) and os.path.getsize(cloud_config_txt) > 0:
+        checked = subprocess.run(
+            ["cloud-init", "schema", "--config-file", cloud_config_txt],
+            capture_output=True,
+            text=True,
+        )
+        if checked.returncode != 0:
+            schema_errors = (checked.stdout + checked.stderr).strip()
+    return {
+        "config": jsonable(config),
+        "schema_errors": schema_errors,
+        "parts": parts,
+        "scripts": scripts,
+        "warnings": recorder.messages,
+    }
+
+
+def main():
+    args = sys.argv[1:]
+    vendor_path = None
+    if args[:1] == ["--vendor-data"]:
+        vendor_path, args = args[1], args[2:]
+    logging.getLogger().setLevel(logging.WARNING)
+    results = [assemble(user_path, vendor_path) for user_path in args]
+    json.dump(results, sys.stdout, sort_keys=True)
 
 
 if __name__ == "__main__":
