@@ -158,7 +158,11 @@ fn create_directly(
         0,
     )?;
     lap("overlay virStorageVolCreateXML");
-    let documents = seed_documents(b"#cloud-config\npackages: [squid]\n", None, GuestAgent::Install)?;
+    let documents = seed_documents(
+        b"#cloud-config\npackages: [squid]\n",
+        None,
+        GuestAgent::Install,
+    )?;
     let seed = build_seed(&documents, key, &names.domain);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
         pool,

@@ -39,8 +39,8 @@ use egressproxy_provider::ProviderError;
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 use serde::Deserialize;
 
-pub use bootstrap::{GUEST_AGENT_PACKAGE, GUEST_AGENT_RUNCMD, MERGE_TYPE};
 use bootstrap::Bootstrap;
+pub use bootstrap::{GUEST_AGENT_PACKAGE, GUEST_AGENT_RUNCMD, MERGE_TYPE};
 use user_document::UserDocument;
 
 const USER_DATA_FIELD: &str = "cloud_init.user_data";

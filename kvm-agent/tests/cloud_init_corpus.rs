@@ -168,18 +168,25 @@ fn plus_bootstrap(mut config: Value, guest_agent: GuestAgent) -> Value {
             .any(|w| w.trim_end_matches(".service") == GUEST_AGENT_PACKAGE)
             && (has("start") || has("restart") || (has("enable") && has("--now")))
     };
-    let has_item = |map: &serde_json::Map<String, Value>, key: &str, test: &dyn Fn(&Value) -> bool| {
-        map.get(key)
-            .and_then(Value::as_array)
-            .is_some_and(|items| items.iter().any(test))
-    };
+    let has_item =
+        |map: &serde_json::Map<String, Value>, key: &str, test: &dyn Fn(&Value) -> bool| {
+            map.get(key)
+                .and_then(Value::as_array)
+                .is_some_and(|items| items.iter().any(test))
+        };
     if guest_agent == GuestAgent::Install && !has_item(map, "packages", &installs) {
         let packages = map.entry("packages").or_insert_with(|| json!([]));
-        packages.as_array_mut().unwrap().push(json!(GUEST_AGENT_PACKAGE));
+        packages
+            .as_array_mut()
+            .unwrap()
+            .push(json!(GUEST_AGENT_PACKAGE));
     }
     if !has_item(map, "runcmd", &starts) {
         let runcmd = map.entry("runcmd").or_insert_with(|| json!([]));
-        runcmd.as_array_mut().unwrap().push(json!(GUEST_AGENT_RUNCMD));
+        runcmd
+            .as_array_mut()
+            .unwrap()
+            .push(json!(GUEST_AGENT_RUNCMD));
     }
     config
 }
@@ -219,7 +226,9 @@ fn judge(
         if bootstrap.content_type != "text/cloud-config"
             || bootstrap.merge_type.as_deref() != Some(MERGE_TYPE)
         {
-            wrong.push(format!("{name}: the last part is not the bootstrap: {bootstrap:?}"));
+            wrong.push(format!(
+                "{name}: the last part is not the bootstrap: {bootstrap:?}"
+            ));
         }
         user_parts
     };
@@ -257,10 +266,26 @@ fn the_corpus_covers_every_kind_of_user_data() {
     let names: Vec<String> = corpus().into_iter().map(|(name, _)| name).collect();
     assert!(names.len() >= 30, "{} documents: {names:?}", names.len());
     for kind in [
-        "plain", "comments", "anchors", "flow", "quoted-on", "quoted-sexagesimal",
-        "quoted-octal", "quoted-equals", "dates", "jinja", "script", "include", "gzip",
-        "multipart", "cloud-config-archive", "crlf", "no-final-newline", "bootstrap",
-        "invalid-list", "invalid-scalar",
+        "plain",
+        "comments",
+        "anchors",
+        "flow",
+        "quoted-on",
+        "quoted-sexagesimal",
+        "quoted-octal",
+        "quoted-equals",
+        "dates",
+        "jinja",
+        "script",
+        "include",
+        "gzip",
+        "multipart",
+        "cloud-config-archive",
+        "crlf",
+        "no-final-newline",
+        "bootstrap",
+        "invalid-list",
+        "invalid-scalar",
     ] {
         assert!(
             names.iter().any(|name| name.contains(kind)),
@@ -367,7 +392,10 @@ fn documents_cloud_init_would_not_use_are_refused() {
 
 #[test]
 fn debian_12_cloud_init_honours_the_merge_type() {
-    let version = Command::new("cloud-init").arg("--version").output().unwrap();
+    let version = Command::new("cloud-init")
+        .arg("--version")
+        .output()
+        .unwrap();
     let version = String::from_utf8_lossy(&version.stdout).into_owned()
         + &String::from_utf8_lossy(&version.stderr);
     assert!(
@@ -409,9 +437,16 @@ fn the_callers_vendor_data_stays_vendor_data() {
     // the user-data's list of the same name, the bootstrap's included, as cloud-init
     // documents for vendor-data (docs/kvm-agent.md says so too).
     assert_eq!(assembled[0].config["ntp"], json!({"enabled": true}));
-    assert_eq!(assembled[0].config["packages"], json!([GUEST_AGENT_PACKAGE]));
+    assert_eq!(
+        assembled[0].config["packages"],
+        json!([GUEST_AGENT_PACKAGE])
+    );
     assert_eq!(
         assembled[0].scripts.values().next().map(String::as_str),
-        Some(base64::engine::general_purpose::STANDARD.encode(user).as_str())
+        Some(
+            base64::engine::general_purpose::STANDARD
+                .encode(user)
+                .as_str()
+        )
     );
 }

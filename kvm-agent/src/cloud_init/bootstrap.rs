@@ -60,7 +60,10 @@ impl Bootstrap {
             doc.push_str(&format!("packages:\n  - {GUEST_AGENT_PACKAGE}\n"));
         }
         if self.runcmd {
-            doc.push_str(&format!("runcmd:\n  - [{}]\n", GUEST_AGENT_RUNCMD.join(", ")));
+            doc.push_str(&format!(
+                "runcmd:\n  - [{}]\n",
+                GUEST_AGENT_RUNCMD.join(", ")
+            ));
         }
         doc
     }

@@ -90,7 +90,9 @@ fn starts_guest_agent(item: &Node) -> bool {
             .filter_map(Node::text)
             .flat_map(str::split_whitespace)
             .collect(),
-        other => other.text().map_or(Vec::new(), |s| s.split_whitespace().collect()),
+        other => other
+            .text()
+            .map_or(Vec::new(), |s| s.split_whitespace().collect()),
     };
     let has = |word: &str| words.contains(&word);
     let names_agent = words
@@ -228,7 +230,11 @@ mod tests {
                 "{packages}"
             );
         }
-        for packages in ["[qemu-guest-agent-extra]", "[[curl, qemu-guest-agent]]", "[]"] {
+        for packages in [
+            "[qemu-guest-agent-extra]",
+            "[[curl, qemu-guest-agent]]",
+            "[]",
+        ] {
             let found = already(&format!("#cloud-config\npackages: {packages}\n"));
             assert!(!found.package, "{packages}");
         }
@@ -284,6 +290,9 @@ mod tests {
             }
         );
         assert_eq!(already("#cloud-config\n"), AlreadyThere::default());
-        assert_eq!(already("#cloud-config\n# only a comment\n"), AlreadyThere::default());
+        assert_eq!(
+            already("#cloud-config\n# only a comment\n"),
+            AlreadyThere::default()
+        );
     }
 }

@@ -18,7 +18,8 @@ fn field_of(err: &ProviderError) -> &str {
 
 #[test]
 fn the_users_document_is_the_first_part_unchanged_and_the_bootstrap_the_last() {
-    let user = "#cloud-config\npackages: [[squid, \"1:5.7\"], curl]  # comment\nruncmd:\n  - echo 'on'\n";
+    let user =
+        "#cloud-config\npackages: [[squid, \"1:5.7\"], curl]  # comment\nruncmd:\n  - echo 'on'\n";
     let docs = seed(user.as_bytes());
     let multipart = text(&docs.user_data);
     assert!(
@@ -32,7 +33,12 @@ fn the_users_document_is_the_first_part_unchanged_and_the_bootstrap_the_last() {
         multipart.contains(&format!("X-Merge-Type: {MERGE_TYPE}\n")),
         "{multipart}"
     );
-    assert_eq!(multipart.matches("Content-Type: text/cloud-config\n").count(), 2);
+    assert_eq!(
+        multipart
+            .matches("Content-Type: text/cloud-config\n")
+            .count(),
+        2
+    );
     assert_eq!(docs.vendor_data, None);
 }
 
@@ -65,9 +71,8 @@ fn only_the_missing_item_is_added() {
     let docs = seed(b"#cloud-config\npackages: [qemu-guest-agent]\n");
     let multipart = text(&docs.user_data);
     assert!(
-        multipart.contains(
-            "#cloud-config\nruncmd:\n  - [systemctl, enable, --now, qemu-guest-agent]\n"
-        ),
+        multipart
+            .contains("#cloud-config\nruncmd:\n  - [systemctl, enable, --now, qemu-guest-agent]\n"),
         "{multipart}"
     );
     assert!(!multipart.contains("packages:\n  - qemu"), "{multipart}");
@@ -99,13 +104,20 @@ fn each_kind_of_document_is_typed_as_cloud_init_types_it() {
         (&b"#!/bin/sh\necho hi\n"[..], "text/x-shellscript"),
         (b"## template: jinja\n#cloud-config\n", "text/jinja2"),
         (b"#include\nhttp://127.0.0.1/x\n", "text/x-include-url"),
-        (b"#cloud-config-archive\n- type: text/x-shellscript\n", "text/cloud-config-archive"),
+        (
+            b"#cloud-config-archive\n- type: text/x-shellscript\n",
+            "text/cloud-config-archive",
+        ),
         (b"just words\n", "text/x-not-multipart"),
     ] {
         let multipart = seed(user).user_data;
         let header = format!("Content-Type: {content_type}\nMIME-Version: 1.0\n");
         assert!(text(&multipart).contains(&header), "{}", text(&multipart));
-        assert!(text(&multipart).contains(text(user)), "{}", text(&multipart));
+        assert!(
+            text(&multipart).contains(text(user)),
+            "{}",
+            text(&multipart)
+        );
     }
 }
 
@@ -116,7 +128,9 @@ fn the_users_own_mime_document_is_nested_as_it_is() {
                 --XYZ--\n";
     let multipart = seed(user.as_bytes()).user_data;
     let multipart = text(&multipart);
-    let nested_at = multipart.find(&format!("\n{user}")).expect("nested verbatim");
+    let nested_at = multipart
+        .find(&format!("\n{user}"))
+        .expect("nested verbatim");
     assert!(nested_at < multipart.find(BOOTSTRAP).unwrap());
 }
 
@@ -130,8 +144,12 @@ fn gzip_is_sent_as_gzip_and_checked_as_what_it_holds() {
     };
     let multipart = seed(&gzip(b"#cloud-config\npackages: [squid]\n")).user_data;
     assert!(text(&multipart).contains("Content-Type: application/x-gzip\n"));
-    let err = seed_documents(&gzip(b"#cloud-config\n- a list\n"), None, GuestAgent::Install)
-        .unwrap_err();
+    let err = seed_documents(
+        &gzip(b"#cloud-config\n- a list\n"),
+        None,
+        GuestAgent::Install,
+    )
+    .unwrap_err();
     assert_eq!(field_of(&err), "cloud_init.user_data");
     assert_eq!(err.reason, "INVALID_CLOUD_CONFIG");
     let already = gzip(b"#cloud-config\npackages: [qemu-guest-agent]\nruncmd: [systemctl start qemu-guest-agent]\n");
@@ -159,8 +177,12 @@ fn a_broken_cloud_config_is_invalid_without_echoing_it() {
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
     }
-    let err = seed_documents(b"#cloud-config\npackages: squid\n", None, GuestAgent::Install)
-        .unwrap_err();
+    let err = seed_documents(
+        b"#cloud-config\npackages: squid\n",
+        None,
+        GuestAgent::Install,
+    )
+    .unwrap_err();
     assert!(err.message.contains("`packages` must be a list"), "{err}");
     let err = seed_documents(b"#cloud-config\nruncmd:\n", None, GuestAgent::Install).unwrap_err();
     assert!(err.message.contains("write `runcmd: []`"), "{err}");
@@ -175,9 +197,12 @@ fn the_callers_vendor_data_is_checked_and_passed_on_unchanged() {
     assert_eq!(docs.vendor_data.as_deref(), Some(&vendor[..]));
     let docs = seed_documents(b"", Some(b"#!/bin/sh\n"), GuestAgent::Install).unwrap();
     assert_eq!(docs.vendor_data.as_deref(), Some(&b"#!/bin/sh\n"[..]));
-    let err =
-        seed_documents(b"#!/bin/sh\n", Some(b"#cloud-config\n[1]\n"), GuestAgent::Install)
-            .unwrap_err();
+    let err = seed_documents(
+        b"#!/bin/sh\n",
+        Some(b"#cloud-config\n[1]\n"),
+        GuestAgent::Install,
+    )
+    .unwrap_err();
     assert_eq!(field_of(&err), "cloud_init.vendor_data");
 }
 

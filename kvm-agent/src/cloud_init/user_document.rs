@@ -201,8 +201,8 @@ mod tests {
 
     #[test]
     fn mime_is_recognised_anywhere_in_the_first_4096_bytes() {
-        let doc = UserDocument::read(b"Content-Type: text/plain\nMiMe-VeRsIoN: 1.0\n\nx", "f")
-            .unwrap();
+        let doc =
+            UserDocument::read(b"Content-Type: text/plain\nMiMe-VeRsIoN: 1.0\n\nx", "f").unwrap();
         assert_eq!(doc.kind, Kind::Mime);
         let mut late = vec![b'#'; 4096];
         late.extend_from_slice(b"\nMIME-Version: 1.0\n");
