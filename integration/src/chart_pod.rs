@@ -281,6 +281,6 @@ async fn service_account_kubeconfig(
         )?);
     }
     let path = dir.join("serviceaccount.kubeconfig");
-    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    std::fs::write(&path, serde_norway::to_string(&config)?)?;
     Ok(path)
 }

@@ -212,12 +212,12 @@ pub async fn apply_crd(
 /// Applies every CustomResourceDefinition of a (multi-document) YAML text, for example
 /// the output of a `crdgen` binary or a chart's `crds/` file.
 pub async fn apply_crds_yaml(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
-    for document in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(document).context("parse CRD YAML")?;
+    for document in serde_norway::Deserializer::from_str(yaml) {
+        let value = serde_norway::Value::deserialize(document).context("parse CRD YAML")?;
         if value.is_null() {
             continue;
         }
-        let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+        let crd: CustomResourceDefinition = serde_norway::from_value(value)
             .context("YAML document is not a CustomResourceDefinition")?;
         apply_crd(client, &crd).await?;
     }

@@ -279,8 +279,8 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
     let rendered = offline_helm()
         .template("rel", "egressproxy", &[&example], &[])
         .unwrap();
-    let config = serde_yaml::Deserializer::from_str(&rendered)
-        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
+    let config = serde_norway::Deserializer::from_str(&rendered)
+        .filter_map(|document| serde_norway::Value::deserialize(document).ok())
         .find(|doc| {
             doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
         })

@@ -53,7 +53,7 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # From bookworm: sshd for the SSH-forward tests, tini as the libvirtd reaper, tools the
 # fixtures call (unshare/nsenter from util-linux, ip from iproute2), pkg-config for `virt`,
 # netcat-openbsd for the benchmark's qemu+ssh:// baseline (libvirt runs `nc -U` remotely),
-# cloud-init (its `cloud-init schema` validates the merged user-data), genisoimage's
+# cloud-init (its own Python code and `cloud-init schema` judge the seed's user-data), genisoimage's
 # isoinfo and xorriso (read the seed image back), libxml2-utils (virt-xml-validate's xmllint),
 # ipxe (its BIOS-bootable ipxe.iso is the kvm-agent Create tests' guest: it takes a DHCP
 # lease, so an instance gets an address without an operating system), python3-venv (the

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use egressproxy_provider::pb;
 use guest_env::{FileServer, GuestHost, ipxe_qcow2, sha256_file};
 use kvm_agent::config::{Attachment, Config, Firmware, ImageFormat};
-use kvm_agent::guest::cloud_init::seed_documents;
+use kvm_agent::guest::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::guest::seed::build_seed;
 use kvm_agent::libvirt::naming::{InstanceNames, base_volume};
 use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
@@ -159,7 +159,11 @@ fn create_directly(
         0,
     )?;
     lap("overlay virStorageVolCreateXML");
-    let documents = seed_documents(b"#cloud-config\npackages: [squid]\n", None)?;
+    let documents = seed_documents(
+        b"#cloud-config\npackages: [squid]\n",
+        None,
+        GuestAgent::Install,
+    )?;
     let seed = build_seed(&documents, key, &names.domain);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
         pool,

@@ -179,6 +179,7 @@ fn child(args: &str) -> anyhow::Result<()> {
             sha256: Some(sha256),
             format: kvm_agent::config::ImageFormat::Raw,
             firmware: Default::default(),
+            guest_agent: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
         cache

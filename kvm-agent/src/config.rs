@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::error::{ConfigProblem, Error};
+use crate::guest::cloud_init::GuestAgent;
 
 /// The default libvirt socket of a monolithic libvirtd.
 pub const DEFAULT_LIBVIRT_SOCKET: &str = "/var/run/libvirt/libvirt-sock";
@@ -129,6 +130,11 @@ pub struct ImageConfig {
     /// Boot firmware.
     #[serde(default)]
     pub firmware: Firmware,
+    /// Whether cloud-init must install qemu-guest-agent (`install`, the default) or the
+    /// image ships it (`preinstalled`: cloud-init only starts it, and the first boot
+    /// skips `apt-get update`).
+    #[serde(default)]
+    pub guest_agent: GuestAgent,
 }
 
 impl fmt::Debug for ImageConfig {
@@ -138,6 +144,7 @@ impl fmt::Debug for ImageConfig {
             .field("sha256", &self.sha256)
             .field("format", &self.format)
             .field("firmware", &self.firmware)
+            .field("guest_agent", &self.guest_agent)
             .finish()
     }
 }
@@ -242,16 +249,32 @@ fn default_image_download_timeout() -> Duration {
     Duration::from_secs(3600)
 }
 
+/// Durations in humantime's notation (`10s`, `1m 30s`, `2h`).
 mod humantime_serde {
     use super::*;
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"1m 30s\""
-            ))
-        })
+        d.deserialize_str(DurationVisitor)
+    }
+
+    /// Fails inside the YAML deserializer, while it is still at the value: the error then
+    /// carries the field's own path and line, not those of the enclosing mapping.
+    struct DurationVisitor;
+
+    impl serde::de::Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration such as \"10s\" or \"1m 30s\"")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            humantime::parse_duration(text).map_err(|e| {
+                E::custom(format!(
+                    "{text:?} is not a duration ({e}); write e.g. \"10s\" or \"1m 30s\""
+                ))
+            })
+        }
     }
 }
 
@@ -324,7 +347,7 @@ impl Config {
 
     /// Parses YAML; unknown fields are errors with their location.
     pub fn parse(text: &str) -> Result<Self, Error> {
-        serde_yaml::from_str(text).map_err(|e| {
+        serde_norway::from_str(text).map_err(|e| {
             let field = e
                 .location()
                 .map(|l| format!("line {} column {}", l.line(), l.column()))
@@ -696,5 +719,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a duration"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_duration_names_its_own_field_and_line() {
+        let text = "hosts: [{name: here, local: true}]\n\
+                    transport:\n\
+                    \x20 sshHandshakeTimeout: 5s\n\
+                    \x20 sshKeepaliveMax: 3\n\
+                    \x20 defaultCallTimeout: 5 parsecs\n\
+                    \x20 imageDownloadTimeout: 1h\n";
+        assert_eq!(text.lines().nth(4), Some("  defaultCallTimeout: 5 parsecs"));
+        let err = Config::parse(text).unwrap_err().to_string();
+        assert!(err.contains("transport.defaultCallTimeout"), "{err}");
+        assert!(err.contains("line 5"), "{err}");
+        assert!(!err.contains("line 4"), "{err}");
+        assert!(err.contains("\"5 parsecs\" is not a duration"), "{err}");
+        // A value that is not even a string says what it wanted.
+        let err = Config::parse("hosts: []\ntransport:\n  sshKeepaliveInterval: [1]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("transport.sshKeepaliveInterval"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("a duration such as"), "{err}");
     }
 }

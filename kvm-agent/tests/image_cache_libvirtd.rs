@@ -314,6 +314,7 @@ fn image(url: &str, content: &[u8]) -> ImageConfig {
         sha256: Some(sha256_hex(content)),
         format: ImageFormat::Qcow2,
         firmware: Default::default(),
+        guest_agent: Default::default(),
     }
 }
 

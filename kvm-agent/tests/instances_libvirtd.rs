@@ -11,7 +11,7 @@ use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_provider::{ErrorClass, pb};
 use kvm_agent::config::{Attachment, Firmware, ImageFormat};
-use kvm_agent::guest::cloud_init::seed_documents;
+use kvm_agent::guest::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::guest::seed::build_seed;
 use kvm_agent::libvirt::naming::{InstanceNames, base_volume};
 use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
@@ -49,7 +49,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         names.seed_volume.clone(),
     );
     let seed = build_seed(
-        &seed_documents(b"#cloud-config\n", None).unwrap(),
+        &seed_documents(b"#cloud-config\n", None, GuestAgent::Install).unwrap(),
         key,
         "egressproxy-uid",
     );

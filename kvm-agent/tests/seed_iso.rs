@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use kvm_agent::guest::cloud_init::seed_documents;
+use kvm_agent::guest::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::guest::seed::build_seed;
 
 fn run(cmd: &mut Command) -> String {
@@ -36,7 +36,7 @@ fn the_kernel_and_blkid_read_the_seed_as_cloud_init_expects() {
     let mut user = b"#cloud-config\npackages: [squid]\n".to_vec();
     user.extend(b"# a long comment to span several sectors\n".repeat(200));
     let vendor = b"#!/bin/sh\necho vendor\n";
-    let docs = seed_documents(&user, Some(vendor)).unwrap();
+    let docs = seed_documents(&user, Some(vendor), GuestAgent::Install).unwrap();
     let image = build_seed(&docs, "uid-1", "egressproxy-uid-1");
 
     let dir = tempfile::tempdir().unwrap();

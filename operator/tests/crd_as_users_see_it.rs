@@ -12,7 +12,7 @@ const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egresspro
 #[tokio::test]
 async fn applying_the_crd_draws_no_warnings() {
     let env = KubeTestEnv::new("crd-warnings").await.unwrap();
-    let crd: CustomResourceDefinition = serde_yaml::from_str(CRD).unwrap();
+    let crd: CustomResourceDefinition = serde_norway::from_str(CRD).unwrap();
     let name = crd.metadata.name.clone().unwrap();
     // A dry-run apply validates the schema as a real apply does, and the apiserver
     // reports what it dislikes in Warning headers (what kubectl prints).

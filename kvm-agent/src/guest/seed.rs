@@ -28,7 +28,7 @@ struct MetaData<'a> {
 /// The `meta-data` document (YAML; values quoted as needed, so a key like `true` or
 /// `1e3` stays a string).
 pub fn meta_data(instance_id: &str, hostname: &str) -> String {
-    serde_yaml::to_string(&MetaData {
+    serde_norway::to_string(&MetaData {
         instance_id,
         local_hostname: hostname,
     })
@@ -65,7 +65,7 @@ mod tests {
     fn meta_data_keeps_keys_that_look_like_other_yaml_types_as_strings() {
         for id in ["true", "1e3", "null", "0x1F", "uid-1"] {
             let doc = meta_data(id, "egressproxy-x");
-            let value: serde_yaml::Value = serde_yaml::from_str(&doc).unwrap();
+            let value: serde_norway::Value = serde_norway::from_str(&doc).unwrap();
             assert_eq!(value["instance-id"].as_str(), Some(id), "{doc}");
             assert_eq!(value["local-hostname"].as_str(), Some("egressproxy-x"));
         }

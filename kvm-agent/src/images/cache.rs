@@ -344,6 +344,7 @@ mod tests {
             sha256: Some("AB".repeat(32)),
             format: ImageFormat::Qcow2,
             firmware: Default::default(),
+            guest_agent: Default::default(),
         };
         assert_eq!(image_digest(&image), "ab".repeat(32));
         image.sha256 = None;

@@ -288,6 +288,7 @@ mod tests {
             sha256: None,
             format,
             firmware: Default::default(),
+            guest_agent: Default::default(),
         };
         let inspected = |format: &str, backing: Option<&str>| Inspected {
             path: "/p".into(),

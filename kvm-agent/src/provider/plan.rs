@@ -3,7 +3,10 @@
 //!
 //! Every problem is reported at once as INVALID_ARGUMENT naming its field
 //! (`placement.host`, `placement.machine_type`, `placement.image`, `name`, `tags["k"]`,
-//! `cloud_init.user_data`, ...). The plan carries the digest of the request's spec
+//! `cloud_init.user_data`, ...). A bad cloud-init document that is the only problem
+//! keeps its own reason (`INVALID_CLOUD_CONFIG`); several problems together have the
+//! class's reason, as one error has one reason. The plan carries the digest of the
+//! request's spec
 //! (placement as given, cloud-init, proxy port), stored in the domain's metadata, so a
 //! repeated Create with the same key and another spec is ALREADY_EXISTS.
 
@@ -29,7 +32,7 @@ pub struct CreatePlan {
     pub names: InstanceNames,
     /// The guest's hostname.
     pub hostname: String,
-    /// The seed's documents, with the guest-agent bootstrap merged in.
+    /// The seed's documents: the user's, and the guest-agent bootstrap beside them.
     pub documents: SeedDocuments,
     /// SHA-256 (hex) of the request's spec.
     pub spec_sha256: String,
@@ -60,9 +63,15 @@ pub fn plan_create(
         }
     }
     let cloud_init = request.cloud_init.clone().unwrap_or_default();
-    let documents = seed_documents(&cloud_init.user_data, cloud_init.vendor_data.as_deref());
-    let documents = match documents {
+    let guest_agent = image.as_ref().map(|i| i.guest_agent).unwrap_or_default();
+    let documents = match seed_documents(
+        &cloud_init.user_data,
+        cloud_init.vendor_data.as_deref(),
+        guest_agent,
+    ) {
         Ok(documents) => Some(documents),
+        // Alone, the cloud-init error goes out as it is, with its own reason.
+        Err(e) if violations.is_empty() => return Err(e),
         Err(e) => {
             violations.extend(
                 e.field_violations
@@ -345,6 +354,37 @@ mod tests {
         assert_eq!(
             fields(plan_create(&config(), &no_key).unwrap_err()),
             ["key"]
+        );
+    }
+
+    #[test]
+    fn a_bad_cloud_config_alone_keeps_its_reason() {
+        let mut bad = request();
+        bad.cloud_init.as_mut().unwrap().user_data = b"#cloud-config\n[1, 2]\n".to_vec();
+        let err = plan_create(&config(), &bad).unwrap_err();
+        assert_eq!(err.reason, "INVALID_CLOUD_CONFIG", "{err}");
+        assert_eq!(fields(err), ["cloud_init.user_data"]);
+        // With another problem beside it, the error is about the request as a whole.
+        bad.placement.as_mut().unwrap().image = "arch".into();
+        let err = plan_create(&config(), &bad).unwrap_err();
+        assert_eq!(err.reason, "INVALID_ARGUMENT", "{err}");
+        assert_eq!(fields(err), ["placement.image", "cloud_init.user_data"]);
+    }
+
+    #[test]
+    fn an_image_with_the_agent_preinstalled_gets_no_package() {
+        let config = Config::parse(
+            "hosts:\n- {name: hv1, local: true}\n\
+             machineTypes:\n  small: {vcpus: 1, memoryMiB: 1024, diskGiB: 10}\n\
+             images:\n  debian-12: {url: 'https://example.org/d.qcow2', guestAgent: preinstalled}\n",
+        )
+        .unwrap();
+        let mut blank = request();
+        blank.cloud_init = None;
+        let plan = plan_create(&config, &blank).unwrap();
+        assert_eq!(
+            String::from_utf8(plan.documents.user_data).unwrap(),
+            "#cloud-config\nruncmd:\n  - [systemctl, enable, --now, qemu-guest-agent]\n"
         );
     }
 

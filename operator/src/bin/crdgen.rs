@@ -6,7 +6,7 @@ use kube::CustomResourceExt;
 fn main() -> anyhow::Result<()> {
     print!(
         "{}",
-        serde_yaml::to_string(&egressproxy_operator::crd::Proxy::crd())?
+        serde_norway::to_string(&egressproxy_operator::crd::Proxy::crd())?
     );
     Ok(())
 }

@@ -81,7 +81,7 @@ mod humantime_serde {
 impl ProvidersConfig {
     /// Parses and checks a config file's text; errors name the field.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let config: ProvidersConfig = serde_yaml::from_str(text)?;
+        let config: ProvidersConfig = serde_norway::from_str(text)?;
         for (name, provider) in &config.providers {
             let https = provider.endpoint.starts_with("https://");
             if !https && !provider.endpoint.starts_with("http://") {
