@@ -7,16 +7,16 @@
 //! is lost whenever the user has such a list; and editing the user's YAML changes it
 //! (a re-serialised `"1:5.7"` comes back as the YAML 1.1 number `65.7`). So:
 //! 1. **The user's document is never edited.** It goes into the seed byte for byte:
-//!    as the first part of a MIME multipart ([`multipart`]), typed the way cloud-init
-//!    itself types it ([`user_document`]): cloud-config, jinja template, script,
+//!    as the first part of a MIME multipart (`multipart`), typed the way cloud-init
+//!    itself types it (`user_document`): cloud-config, jinja template, script,
 //!    `#include`, gzip, or, for the user's own MIME document, nested with its own parts.
-//! 2. **The bootstrap is the last part** ([`bootstrap`]): a cloud-config whose merge type
+//! 2. **The bootstrap is the last part** (`bootstrap`): a cloud-config whose merge type
 //!    appends to lists and recurses into dictionaries, so cloud-init adds it to the
 //!    user's `packages` and `runcmd` instead of replacing them.
 //! 3. **Only what is missing is added.** In a plain (or gzipped) `#cloud-config`, a
 //!    `qemu-guest-agent` already in `packages` (as a name, `name=version` or a
 //!    `[name, version]` pair) drops the package, and a `runcmd` that already starts the
-//!    agent drops the command ([`cloud_config`]); with nothing left the user-data is
+//!    agent drops the command (`cloud_config`); with nothing left the user-data is
 //!    exactly the user's. An image whose configuration says `guestAgent: preinstalled`
 //!    never gets the package, only the command.
 //! 4. **A broken `#cloud-config` is refused**, not sent: one that does not parse, is not
