@@ -57,10 +57,13 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # isoinfo and xorriso (read the seed image back), libxml2-utils (virt-xml-validate's xmllint),
 # ipxe (its BIOS-bootable ipxe.iso is the kvm-agent Create tests' guest: it takes a DHCP
 # lease, so an instance gets an address without an operating system).
+# debootstrap, mtools, dosfstools, gdisk and grub-efi-amd64-bin build the end-to-end
+# tests' guest image from packages (integration/guest-image/build.sh); curl is the
+# client that requests through the guest's proxy.
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \
-  ipxe
+  ipxe debootstrap mtools dosfstools gdisk grub-efi-amd64-bin curl
 
 # The package's own services must not grab the system sockets or port 22 on machines
 # without systemd; the tests run private daemons. Nothing to stop when systemd is absent.
