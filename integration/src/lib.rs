@@ -1,5 +1,6 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
+//! - [`e2e`]: the whole real path (guest image, libvirtd, sshd, agent, operator) as one stack.
 //! - [`tools`]: locates the pinned Go-built test tools (grpcurl, buf, helm, kube-harness).
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
@@ -8,6 +9,7 @@
 //! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
+pub mod e2e;
 pub mod kube_apiserver;
 pub mod kube_env;
 pub mod libvirtd;
