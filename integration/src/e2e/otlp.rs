@@ -32,6 +32,10 @@ pub struct ReceivedSpan {
     pub parent_span_id: String,
     /// The span's name.
     pub name: String,
+    /// Start, nanoseconds since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// End, nanoseconds since the Unix epoch.
+    pub end_unix_nano: u64,
     /// Attributes whose values are strings, numbers or booleans, as text.
     pub attributes: BTreeMap<String, String>,
 }
@@ -67,6 +71,8 @@ impl TraceService for Store {
                         span_id: hex(&span.span_id),
                         parent_span_id: hex(&span.parent_span_id),
                         name: span.name,
+                        start_unix_nano: span.start_time_unix_nano,
+                        end_unix_nano: span.end_time_unix_nano,
                         attributes: span
                             .attributes
                             .iter()
