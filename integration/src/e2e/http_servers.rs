@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -45,8 +46,13 @@ pub struct ImageServer {
 }
 
 impl ImageServer {
-    /// Serves the file at `path` under its file name.
-    pub fn start(runtime: &tokio::runtime::Handle, path: &Path) -> anyhow::Result<Self> {
+    /// Serves the file at `path` under its file name; with `bytes_per_second`, no faster
+    /// than that (so a test can act while a download is under way).
+    pub fn start(
+        runtime: &tokio::runtime::Handle,
+        path: &Path,
+        bytes_per_second: Option<u64>,
+    ) -> anyhow::Result<Self> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -60,7 +66,7 @@ impl ImageServer {
             get(move || {
                 counter.fetch_add(1, Ordering::Relaxed);
                 let body = body.clone();
-                async move { body }
+                async move { throttled(body, bytes_per_second) }
             }),
         );
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
@@ -82,6 +88,24 @@ impl ImageServer {
     pub fn downloads(&self) -> usize {
         self.downloads.load(Ordering::Relaxed)
     }
+}
+
+/// `body` in 1 MiB chunks, paced to `bytes_per_second` when set.
+fn throttled(body: Bytes, bytes_per_second: Option<u64>) -> axum::body::Body {
+    const CHUNK: usize = 1 << 20;
+    let Some(rate) = bytes_per_second.filter(|r| *r > 0) else {
+        return axum::body::Body::from(body);
+    };
+    let pause = Duration::from_secs_f64(CHUNK as f64 / rate as f64);
+    let chunks = futures::stream::unfold(body, move |mut rest| async move {
+        if rest.is_empty() {
+            return None;
+        }
+        let chunk = rest.split_to(rest.len().min(CHUNK));
+        tokio::time::sleep(pause).await;
+        Some((Ok::<_, std::io::Error>(chunk), rest))
+    });
+    axum::body::Body::from_stream(chunks)
 }
 
 impl Drop for ImageServer {

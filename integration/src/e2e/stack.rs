@@ -96,9 +96,21 @@ pub struct Footprint {
     pids: Vec<u32>,
 }
 
+/// What [`Stack::start_with`] changes.
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// Serve the image no faster than this (bytes per second).
+    pub image_bytes_per_second: Option<u64>,
+}
+
 impl Stack {
     /// Starts everything; `name` goes into the namespace, user and cluster names.
     pub async fn start(name: &str) -> anyhow::Result<Self> {
+        Self::start_with(name, &StackOptions::default()).await
+    }
+
+    /// Like [`Stack::start`], with `options`.
+    pub async fn start_with(name: &str, options: &StackOptions) -> anyhow::Result<Self> {
         let image = tokio::task::spawn_blocking(guest_image).await??;
         let kube = KubeTestEnv::new(name).await?;
         apply_crds_yaml(&kube.client, CRD).await?;
@@ -114,7 +126,7 @@ impl Stack {
             .netns()
             .context("libvirtd runs in a network namespace")?
             .to_owned();
-        let images = ImageServer::start(&handle, &image)?;
+        let images = ImageServer::start(&handle, &image, options.image_bytes_per_second)?;
         let dir = tempfile::Builder::new().prefix("e2e-").tempdir()?;
         let spans = SpanReceiver::start(&handle, Some(dir.path().join(SPANS_FILE)))?;
         let target = TargetServer::start(&handle, &netns, GATEWAY)?;
