@@ -82,8 +82,8 @@ async fn main() -> anyhow::Result<()> {
          ip netns exec {netns} curl -i -x http://{address}:3128 {target}\n\
          \n\
          # the agent's gRPC API (server reflection):\n\
-         grpcurl -plaintext 127.0.0.1:{agent} list\n\
-         grpcurl -plaintext -d '{{}}' 127.0.0.1:{agent} egressproxy.provider.v1.Provider/ListInstances\n\
+         {grpcurl} -plaintext 127.0.0.1:{agent} list\n\
+         {grpcurl} -plaintext -d '{{}}' 127.0.0.1:{agent} egressproxy.provider.v1.Provider/ListInstances\n\
          \n\
          # the VM, through the private libvirtd:\n\
          virsh -c '{libvirt}' list --all\n\
@@ -98,6 +98,8 @@ async fn main() -> anyhow::Result<()> {
         netns = stack.netns(),
         target = stack.target.url(),
         agent = stack.agent_port(),
+        grpcurl = egressproxy_integration::tools::bin("grpcurl")
+            .map_or_else(|_| "grpcurl".to_owned(), |p| p.display().to_string()),
         libvirt = stack.libvirt_uri(),
         dir = stack.dir().display(),
     );
