@@ -16,7 +16,7 @@
 //!
 //! Dropping the stack (also while a test unwinds) stops the operator and the agent,
 //! then the servers, sshd and libvirtd with its guests, deletes the namespace and the
-//! user, and removes every directory. [`Stack::leftovers`] lists what is still there.
+//! user, and removes every directory. [`Stack::footprint`] then lists what is still there.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
