@@ -9,7 +9,7 @@ HELM := $(TOOLS_BIN)/helm
 HADOLINT := $(TOOLS_BIN)/hadolint
 CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e guest-image bench
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -77,9 +77,26 @@ test:
 	cargo build --workspace --bins --locked
 	cargo test --workspace --locked --no-fail-fast
 
-## demo: the reference provider driven by grpcurl (grows into the full stack)
-demo:
-	integration/tools/demo.sh
+## demo: the real path left running: a Proxy becomes a VM that proxies (see README)
+demo: setup
+	integration/tools/demo-up.sh
+
+## demo-down: stop the demo and remove everything it made
+demo-down:
+	integration/tools/demo-down.sh
+
+## demo-reference: the reference provider driven by grpcurl
+demo-reference:
+	integration/tools/demo-reference.sh
+
+## e2e: the end-to-end test alone (a Proxy becomes a VM; builds the guest image if needed)
+e2e:
+	cargo build --workspace --bins --locked
+	cargo test -p egressproxy-integration --test e2e_proxy --locked
+
+## guest-image: build (or find cached) the end-to-end tests' guest image; prints its path
+guest-image:
+	integration/guest-image/build.sh
 
 ## kube-up: a real kube-apiserver to poke at by hand (prints the kubeconfig path)
 kube-up: setup-tools

@@ -1,5 +1,6 @@
 //! Harnesses for tests that use the real components instead of mocks.
 //!
+//! - [`e2e`]: the whole real path (guest image, libvirtd, sshd, agent, operator) as one stack.
 //! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
@@ -12,6 +13,7 @@
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
 pub mod chart_pod;
+pub mod e2e;
 pub mod helm;
 pub mod kube_apiserver;
 pub mod kube_env;

@@ -118,6 +118,11 @@ impl Libvirtd {
         Self::start_with(None, Some(group))
     }
 
+    /// Both: in a new network namespace, with the socket owned by `group`.
+    pub fn start_in_new_netns_with_socket_group(group: &str) -> anyhow::Result<Self> {
+        Self::start_with(Some(NetNs::create()?), Some(group))
+    }
+
     fn start_with(netns: Option<NetNs>, socket_group: Option<&str>) -> anyhow::Result<Self> {
         for tool in ["/usr/sbin/libvirtd", "/usr/bin/tini", "/usr/bin/unshare"] {
             if !Path::new(tool).exists() {

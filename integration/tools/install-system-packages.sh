@@ -61,10 +61,13 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # the virtualenv install-python-tools.sh makes for grpcio clients and the Python example
 # provider), systemd (systemd-analyze verifies the kvm-agent unit in deploy/systemd),
 # faketime (its libfaketime runs operator replicas whose wall clocks are minutes off).
+# debootstrap, mtools, dosfstools, gdisk and grub-efi-amd64-bin build the end-to-end
+# tests' guest image from packages (integration/guest-image/build.sh); curl is the
+# client that requests through the guest's proxy.
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \
-  ipxe python3-venv systemd faketime
+  ipxe python3-venv systemd faketime debootstrap mtools dosfstools gdisk grub-efi-amd64-bin curl
 
 # The package's own services must not grab the system sockets or port 22 on machines
 # without systemd; the tests run private daemons. Nothing to stop when systemd is absent.

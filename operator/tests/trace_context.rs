@@ -1,6 +1,7 @@
 //! One trace runs from a reconcile through the provider: the provider's request span
-//! is a child of the operator's reconcile span (in-memory span exporter, real
-//! kube-apiserver, reference provider served in-process so its spans are visible).
+//! is a child of the operator's client span for the call, itself a child of the
+//! reconcile span (in-memory span exporter, real kube-apiserver, reference provider
+//! served in-process so its spans are visible).
 
 mod common;
 
@@ -68,10 +69,19 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
                     .any(|kv| kv.value.as_str().ends_with("/CreateInstance"))
         })
         .expect("the provider's CreateInstance span");
+    let client = spans
+        .iter()
+        .find(|s| s.span_context.span_id() == create.parent_span_id)
+        .expect("CreateInstance's parent is exported");
+    assert_eq!(
+        client.name, "egressproxy.provider.v1.Provider/CreateInstance",
+        "the provider's span is a child of the operator's client span for the call"
+    );
+    assert_eq!(client.span_kind, opentelemetry::trace::SpanKind::Client);
     let parent = reconciles
         .iter()
-        .find(|r| r.span_context.span_id() == create.parent_span_id)
-        .expect("CreateInstance's parent is a reconcile span");
+        .find(|r| r.span_context.span_id() == client.parent_span_id)
+        .expect("the client span's parent is a reconcile span");
     assert_eq!(
         create.span_context.trace_id(),
         parent.span_context.trace_id()

@@ -22,10 +22,14 @@ use std::time::{Instant, SystemTime};
 
 use egressproxy_provider::client::{Client, ClientOptions, ClientTls, connect_lazy};
 use egressproxy_provider::{CONTRACT_VERSION, ErrorClass, ProviderError, pb};
+use tracing::Instrument;
 
 use super::config::ProviderConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+
+/// The contract's gRPC service, as client spans name it.
+const PROVIDER_SERVICE: &str = "egressproxy.provider.v1.Provider";
 
 /// What a provider told us about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,18 +170,31 @@ impl Provider {
         }
     }
 
-    /// Runs one call, timing it into the metrics and classifying its error.
+    /// Runs one call inside a client span, timing it into the metrics and classifying
+    /// its error. The span is current while the request is built, so the trace context
+    /// the provider receives names it as the parent of the provider's own spans.
     async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let (client, endpoint) = self.client()?;
+        let span = tracing::info_span!(
+            "provider.call",
+            otel.name = %format!("{PROVIDER_SERVICE}/{op}"),
+            otel.kind = "client",
+            rpc.system = "grpc",
+            rpc.service = PROVIDER_SERVICE,
+            rpc.method = op,
+            provider = %self.name,
+            rpc.grpc.status_code = tracing::field::Empty,
+        );
         let started = Instant::now();
-        let result = call(client).await;
+        let result = call(client).instrument(span.clone()).await;
         let code = result
             .as_ref()
             .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+        span.record("rpc.grpc.status_code", code as i32);
         self.metrics
             .provider_call(&self.name, op, code, started.elapsed());
         result.map(tonic::Response::into_inner).map_err(|status| {

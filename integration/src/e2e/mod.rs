@@ -1,0 +1,18 @@
+//! The end-to-end stack: the real path from a Proxy to a VM that proxies, on one
+//! machine, for the end-to-end tests and `make demo`.
+//!
+//! - [`guest_image`]: the guest image built from Debian's packages, cached by recipe.
+//! - [`stack`]: everything a Proxy needs, started and torn down as one ([`stack::Stack`]).
+//! - [`netns`]: sockets and commands inside the stack's network namespace.
+//! - [`relay`]: loopback relays from that namespace to the host's loopback.
+//! - [`http_servers`]: the image mirror and the target of proxied requests.
+//! - [`otlp`]: a span receiver that keeps what the operator and the agent export.
+//! - [`system_user`]: the agent's SSH account, under a name unique to the run.
+
+pub mod guest_image;
+pub mod http_servers;
+pub mod netns;
+pub mod otlp;
+pub mod relay;
+pub mod stack;
+pub mod system_user;

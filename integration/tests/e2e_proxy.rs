@@ -1,0 +1,284 @@
+//! The real path, end to end: a Proxy with user-data becomes a VM booted from the
+//! guest image, its squid proxies a request inside the test's network namespace, one
+//! trace runs from the operator's reconcile into the agent's libvirt calls, and
+//! deleting the Proxy leaves no domain, overlay, seed or NVRAM (the cached base stays).
+//! At the end, nothing of the run is left on the machine.
+//!
+//! Needs root (network namespace, useradd, debootstrap on a cold image cache), the
+//! system packages of `integration/tools/install-system-packages.sh`, the Go-built
+//! kube-harness, and the workspace's binaries (`cargo build --workspace --bins`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::e2e::http_servers::TARGET_BODY;
+use egressproxy_integration::e2e::otlp::ReceivedSpan;
+use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, Stack};
+
+const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
+/// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
+const READY_WITHIN: Duration = Duration::from_secs(600);
+const PROXY: &str = "web";
+
+/// The sample Proxy, renamed and pointed at this stack's names and target.
+fn proxy_manifest(stack: &Stack) -> (String, String) {
+    let mut proxy: serde_norway::Value = serde_norway::from_str(SAMPLE).unwrap();
+    proxy["metadata"]["name"] = PROXY.into();
+    proxy["spec"]["provider"] = PROVIDER.into();
+    proxy["spec"]["placement"]["host"] = HOST.into();
+    proxy["spec"]["placement"]["machineType"] = MACHINE_TYPE.into();
+    proxy["spec"]["placement"]["image"] = IMAGE.into();
+    proxy["spec"]["healthCheck"]["url"] = stack.target.url().into();
+    proxy["spec"]["healthCheck"]["periodSeconds"] = 5.into();
+    proxy["spec"]["healthCheck"]["timeoutSeconds"] = 3.into();
+    let user_data = proxy["spec"]["cloudInit"]["userData"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let visible_hostname = user_data
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("visible_hostname "))
+        .expect("the sample's user-data sets visible_hostname")
+        .trim()
+        .to_owned();
+    (serde_norway::to_string(&proxy).unwrap(), visible_hostname)
+}
+
+fn jsonpath(stack: &Stack, path: &str) -> String {
+    stack
+        .kubectl(&["get", "proxy", PROXY, "-o", &format!("jsonpath={path}")])
+        .unwrap_or_default()
+}
+
+async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The spans of the trace that holds `name`, and the names from it up to the root.
+fn trace_with(spans: &[ReceivedSpan], name: &str) -> Option<(Vec<ReceivedSpan>, Vec<String>)> {
+    let leaf = spans.iter().find(|s| s.name == name)?;
+    let trace: Vec<ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.trace_id == leaf.trace_id)
+        .cloned()
+        .collect();
+    let by_id: HashMap<&str, &ReceivedSpan> =
+        trace.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let mut chain = vec![format!("{}:{}", leaf.service, leaf.name)];
+    let mut current = leaf;
+    while let Some(parent) = by_id.get(current.parent_span_id.as_str()) {
+        chain.push(format!("{}:{}", parent.service, parent.name));
+        current = parent;
+    }
+    Some((trace, chain))
+}
+
+async fn scenario(stack: &Stack) {
+    let (manifest, visible_hostname) = proxy_manifest(stack);
+    let started = Instant::now();
+    stack.kubectl_apply(&manifest).unwrap();
+
+    // 1. Ready.
+    wait_for("the Proxy to be Ready", READY_WITHIN, || {
+        jsonpath(stack, "{.status.phase}") == "Ready"
+    })
+    .await;
+    eprintln!(
+        "e2e: apply -> Ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // 2. A request through the proxy at the status's address, from inside the namespace.
+    let address = jsonpath(stack, "{.status.addresses[0].address}");
+    assert!(!address.is_empty(), "the Ready Proxy has an address");
+    let proxy_url = format!("http://{address}:3128");
+    let answer = stack
+        .curl_in_netns(&[
+            "-sS",
+            "-i",
+            "--max-time",
+            "20",
+            "-x",
+            &proxy_url,
+            &stack.target.url(),
+        ])
+        .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "proxied answer: {answer}"
+    );
+    assert!(
+        answer.ends_with(TARGET_BODY),
+        "the target's body came through: {answer}"
+    );
+    let via = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Via: "))
+        .unwrap_or_else(|| panic!("squid adds a Via header: {answer}"));
+    assert!(
+        via.contains(&visible_hostname),
+        "the user-data's visible_hostname {visible_hostname} is in Via: {via}"
+    );
+    assert!(
+        stack
+            .target
+            .vias()
+            .iter()
+            .any(|v| v.contains(&visible_hostname)),
+        "the target saw the proxy's Via: {:?}",
+        stack.target.vias()
+    );
+
+    // 3. What the user sees.
+    let table = stack.kubectl(&["get", "proxies"]).unwrap();
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "PROVIDER", "ADDRESS", "READY", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..5],
+        [PROXY, "Ready", PROVIDER, &address, "True"],
+        "{table}"
+    );
+    let instance = jsonpath(stack, "{.status.providerId}");
+    assert!(!instance.is_empty(), "the status names the instance");
+    let events = stack
+        .kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={PROXY}"),
+            "-o",
+            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.starts_with("Created: ") && l.contains(&instance)),
+        "a Created event names instance {instance}:\n{events}"
+    );
+
+    // 4. One trace from the reconcile into libvirt.
+    wait_for("the spans of the Create", Duration::from_secs(30), || {
+        trace_with(&stack.spans.spans(), "virDomainCreate").is_some()
+    })
+    .await;
+    let (trace, chain) = trace_with(&stack.spans.spans(), "virDomainCreate").unwrap();
+    let names: Vec<&str> = trace.iter().map(|s| s.name.as_str()).collect();
+    for libvirt_call in [
+        "virStorageVolCreateXML",
+        "virDomainDefineXML",
+        "virDomainCreate",
+    ] {
+        assert!(
+            names.contains(&libvirt_call),
+            "{libvirt_call} in the trace: {names:?}"
+        );
+    }
+    let expected_chain_tail = [
+        "kvm-agent:grpc.request",
+        "egressproxy-operator:egressproxy.provider.v1.Provider/CreateInstance",
+    ];
+    assert!(
+        chain.windows(2).any(|w| w == expected_chain_tail),
+        "virDomainCreate → … → grpc.request → the operator's client span: {chain:?}"
+    );
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("egressproxy-operator:reconcile"),
+        "the trace starts at the operator's reconcile: {chain:?}"
+    );
+
+    // 6. Delete: nothing of the instance is left, the cached base stays.
+    let before_delete = Stack::files_in(&stack.pool_dir());
+    stack
+        .kubectl(&["delete", "proxy", PROXY, "--wait=false"])
+        .unwrap();
+    wait_for("the Proxy to be gone", Duration::from_secs(120), || {
+        stack
+            .kubectl(&["get", "proxies", "-o", "name"])
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    })
+    .await;
+    assert_eq!(
+        stack.domains().unwrap(),
+        Vec::<String>::new(),
+        "no domain is left"
+    );
+    let bases: Vec<String> = before_delete
+        .iter()
+        .filter(|f| f.starts_with("egressproxy-base-"))
+        .cloned()
+        .collect();
+    assert!(
+        !bases.is_empty(),
+        "the pool held a base image: {before_delete:?}"
+    );
+    assert!(
+        before_delete.len() > bases.len(),
+        "the pool held the instance's overlay and seed: {before_delete:?}"
+    );
+    assert_eq!(
+        Stack::files_in(&stack.pool_dir()),
+        bases,
+        "the overlay and seed are gone and the cached base (and its marker) stays"
+    );
+    assert_eq!(
+        Stack::files_in(&stack.nvram_dir()),
+        Vec::<String>::new(),
+        "no NVRAM is left"
+    );
+    eprintln!("e2e: image downloads: {}", stack.images.downloads());
+}
+
+fn log_tails(stack: &Stack) -> String {
+    ["operator.log", "kvm-agent.log"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(stack.dir().join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            format!("--- {name} (last lines)\n{}", tail.join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
+    use futures::FutureExt;
+    let started = Instant::now();
+    let stack = Stack::start("e2e-proxy").await.expect("start the stack");
+    eprintln!("e2e: stack up in {:.1} s", started.elapsed().as_secs_f64());
+    let footprint = stack.footprint();
+    let outcome = std::panic::AssertUnwindSafe(scenario(&stack))
+        .catch_unwind()
+        .await;
+    if outcome.is_err() {
+        eprintln!("{}", log_tails(&stack));
+    }
+    tokio::task::spawn_blocking(move || drop(stack))
+        .await
+        .unwrap();
+    let left = footprint.leftovers();
+    if let Err(panic) = outcome {
+        eprintln!("left behind after the failure: {left:?}");
+        std::panic::resume_unwind(panic);
+    }
+    assert!(left.is_empty(), "the run left behind: {left:?}");
+    eprintln!("e2e: whole test {:.1} s", started.elapsed().as_secs_f64());
+}
