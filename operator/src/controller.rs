@@ -1,6 +1,9 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
+//! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
+//! in-memory entry the operator kept for it.
 
+use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
@@ -10,10 +13,10 @@ use kube::{Api, ResourceExt};
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::reconcile::{ABANDON_ANNOTATION, error_policy, reconcile};
+use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
-/// deletion, and the abandon annotation.
+/// deletion, the abandon annotation and the retry-now annotation.
 fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     proxy.metadata.generation.hash(&mut hasher);
@@ -27,6 +30,7 @@ fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
         .annotations()
         .get(ABANDON_ANNOTATION)
         .hash(&mut hasher);
+    proxy.annotations().get(RETRY_ANNOTATION).hash(&mut hasher);
     Some(hasher.finish())
 }
 
@@ -38,9 +42,21 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (reader, writer) = reflector::store();
+    let store = reader.clone();
+    let forgetting = ctx.clone();
     let stream = watcher(proxies, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(proxy)) => {
+                forgetting.forget(&proxy.uid().unwrap_or_default());
+            }
+            Ok(watcher::Event::InitDone) => {
+                let live: HashSet<String> = store.state().iter().filter_map(|p| p.uid()).collect();
+                forgetting.forget_all_but(&live);
+            }
+            _ => {}
+        })
         .applied_objects()
         .predicate_filter(reconcile_trigger, PredicateConfig::default());
     Controller::for_stream(stream, reader)
