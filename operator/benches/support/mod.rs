@@ -13,18 +13,18 @@ use egressproxy_operator::crd::Proxy;
 const CRD: &str = include_str!("../../../charts/egressproxy/crds/proxies.egressproxy.dev.yaml");
 
 /// The apiserver, the reference provider (zero provisioning delay) and the operator.
-pub struct Stack {
-    pub env: KubeTestEnv,
-    pub provider: ReferenceProvider,
-    pub operator: Child,
-    pub metrics_address: std::net::SocketAddr,
+pub(crate) struct Stack {
+    pub(crate) env: KubeTestEnv,
+    pub(crate) provider: ReferenceProvider,
+    pub(crate) operator: Child,
+    pub(crate) metrics_address: std::net::SocketAddr,
     /// The port every Proxy's health check reaches.
-    pub proxy_port: u16,
+    pub(crate) proxy_port: u16,
     _providers: tempfile::NamedTempFile,
 }
 
 impl Stack {
-    pub async fn start(name: &str) -> anyhow::Result<Stack> {
+    pub(crate) async fn start(name: &str) -> anyhow::Result<Stack> {
         let env = KubeTestEnv::new(name).await?;
         apply_crds_yaml(&env.client, CRD).await?;
         let provider = ReferenceProvider::start(&["--provisioning-delay", "0s"])?;
@@ -79,7 +79,7 @@ impl Stack {
     }
 
     /// The operator's `/metrics` text.
-    pub async fn metrics(&self) -> anyhow::Result<String> {
+    pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(self.metrics_address).await?;
         stream
@@ -91,12 +91,12 @@ impl Stack {
     }
 
     /// The sum of metric `name` over its labels.
-    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+    pub(crate) async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         Ok(sum_metric(&self.metrics().await?, name))
     }
 
     /// The operator's `/proc/<pid>/status` field `field` (kB).
-    pub fn memory_kib(&self, field: &str) -> anyhow::Result<u64> {
+    pub(crate) fn memory_kib(&self, field: &str) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.operator.id()))?;
         let line = status
             .lines()
@@ -106,7 +106,7 @@ impl Stack {
     }
 
     /// The operator's CPU time (user + system) so far, in seconds.
-    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+    pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.operator.id()))?;
         // Fields after the command name (which may hold spaces) start at state.
         let rest = stat
@@ -118,7 +118,7 @@ impl Stack {
         Ok(ticks as f64 / clock_ticks() as f64)
     }
 
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = self.operator.kill();
         let _ = self.operator.wait();
     }
@@ -135,7 +135,7 @@ fn clock_ticks() -> u64 {
 }
 
 /// The sum of metric `name` over its labels in a Prometheus text.
-pub fn sum_metric(text: &str, name: &str) -> f64 {
+pub(crate) fn sum_metric(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
@@ -143,7 +143,7 @@ pub fn sum_metric(text: &str, name: &str) -> f64 {
 }
 
 /// Proxy number `i` of a wave, with the health check on `port`.
-pub fn proxy(name: &str, port: u16) -> Proxy {
+pub(crate) fn proxy(name: &str, port: u16) -> Proxy {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "egressproxy.dev/v1alpha1",
         "kind": "Proxy",

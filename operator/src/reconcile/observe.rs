@@ -33,7 +33,7 @@ pub enum Instance {
     /// The provider no longer knows the recorded instance (NOT_FOUND).
     Vanished,
     /// The provider's answer.
-    Found(pb::Instance),
+    Found(Box<pb::Instance>),
 }
 
 /// One health check and the failures in a row it makes.
@@ -99,7 +99,7 @@ pub async fn observe(
         None
     };
     Ok(Observation {
-        instance: Instance::Found(instance),
+        instance: Instance::Found(Box::new(instance)),
         health,
     })
 }

@@ -236,7 +236,7 @@ mod tests {
                 ..pb::Address::default()
             });
         }
-        Instance::Found(instance)
+        Instance::Found(Box::new(instance))
     }
 
     fn observed(instance: Instance, health: Option<(Result<(), &str>, u32)>) -> Observation {
