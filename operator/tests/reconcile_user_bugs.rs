@@ -381,3 +381,34 @@ async fn the_retry_annotation_retries_a_failed_proxy_at_once() {
     // The default slow retry is minutes away: only the annotation can make it Ready.
     h.wait_phase("egress", Phase::Ready).await;
 }
+
+#[tokio::test]
+async fn an_exact_repeat_joins_its_series_and_a_new_note_is_a_new_event() {
+    use egressproxy_operator::events::EventType;
+    let h = Harness::start("series", None).await;
+    h.create("egress", "refrence").await;
+    let proxy = h.wait_phase("egress", Phase::Failed).await;
+    for note in ["instance a", "instance a", "instance b"] {
+        h.ctx
+            .publish(&proxy, EventType::Normal, "Probe", note)
+            .await;
+    }
+    let events: Api<Event> = h.env.namespaced();
+    let mut probes: Vec<(String, i32)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Probe"))
+        .map(|e| {
+            let count = e.series.map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), count)
+        })
+        .collect();
+    probes.sort();
+    assert_eq!(
+        probes,
+        [("instance a".to_owned(), 2), ("instance b".to_owned(), 1)]
+    );
+}
