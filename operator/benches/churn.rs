@@ -7,9 +7,11 @@
 //! the verdicts. Exits non-zero when a target is missed:
 //! - after the last wave every per-Proxy map and phase gauge is back to its baseline
 //!   (0: no Proxy exists);
-//! - CPU per wave is flat: the median of the last three waves is within 10% of the
-//!   median of waves 2–4 (wave 1 warms caches and connections);
-//! - RSS at the end is within 10% of its level after wave 4.
+//! - CPU per wave is flat: the median over the last third of the waves is within 10%
+//!   of the median over the first third (without wave 1, which warms caches and
+//!   connections); medians of many waves, since other processes share the cores;
+//! - RSS at the end is within 10% of its level after half the waves (once the
+//!   allocator's arenas and the caches that keep recent Proxies have filled).
 //!
 //! The figure is 10,000 create/delete cycles: `CHURN_WAVES=50` of
 //! `CHURN_WAVE_SIZE=200` (the defaults). Run: `cargo build --release --workspace --bins
@@ -69,9 +71,10 @@ async fn main() -> anyhow::Result<()> {
     }
     stack.stop();
 
-    let early = median(&cpu_per_wave[1..4]);
-    let late = median(&cpu_per_wave[cpu_per_wave.len() - 3..]);
-    let rss_reference = rss_after[3];
+    let third = waves / 3;
+    let early = median(&cpu_per_wave[1..=third]);
+    let late = median(&cpu_per_wave[waves - third..]);
+    let rss_reference = rss_after[waves / 2 - 1];
     let rss_end = *rss_after.last().unwrap_or(&0.0);
     println!();
     println!("{:<46} {:>12}   target", "figure", "measured");
@@ -85,16 +88,19 @@ async fn main() -> anyhow::Result<()> {
         }
     );
     println!(
-        "{:<46} {:>10.2} s   baseline {early:.2} s (waves 2-4), within {:.0}%",
-        "CPU per wave, last three (median)",
+        "{:<46} {:>10.2} s   baseline {early:.2} s (waves 2-{}), within {:.0}%",
+        format!("CPU per wave, waves {}-{waves} (median)", waves - third + 1),
         late,
+        third + 1,
         FLAT_WITHIN * 100.0
     );
     println!(
-        "{:<46} {:>8.1} MiB   baseline {rss_reference:.1} MiB (after wave 4), within {:.0}%",
+        "{:<46} {:>8.1} MiB   baseline {rss_reference:.1} MiB (after wave {}), within {:.0}%; {:.1} MiB after wave 1",
         "RSS after the last wave",
         rss_end,
-        FLAT_WITHIN * 100.0
+        waves / 2,
+        FLAT_WITHIN * 100.0,
+        rss_after[0]
     );
     anyhow::ensure!(
         leftovers.is_empty(),

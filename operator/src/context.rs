@@ -55,6 +55,12 @@ pub struct Context {
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// Replacements whose successor is not created yet, per Proxy UID.
     pub pending_replacements: Mutex<HashMap<String, PendingReplacement>>,
+    /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
+    /// seen per Proxy UID.
+    triggers: Mutex<HashMap<String, u64>>,
+    /// Serialises [`Context::report_memory`], so a report read before a `forget`
+    /// cannot be written after that `forget`'s own report.
+    reporting: Mutex<()>,
     events: EventPublisher,
 }
 
@@ -86,6 +92,8 @@ impl Context {
             permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
             pending_replacements: Mutex::default(),
+            triggers: Mutex::default(),
+            reporting: Mutex::default(),
             metrics,
         }
     }
@@ -97,8 +105,22 @@ impl Context {
             .await;
     }
 
-    /// Drops every in-memory entry of the Proxy with `uid`.
+    /// Records the Proxy's current reconcile trigger; whether it differs from the last
+    /// one seen (a Proxy seen for the first time has changed).
+    pub fn trigger_changed(&self, uid: &str, trigger: u64) -> bool {
+        lock(&self.triggers).insert(uid.to_owned(), trigger) != Some(trigger)
+    }
+
+    /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
     pub fn forget(&self, uid: &str) {
+        lock(&self.triggers).remove(uid);
+        self.forget_state(uid);
+    }
+
+    /// Drops the Proxy's reconcile state once its cleanup is done. Its last trigger
+    /// stays until the watch sees it deleted, so the status write and finalizer
+    /// removal that follow do not look like changes worth another reconcile.
+    pub fn forget_state(&self, uid: &str) {
         self.retry_backoff.reset(uid);
         self.poll_backoff.reset(uid);
         self.replace_backoff.reset(uid);
@@ -112,7 +134,8 @@ impl Context {
     /// Drops the entries of every Proxy whose UID `live` does not contain: Proxies
     /// deleted while no watch event could say so (a restart, a relist).
     pub fn forget_all_but(&self, live: &std::collections::HashSet<String>) {
-        let known: Vec<String> = self.metrics.tracked_uids();
+        let mut known: Vec<String> = self.metrics.tracked_uids();
+        known.extend(lock(&self.triggers).keys().cloned());
         for uid in known.iter().filter(|uid| !live.contains(*uid)) {
             self.forget(uid);
         }
@@ -120,6 +143,7 @@ impl Context {
 
     /// Publishes the sizes of the per-Proxy maps as gauges (a leak shows there).
     pub fn report_memory(&self) {
+        let _one_at_a_time = lock(&self.reporting);
         let sizes = [
             ("retry_backoff", self.retry_backoff.len()),
             ("poll_backoff", self.poll_backoff.len()),

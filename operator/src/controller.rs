@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, reflector, watcher};
+use futures::{StreamExt, TryStreamExt};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::context::Context;
@@ -17,7 +17,7 @@ use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, recon
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
-fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
+fn reconcile_trigger(proxy: &Proxy) -> u64 {
     let mut hasher = DefaultHasher::new();
     proxy.metadata.generation.hash(&mut hasher);
     proxy.finalizers().hash(&mut hasher);
@@ -31,7 +31,7 @@ fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
         .get(ABANDON_ANNOTATION)
         .hash(&mut hasher);
     proxy.annotations().get(RETRY_ANNOTATION).hash(&mut hasher);
-    Some(hasher.finish())
+    hasher.finish()
 }
 
 /// Runs the controller on the Proxies `proxies` sees (all namespaces, or one) until
@@ -44,6 +44,7 @@ pub async fn run(
     let (reader, writer) = reflector::store();
     let store = reader.clone();
     let forgetting = ctx.clone();
+    let filtering = ctx.clone();
     let stream = watcher(proxies, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
@@ -58,7 +59,13 @@ pub async fn run(
             _ => {}
         })
         .applied_objects()
-        .predicate_filter(reconcile_trigger, PredicateConfig::default());
+        // The triggers seen are kept per UID in the context (not in kube-runtime's
+        // predicate cache, which keeps deleted objects for an hour), so they go
+        // with the Proxy like every other per-Proxy entry.
+        .try_filter(move |proxy| {
+            let uid = proxy.uid().unwrap_or_default();
+            futures::future::ready(filtering.trigger_changed(&uid, reconcile_trigger(proxy)))
+        });
     Controller::for_stream(stream, reader)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
