@@ -9,7 +9,7 @@
 //! 3. **Plan** ([`plan::plan`]): a pure function of spec, status and observation to
 //!    one [`Step`]: create, replace (placement changed, stopped, vanished), wait for
 //!    the instance, or record the health check. Its table is in `docs/operator.md`.
-//! 4. **Act** ([`act`]): perform that step. A Create checks the placement, reads the
+//! 4. **Act** (`act`): perform that step. A Create checks the placement, reads the
 //!    cloud-init Secret, records the key `<uid>-<replacements>` in status, calls
 //!    CreateInstance and records the id; the same key returns the same VM, so a
 //!    crash anywhere is harmless. After a Create (or a placement replacement) the
@@ -24,7 +24,7 @@
 //! for the spec to change. The annotation [`RETRY_ANNOTATION`] (any new value)
 //! retries at once.
 //!
-//! Cleanup (the Proxy is being deleted) is in [`cleanup`].
+//! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
 mod act;
 mod cleanup;
