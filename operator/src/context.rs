@@ -87,7 +87,10 @@ impl Context {
             providers,
             cluster_name,
             retry_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
-            poll_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
+            // A booting VM is polled at most 2 s apart: GetInstance is cheap, and a longer
+            // cap showed up directly in apply → Ready (a guest boots in 30-45 s here, so a
+            // 10 s poll alone could add a quarter to it).
+            poll_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(2)),
             replace_backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
             permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
