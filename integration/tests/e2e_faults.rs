@@ -185,8 +185,8 @@ async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) {
     assert!(
         events
             .lines()
-            .any(|l| l.starts_with("Created: ") && l.contains(&new)),
-        "a Created event names the new instance {new}:\n{events}"
+            .any(|l| l.starts_with("Replaced: ") && l.contains(old) && l.contains(&new)),
+        "a Replaced event names the old instance {old} and the new one {new}:\n{events}"
     );
     delete(stack, "crash").await;
 }
