@@ -134,6 +134,13 @@ async fn plugin_info(
         .map_err(|status| format!("{status:?}"))
 }
 
+/// The call failed in the connection, not with an answer of the service: with TLS 1.3
+/// the client may finish its side of the handshake before the server's alert arrives,
+/// so the alert, a reset or a closed connection are all what a refusal looks like.
+fn refused_by_tls(error: &str) -> bool {
+    error.contains("tonic::transport::Error")
+}
+
 fn identity(dir: &Path, name: &str) -> Option<(PathBuf, PathBuf)> {
     Some((
         dir.join(format!("{name}-client.pem")),
@@ -159,17 +166,17 @@ async fn the_agent_refuses_clients_without_a_valid_certificate() {
     let error = plugin_info(https.clone(), ca.clone(), None)
         .await
         .expect_err("a client without a certificate was served");
-    assert!(error.contains("Unavailable"), "{error}");
+    assert!(refused_by_tls(&error), "{error}");
 
     let error = plugin_info(https, ca.clone(), identity(dir, "other"))
         .await
         .expect_err("a client with a certificate of another CA was served");
-    assert!(error.contains("Unavailable"), "{error}");
+    assert!(refused_by_tls(&error), "{error}");
 
     let error = plugin_info(format!("http://localhost:{}", agent.port()), ca, None)
         .await
         .expect_err("a plain-text client was served");
-    assert!(error.contains("Unavailable"), "{error}");
+    assert!(refused_by_tls(&error), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +198,7 @@ async fn the_operators_client_refuses_an_agent_whose_certificate_does_not_verify
     .await
     .expect_err("the client accepted a certificate from an unknown CA");
     assert!(
-        error.contains("Unavailable") && error.contains("UnknownIssuer"),
+        error.contains("Unavailable") && error.contains("invalid peer certificate"),
         "{error}"
     );
 
