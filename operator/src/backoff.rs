@@ -49,6 +49,19 @@ impl Backoff {
         hint.clamp(floor, ceiling)
     }
 
+    /// Keys with recorded attempts.
+    pub fn len(&self) -> usize {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Whether no key has recorded attempts.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets `key`'s failures after a success.
     pub fn reset(&self, key: &str) {
         self.attempts

@@ -1,16 +1,36 @@
-//! What every reconcile shares: clients, configured providers, backoff state.
+//! What every reconcile shares: clients, configured providers, and the per-Proxy state
+//! kept in memory (backoff attempts, health-check failures, a pending replacement's
+//! cause, cached Events, the phase gauge).
+//!
+//! Every per-Proxy entry is keyed by the Proxy's UID and dropped by
+//! [`Context::forget`] when the Proxy goes (its cleanup finished, or the watch saw it
+//! deleted), so memory follows the live Proxies, not every Proxy ever seen.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
 use crate::backoff::Backoff;
 use crate::crd::Proxy;
+use crate::events::{EventPublisher, EventType};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
+
+/// Default interval of the slow retry after a permanent error whose cause lies
+/// outside the Proxy's spec.
+pub const DEFAULT_PERMANENT_RETRY: Duration = Duration::from_secs(300);
+
+/// Why an instance is being replaced, kept until its successor exists so the
+/// `Replaced` Event can name both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingReplacement {
+    /// The replaced instance's provider id.
+    pub old_id: String,
+    /// Why, for example `stopped (shut off)`.
+    pub cause: String,
+}
 
 /// Shared state of the controller.
 pub struct Context {
@@ -26,11 +46,22 @@ pub struct Context {
     pub poll_backoff: Backoff,
     /// Backoff between replacements of a stopped or vanished instance.
     pub replace_backoff: Backoff,
+    /// Interval of the slow retry after a permanent error whose cause lies outside
+    /// the Proxy's spec (the provider's configuration, its images).
+    pub permanent_retry: Duration,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
-    recorder: Recorder,
+    /// Replacements whose successor is not created yet, per Proxy UID.
+    pub pending_replacements: Mutex<HashMap<String, PendingReplacement>>,
+    /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
+    /// seen per Proxy UID.
+    triggers: Mutex<HashMap<String, u64>>,
+    /// Serialises [`Context::report_memory`], so a report read before a `forget`
+    /// cannot be written after that `forget`'s own report.
+    reporting: Mutex<()>,
+    events: EventPublisher,
 }
 
 impl std::fmt::Debug for Context {
@@ -50,34 +81,89 @@ impl Context {
         cluster_name: String,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "egressproxy-operator".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventPublisher::new(client.clone(), std::env::var("POD_NAME").ok()),
             client,
             providers,
             cluster_name,
             retry_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
-            poll_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
+            // A booting VM is polled at most 2 s apart: GetInstance is cheap, and a longer
+            // cap showed up directly in apply → Ready (a guest boots in 30-45 s here, so a
+            // 10 s poll alone could add a quarter to it).
+            poll_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(2)),
             replace_backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
+            permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
+            pending_replacements: Mutex::default(),
+            triggers: Mutex::default(),
+            reporting: Mutex::default(),
             metrics,
         }
     }
 
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.
-    pub async fn publish(&self, proxy: &Proxy, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &proxy.object_ref(&())).await {
-            tracing::warn!(proxy = %proxy.name_any(), %error, reason, "cannot publish event");
+    pub async fn publish(&self, proxy: &Proxy, type_: EventType, reason: &str, note: &str) {
+        self.events
+            .publish(&proxy.object_ref(&()), type_, reason, note)
+            .await;
+    }
+
+    /// Records the Proxy's current reconcile trigger; whether it differs from the last
+    /// one seen (a Proxy seen for the first time has changed).
+    pub fn trigger_changed(&self, uid: &str, trigger: u64) -> bool {
+        lock(&self.triggers).insert(uid.to_owned(), trigger) != Some(trigger)
+    }
+
+    /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
+    pub fn forget(&self, uid: &str) {
+        lock(&self.triggers).remove(uid);
+        self.forget_state(uid);
+    }
+
+    /// Drops the Proxy's reconcile state once its cleanup is done. Its last trigger
+    /// stays until the watch sees it deleted, so the status write and finalizer
+    /// removal that follow do not look like changes worth another reconcile.
+    pub fn forget_state(&self, uid: &str) {
+        self.retry_backoff.reset(uid);
+        self.poll_backoff.reset(uid);
+        self.replace_backoff.reset(uid);
+        lock(&self.health_failures).remove(uid);
+        lock(&self.pending_replacements).remove(uid);
+        self.events.forget(uid);
+        self.metrics.set_phase(uid, None);
+        self.report_memory();
+    }
+
+    /// Drops the entries of every Proxy whose UID `live` does not contain: Proxies
+    /// deleted while no watch event could say so (a restart, a relist).
+    pub fn forget_all_but(&self, live: &std::collections::HashSet<String>) {
+        let mut known: Vec<String> = self.metrics.tracked_uids();
+        known.extend(lock(&self.triggers).keys().cloned());
+        for uid in known.iter().filter(|uid| !live.contains(*uid)) {
+            self.forget(uid);
         }
     }
+
+    /// Publishes the sizes of the per-Proxy maps as gauges (a leak shows there).
+    pub fn report_memory(&self) {
+        let _one_at_a_time = lock(&self.reporting);
+        let sizes = [
+            ("retry_backoff", self.retry_backoff.len()),
+            ("poll_backoff", self.poll_backoff.len()),
+            ("replace_backoff", self.replace_backoff.len()),
+            ("health_failures", lock(&self.health_failures).len()),
+            (
+                "pending_replacements",
+                lock(&self.pending_replacements).len(),
+            ),
+            ("events", self.events.tracked()),
+        ];
+        for (map, size) in sizes {
+            self.metrics.set_tracked(map, size);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -1,21 +1,24 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
 //! A reload of the provider config reconciles every Proxy once.
+//! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
+//! in-memory entry the operator kept for it.
 
+use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, reflector, watcher};
+use futures::{StreamExt, TryStreamExt};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::reconcile::{ABANDON_ANNOTATION, error_policy, reconcile};
+use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
-/// deletion, and the abandon annotation.
-fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
+/// deletion, the abandon annotation and the retry-now annotation.
+fn reconcile_trigger(proxy: &Proxy) -> u64 {
     let mut hasher = DefaultHasher::new();
     proxy.metadata.generation.hash(&mut hasher);
     proxy.finalizers().hash(&mut hasher);
@@ -28,7 +31,8 @@ fn reconcile_trigger(proxy: &Proxy) -> Option<u64> {
         .annotations()
         .get(ABANDON_ANNOTATION)
         .hash(&mut hasher);
-    Some(hasher.finish())
+    proxy.annotations().get(RETRY_ANNOTATION).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Runs the controller on the Proxies `proxies` sees (all namespaces, or one) until
@@ -41,16 +45,35 @@ pub async fn run(
     let (reader, writer) = reflector::store();
     // kube-runtime holds reconciles until the store has its first list; a shutdown that
     // ends the watch before then would leave that wait, and the controller, hanging.
-    let store = reader.clone();
+    let ready = reader.clone();
     let shutdown = async move {
         shutdown.await;
-        let _ = store.wait_until_ready().await;
+        let _ = ready.wait_until_ready().await;
     };
+    let store = reader.clone();
+    let forgetting = ctx.clone();
+    let filtering = ctx.clone();
     let stream = watcher(proxies, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(proxy)) => {
+                forgetting.forget(&proxy.uid().unwrap_or_default());
+            }
+            Ok(watcher::Event::InitDone) => {
+                let live: HashSet<String> = store.state().iter().filter_map(|p| p.uid()).collect();
+                forgetting.forget_all_but(&live);
+            }
+            _ => {}
+        })
         .applied_objects()
-        .predicate_filter(reconcile_trigger, PredicateConfig::default());
+        // The triggers seen are kept per UID in the context (not in kube-runtime's
+        // predicate cache, which keeps deleted objects for an hour), so they go
+        // with the Proxy like every other per-Proxy entry.
+        .try_filter(move |proxy| {
+            let uid = proxy.uid().unwrap_or_default();
+            futures::future::ready(filtering.trigger_changed(&uid, reconcile_trigger(proxy)))
+        });
     // A provider config reload may fix Proxies that wait for a provider: retry them all
     // at once rather than at their next (possibly minutes away) backoff.
     let provider_changes = futures::stream::unfold(ctx.providers.changes(), |mut changes| async {

@@ -72,9 +72,22 @@ pub enum Retry {
     Backoff,
     /// Retry after this delay (a provider's quota hint).
     After(Duration),
-    /// Wait for the spec to change.
+    /// Wait for the spec to change: the spec itself is at fault.
     OnSpecChange,
+    /// Retry rarely: a person must act, but outside the Proxy's spec (the provider's
+    /// configuration, its images), so no spec change will announce the fix.
+    Slowly,
 }
+
+/// The `Ready` reasons of errors a person must fix: a Proxy with one of them is Failed.
+pub const PERMANENT_REASONS: [&str; 6] = [
+    "InvalidSpec",
+    "ProviderRejected",
+    "InstanceKeyConflict",
+    "ProviderNotConfigured",
+    "IncompatibleProvider",
+    "ProviderConfigInvalid",
+];
 
 impl Error {
     /// How to retry after this error.
@@ -85,10 +98,13 @@ impl Error {
                 ErrorClass::QuotaExhausted => {
                     source.retry_after.map_or(Retry::Backoff, Retry::After)
                 }
-                ErrorClass::Permanent
-                | ErrorClass::InvalidArgument
-                | ErrorClass::AlreadyExists
-                | ErrorClass::Unimplemented => Retry::OnSpecChange,
+                // The provider names a field of the request: only a new spec helps.
+                ErrorClass::InvalidArgument => Retry::OnSpecChange,
+                // The cause lies at the provider (a bad image checksum in its config,
+                // a missing capability): its operators may fix it at any time.
+                ErrorClass::Permanent | ErrorClass::AlreadyExists | ErrorClass::Unimplemented => {
+                    Retry::Slowly
+                }
                 ErrorClass::NotFound => Retry::Backoff,
             },
             // A config or provider fix does not change the Proxy, so these retry
@@ -129,7 +145,37 @@ impl Error {
                 | Error::ProviderGone(_)
                 | Error::IncompatibleProvider { .. }
                 | Error::Connect { .. }
-        ) || self.retry() == Retry::OnSpecChange
+        ) || matches!(self.retry(), Retry::OnSpecChange | Retry::Slowly)
+    }
+
+    /// Whether an Event should tell a person: permanent errors, and a missing
+    /// cloud-init Secret (retried, but only a person can create it).
+    pub fn needs_a_person(&self) -> bool {
+        self.is_permanent() || matches!(self, Error::CloudInitSecret { .. })
+    }
+
+    /// The error and its sources, for messages users read. A provider's field
+    /// violations are added when its message does not already name the field.
+    pub fn describe(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        if let Error::Provider { source, .. } = self {
+            let missing: Vec<String> = source
+                .field_violations
+                .iter()
+                .filter(|v| !source.message.contains(&v.field))
+                .map(|v| format!("{}: {}", v.field, v.description))
+                .collect();
+            if !missing.is_empty() {
+                text.push_str(&format!(" (field {})", missing.join("; ")));
+            }
+        }
+        text
     }
 
     /// The class label for metrics.
@@ -172,7 +218,7 @@ mod tests {
             ),
             (
                 ProviderError::permanent("x"),
-                Retry::OnSpecChange,
+                Retry::Slowly,
                 "ProviderRejected",
             ),
             (
@@ -182,7 +228,7 @@ mod tests {
             ),
             (
                 ProviderError::already_exists("x"),
-                Retry::OnSpecChange,
+                Retry::Slowly,
                 "InstanceKeyConflict",
             ),
             (
@@ -200,6 +246,57 @@ mod tests {
             let error = provider(error);
             assert_eq!((error.retry(), error.reason()), (retry, reason), "{error}");
         }
+    }
+
+    #[test]
+    fn the_failed_phase_follows_exactly_the_permanent_errors() {
+        let errors = [
+            provider(ProviderError::transient("x")),
+            provider(ProviderError::permanent("x")),
+            provider(ProviderError::invalid_argument("f", "x")),
+            provider(ProviderError::already_exists("x")),
+            provider(ProviderError::quota_exhausted("x", None)),
+            provider(ProviderError::not_found("x")),
+            provider(ProviderError::unimplemented("x")),
+            Error::ProviderNotConfigured("x".into()),
+            Error::ProviderGone("x".into()),
+            Error::IncompatibleProvider {
+                provider: "p".into(),
+                found: "2.0.0".into(),
+                expected: "1".into(),
+            },
+            Error::CloudInitSecret {
+                secret: "ns/s".into(),
+                problem: "missing".into(),
+            },
+        ];
+        for error in errors {
+            assert_eq!(
+                PERMANENT_REASONS.contains(&error.reason()),
+                error.is_permanent(),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn field_violations_reach_the_message() {
+        let rejected = ProviderError::new(ErrorClass::InvalidArgument, "request rejected")
+            .with_violation("placement.image", "unknown image \"x\": use debian-12")
+            .with_violation("proxy_port", "must be 1..65535");
+        let message = provider(rejected).describe();
+        assert!(
+            message.contains("request rejected")
+                && message.contains("placement.image: unknown image \"x\": use debian-12")
+                && message.contains("proxy_port: must be 1..65535"),
+            "{message}"
+        );
+        // A message that already names its field is not repeated.
+        let named = provider(ProviderError::invalid_argument(
+            "placement.image",
+            "unknown",
+        ));
+        assert_eq!(named.describe().matches("placement.image").count(), 1);
     }
 
     #[test]

@@ -1,9 +1,16 @@
-//! The proxy health check: does the VM's proxy really answer?
+//! The proxy health check: does the VM's proxy really proxy?
 //!
 //! - `Tcp`: a TCP connection to the proxy port opens within the timeout.
 //! - `Http`: an HTTP `GET <url>` sent *through* the proxy (absolute-form request, as
-//!   a client configured with this proxy sends it) gets an HTTP response below 500
-//!   within the timeout. A 5xx means the proxy answered but could not reach the URL.
+//!   a client configured with this proxy sends it) gets an answer within the timeout,
+//!   and that answer is the target's, relayed ([`verdict`]):
+//!   - the proxy's own refusal or error fails the check: `407` (the proxy wants
+//!     credentials), `502`/`503`/`504` (it could not reach or hear from the target),
+//!     and any answer the proxy itself wrote, which squid marks with `X-Squid-Error`
+//!     and RFC 9209 proxies with a `Proxy-Status` that carries `error=` (a `403` from
+//!     `http_access deny` is one);
+//!   - every other answer passes, whatever its status: the target answered and the
+//!     proxy relayed it (a `404` or `403` of the target's own proves the path works).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,6 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::crd::{HealthCheck, HealthCheckKind};
+
+/// Longest response head read; a longer one is not a proxy's answer.
+const MAX_HEAD: usize = 16 * 1024;
 
 /// Runs `check` against the proxy at `address`; `Err` says what failed.
 pub async fn probe(address: SocketAddr, check: &HealthCheck) -> Result<(), String> {
@@ -47,35 +57,75 @@ async fn http_through_proxy(stream: &mut TcpStream, url: &str) -> Result<(), Str
         .write_all(request.as_bytes())
         .await
         .map_err(|error| format!("sending the request: {error}"))?;
-    let mut head = [0u8; 64];
-    let mut read = 0;
-    while read < 12 {
+    let head = read_head(stream).await?;
+    verdict(&head, url)
+}
+
+/// Reads until the end of the response head (or the connection's end).
+async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
         let n = stream
-            .read(&mut head[read..])
+            .read(&mut chunk)
             .await
             .map_err(|error| format!("reading the answer: {error}"))?;
         if n == 0 {
             break;
         }
-        read += n;
+        head.extend_from_slice(&chunk[..n]);
     }
-    let line = String::from_utf8_lossy(&head[..read]);
-    let code: u16 = line
-        .strip_prefix("HTTP/1.")
-        .and_then(|rest| rest.get(2..5))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| {
-            format!(
+    Ok(head)
+}
+
+/// Whether a response head is the target's answer relayed by the proxy (`Ok`) or the
+/// proxy's own refusal or error (`Err`, saying which).
+pub fn verdict(head: &[u8], url: &str) -> Result<(), String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    let first_line = || {
+        String::from_utf8_lossy(head)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let parsed = response.parse(head);
+    let code = match (parsed, response.code) {
+        (Ok(_), Some(code)) => code,
+        _ => {
+            return Err(format!(
                 "the proxy did not answer with HTTP (got {:?})",
-                line.lines().next().unwrap_or("")
-            )
-        })?;
-    if code >= 500 {
+                first_line()
+            ));
+        }
+    };
+    let header = |name: &str| {
+        response
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).into_owned())
+    };
+    if let Some(error) = header("X-Squid-Error") {
         return Err(format!(
-            "the proxy answered {code} for {url}: it cannot reach the URL"
+            "the proxy refused or failed the request for {url}: {code} with X-Squid-Error {error}"
         ));
     }
-    Ok(())
+    if let Some(status) = header("Proxy-Status").filter(|s| s.contains("error=")) {
+        return Err(format!(
+            "the proxy failed the request for {url}: {code} with Proxy-Status {status}"
+        ));
+    }
+    match code {
+        407 => Err(format!(
+            "the proxy answered 407 for {url}: it requires credentials the check does not send"
+        )),
+        502..=504 => Err(format!(
+            "the proxy answered {code} for {url}: it cannot reach the URL"
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
-//! - [`status`]: conditions and server-side-apply status writes.
+//! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
+//! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
@@ -17,6 +18,7 @@ pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod error;
+pub mod events;
 pub mod gc;
 pub mod health_check;
 pub mod http;

@@ -8,7 +8,13 @@
 //! - `egressproxy_status_writes_total`: status patches (stays flat when nothing changes);
 //! - `egressproxy_is_leader`: 1 on the replica that acts;
 //! - `egressproxy_provider_config_reloads_total{result}`: provider config file changes,
-//!   `applied` or `rejected` (invalid: the previous config stays).
+//!   `applied` or `rejected` (invalid: the previous config stays);
+//! - `egressproxy_tracked_proxies{map}`: Proxies with an entry in each per-Proxy map
+//!   kept in memory; it falls back to the number of live Proxies after deletes
+//!   (a leak shows here).
+//!
+//! The phase gauge is kept incrementally: a phase change moves one Proxy from one
+//! label to another, in constant time, and a deleted Proxy leaves every label.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -45,6 +51,17 @@ struct PhaseLabels {
     phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MapLabels {
+    map: String,
+}
+
+fn phase_labels(phase: Phase) -> PhaseLabels {
+    PhaseLabels {
+        phase: format!("{phase:?}"),
+    }
+}
+
 fn call_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
@@ -60,6 +77,7 @@ pub struct Metrics {
     status_writes: Counter,
     is_leader: Gauge,
     config_reloads: Family<ReloadLabels, Counter>,
+    tracked: Family<MapLabels, Gauge>,
     phases: Mutex<HashMap<String, Phase>>,
 }
 
@@ -74,6 +92,7 @@ impl Default for Metrics {
             status_writes: Counter::default(),
             is_leader: Gauge::default(),
             config_reloads: Family::default(),
+            tracked: Family::default(),
             phases: Mutex::default(),
             registry: Registry::default(),
         };
@@ -103,6 +122,11 @@ impl Default for Metrics {
             "provider_config_reloads",
             "Provider config file changes, applied or rejected",
             metrics.config_reloads.clone(),
+        );
+        registry.register(
+            "tracked_proxies",
+            "Proxies with an entry in each per-Proxy map kept in memory",
+            metrics.tracked.clone(),
         );
         Metrics {
             registry,
@@ -158,23 +182,47 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a Proxy's phase (`None` once it is gone).
+    /// Records a Proxy's phase (`None` once it is gone), moving it between labels.
     pub fn set_phase(&self, uid: &str, phase: Option<Phase>) {
         let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
-        match phase {
+        let previous = match phase {
             Some(phase) => phases.insert(uid.to_owned(), phase),
             None => phases.remove(uid),
         };
-        let mut counts: HashMap<String, i64> = HashMap::new();
-        for phase in phases.values() {
-            *counts.entry(format!("{phase:?}")).or_default() += 1;
+        if previous == phase {
+            return;
         }
-        self.proxies.clear();
-        for (phase, count) in counts {
-            self.proxies
-                .get_or_create(&PhaseLabels { phase })
-                .set(count);
+        // A label whose count falls to zero is removed, as if never set: the phases
+        // lock serialises every change, so nothing increments it meanwhile.
+        if let Some(previous) = previous {
+            let labels = phase_labels(previous);
+            if self.proxies.get_or_create(&labels).dec() <= 1 {
+                self.proxies.remove(&labels);
+            }
         }
+        if let Some(phase) = phase {
+            self.proxies.get_or_create(&phase_labels(phase)).inc();
+        }
+        self.tracked
+            .get_or_create(&MapLabels {
+                map: "phase".into(),
+            })
+            .set(i64::try_from(phases.len()).unwrap_or(i64::MAX));
+    }
+
+    /// The UIDs of the Proxies with a recorded phase.
+    pub fn tracked_uids(&self) -> Vec<String> {
+        let phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        phases.keys().cloned().collect()
+    }
+
+    /// Records how many Proxies have an entry in the per-Proxy map `map`.
+    pub fn set_tracked(&self, map: &str, size: usize) {
+        self.tracked
+            .get_or_create(&MapLabels {
+                map: map.to_owned(),
+            })
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
     }
 
     /// The metrics in the Prometheus text format.
@@ -189,6 +237,31 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_proxy_leaves_every_phase_and_the_map() {
+        let metrics = Metrics::default();
+        for uid in ["a", "b"] {
+            metrics.set_phase(uid, Some(Phase::Provisioning));
+            metrics.set_phase(uid, Some(Phase::Ready));
+            metrics.set_phase(uid, Some(Phase::Deleting));
+            metrics.set_phase(uid, None);
+        }
+        metrics.set_phase("c", Some(Phase::Ready));
+        let text = metrics.encode();
+        for phase in ["Provisioning", "Deleting"] {
+            assert!(!text.contains(&format!("phase=\"{phase}\"")), "{text}");
+        }
+        assert!(
+            text.contains("egressproxy_proxies{phase=\"Ready\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("egressproxy_tracked_proxies{map=\"phase\"} 1"),
+            "{text}"
+        );
+        assert_eq!(metrics.tracked_uids(), ["c"]);
+    }
 
     #[test]
     fn phases_are_counted_and_forgotten() {

@@ -1,11 +1,47 @@
-//! Writing a Proxy's status: conditions in `metav1.Condition` form, applied with
-//! server-side apply under one field manager, and only when something changed.
+//! Writing a Proxy's status: conditions in `metav1.Condition` form, the phase derived
+//! from them in one place ([`phase`]), applied with server-side apply under one field
+//! manager, and only when something changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 
-use crate::crd::{Proxy, ProxyStatus};
-use crate::error::Result;
+use crate::crd::{Phase, Proxy, ProxyStatus, condition};
+use crate::error::{PERMANENT_REASONS, Result};
+
+/// The phase a status summarises, from its conditions (first match wins):
+///
+/// | the Proxy                                           | phase          |
+/// |-----------------------------------------------------|----------------|
+/// | is being deleted                                    | `Deleting`     |
+/// | `Ready=True`                                        | `Ready`        |
+/// | `Ready=False` with a reason a person must fix       | `Failed`       |
+/// | `Healthy=False`                                     | `Degraded`     |
+/// | has an instance, or had one (`Provisioned` is set)  | `Provisioning` |
+/// | anything else                                       | `Pending`      |
+pub fn phase(status: &ProxyStatus, deleting: bool) -> Phase {
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::READY);
+    let has = |type_: &str| status.conditions.iter().any(|c| c.type_ == type_);
+    if deleting {
+        Phase::Deleting
+    } else if ready.is_some_and(|c| c.status == "True") {
+        Phase::Ready
+    } else if ready.is_some_and(|c| PERMANENT_REASONS.contains(&c.reason.as_str())) {
+        Phase::Failed
+    } else if status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::HEALTHY && c.status == "False")
+    {
+        Phase::Degraded
+    } else if status.provider_id.is_some() || has(condition::PROVISIONED) {
+        Phase::Provisioning
+    } else {
+        Phase::Pending
+    }
+}
 
 /// The field manager of everything the operator writes.
 pub const FIELD_MANAGER: &str = "egressproxy-operator";
@@ -76,6 +112,88 @@ pub async fn apply_if_changed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with(conditions: &[(&str, bool, &str)], provider_id: Option<&str>) -> ProxyStatus {
+        let mut status = ProxyStatus {
+            provider_id: provider_id.map(str::to_owned),
+            ..ProxyStatus::default()
+        };
+        for (type_, value, reason) in conditions {
+            set_condition(&mut status.conditions, type_, *value, reason, "", None);
+        }
+        status
+    }
+
+    #[test]
+    fn the_phase_follows_the_conditions() {
+        use condition::{HEALTHY, PROVISIONED, READY};
+        let cases = [
+            (with(&[], None), false, Phase::Pending),
+            (
+                with(&[(READY, false, "ProviderUnavailable")], None),
+                false,
+                Phase::Pending,
+            ),
+            (
+                with(&[(READY, false, "CloudInitSecretUnavailable")], None),
+                false,
+                Phase::Pending,
+            ),
+            (
+                with(&[(READY, false, "Provisioning")], Some("i")),
+                false,
+                Phase::Provisioning,
+            ),
+            (
+                with(&[(PROVISIONED, false, "InstanceStopped")], None),
+                false,
+                Phase::Provisioning,
+            ),
+            (
+                with(
+                    &[(READY, true, "Ready"), (HEALTHY, true, "HealthCheckPassed")],
+                    Some("i"),
+                ),
+                false,
+                Phase::Ready,
+            ),
+            (
+                with(
+                    &[
+                        (READY, false, "HealthCheckFailed"),
+                        (HEALTHY, false, "HealthCheckFailed"),
+                    ],
+                    Some("i"),
+                ),
+                false,
+                Phase::Degraded,
+            ),
+            (
+                with(&[(READY, false, "InvalidSpec")], None),
+                false,
+                Phase::Failed,
+            ),
+            (
+                with(
+                    &[
+                        (READY, false, "ProviderNotConfigured"),
+                        (HEALTHY, false, "x"),
+                    ],
+                    Some("i"),
+                ),
+                false,
+                Phase::Failed,
+            ),
+            (
+                with(&[(READY, true, "Ready")], Some("i")),
+                true,
+                Phase::Deleting,
+            ),
+        ];
+        for (i, (status, deleting, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(phase(&status, deleting), expected, "case {i}: {status:?}");
+        }
+    }
 
     #[test]
     fn transition_time_moves_only_when_status_flips() {

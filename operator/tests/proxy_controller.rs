@@ -843,6 +843,17 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         reason(&failed, "Ready").as_deref(),
         Some("ProviderNotConfigured")
     );
+    // An instance made while the provider was still configured.
+    let recorded =
+        serde_json::json!({"status": {"providerId": "vm-on-retired", "instanceKey": "k-0"}});
+    h.proxies()
+        .patch_status(
+            "orphaned",
+            &PatchParams::default(),
+            &Patch::Merge(&recorded),
+        )
+        .await
+        .unwrap();
 
     h.proxies()
         .delete("orphaned", &DeleteParams::default())

@@ -1,0 +1,158 @@
+//! What the operator benchmarks share: the operator binary started against a real
+//! kube-apiserver and the reference provider, its `/metrics`, its CPU time and memory
+//! from `/proc`, and a listener that answers every health check.
+
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
+use egressproxy_operator::crd::Proxy;
+
+const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+
+/// The apiserver, the reference provider (zero provisioning delay) and the operator.
+pub(crate) struct Stack {
+    pub(crate) env: KubeTestEnv,
+    pub(crate) provider: ReferenceProvider,
+    pub(crate) operator: Child,
+    pub(crate) metrics_address: std::net::SocketAddr,
+    /// The port every Proxy's health check reaches.
+    pub(crate) proxy_port: u16,
+    _providers: tempfile::NamedTempFile,
+}
+
+impl Stack {
+    pub(crate) async fn start(name: &str) -> anyhow::Result<Stack> {
+        let env = KubeTestEnv::new(name).await?;
+        apply_crds_yaml(&env.client, CRD).await?;
+        let provider = ReferenceProvider::start(&["--provisioning-delay", "0s"])?;
+        let providers = tempfile::NamedTempFile::new()?;
+        std::fs::write(
+            providers.path(),
+            format!(
+                "providers:\n  reference:\n    endpoint: {}\n",
+                provider.endpoint()
+            ),
+        )?;
+        let http = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let metrics_address = http.local_addr()?;
+        drop(http);
+        let operator = Command::new(workspace_binary("egressproxy-operator")?)
+            .env("KUBECONFIG", env.apiserver().kubeconfig_path())
+            .env("RUST_LOG", "warn")
+            .args([
+                "--cluster-name",
+                name,
+                "--namespace",
+                &env.namespace,
+                "--lease-namespace",
+                &env.namespace,
+            ])
+            .arg("--providers")
+            .arg(providers.path())
+            .args([
+                "--http-listen",
+                &metrics_address.to_string(),
+                "--gc-interval",
+                "1h",
+            ])
+            .stdin(Stdio::null())
+            .spawn()?;
+        // Every instance reports 127.0.0.1: one listener answers every health check.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let proxy_port = listener.local_addr()?.port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        Ok(Stack {
+            env,
+            provider,
+            operator,
+            metrics_address,
+            proxy_port,
+            _providers: providers,
+        })
+    }
+
+    /// The operator's `/metrics` text.
+    pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.metrics_address).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok(text)
+    }
+
+    /// The sum of metric `name` over its labels.
+    pub(crate) async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        Ok(sum_metric(&self.metrics().await?, name))
+    }
+
+    /// The operator's `/proc/<pid>/status` field `field` (kB).
+    pub(crate) fn memory_kib(&self, field: &str) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.operator.id()))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .ok_or_else(|| anyhow::anyhow!("no {field}"))?;
+        Ok(line.split_whitespace().nth(1).unwrap_or("0").parse()?)
+    }
+
+    /// The operator's CPU time (user + system) so far, in seconds.
+    pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.operator.id()))?;
+        // Fields after the command name (which may hold spaces) start at state.
+        let rest = stat
+            .rsplit_once(')')
+            .ok_or_else(|| anyhow::anyhow!("bad stat"))?
+            .1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        Ok(ticks as f64 / clock_ticks() as f64)
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = self.operator.kill();
+        let _ = self.operator.wait();
+    }
+}
+
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// The sum of metric `name` over its labels in a Prometheus text.
+pub(crate) fn sum_metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Proxy number `i` of a wave, with the health check on `port`.
+pub(crate) fn proxy(name: &str, port: u16) -> Proxy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name},
+        "spec": {
+            "provider": "reference",
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "proxyPort": port,
+        },
+    }))
+    .expect("valid Proxy")
+}

@@ -1,0 +1,294 @@
+//! Performing one [`Step`]: the provider calls it needs, the conditions it sets, the
+//! Event it publishes, and what happens next (another pass, or a requeue).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use egressproxy_provider::{ErrorClass, pb};
+use kube::runtime::controller::Action;
+
+use super::Pass;
+use super::observe;
+use super::plan::{Cause, Step};
+use super::tags;
+use crate::context::PendingReplacement;
+use crate::crd::{Placement, ProxyAddress, condition};
+use crate::error::{Error, Result};
+use crate::events::EventType;
+
+/// What follows a step.
+#[derive(Debug)]
+pub(super) enum Next {
+    /// Observe and plan again now (after a Create, or a replacement that creates
+    /// at once).
+    Again,
+    /// This reconcile is done.
+    Done(Action),
+}
+
+/// Performs `step`.
+pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
+    match step {
+        Step::Create => create(pass).await,
+        Step::Replace { id, cause } => replace(pass, id, cause).await,
+        Step::AwaitInstance { message } => {
+            pass.set(condition::PROVISIONED, false, "Provisioning", &message);
+            pass.set(condition::READY, false, "Provisioning", &message);
+            Ok(Next::Done(Action::requeue(
+                pass.ctx.poll_backoff.next(&pass.key.uid),
+            )))
+        }
+        Step::MarkHealthy { addresses } => {
+            pass.record_running(&addresses);
+            pass.set(condition::HEALTHY, true, "HealthCheckPassed", "");
+            pass.set(condition::READY, true, "Ready", "");
+            pass.ctx.replace_backoff.reset(&pass.key.uid);
+            Ok(Next::Done(Action::requeue(pass.period())))
+        }
+        Step::AwaitProxy { addresses, problem } => {
+            pass.record_running(&addresses);
+            let message = format!("waiting for the proxy to answer: {problem}");
+            pass.set(condition::READY, false, "WaitingForProxy", &message);
+            Ok(Next::Done(Action::requeue(pass.soon())))
+        }
+        Step::ToleratePassingFailure { addresses } => {
+            pass.record_running(&addresses);
+            Ok(Next::Done(Action::requeue(pass.soon())))
+        }
+        Step::MarkUnhealthy { addresses, message } => {
+            pass.record_running(&addresses);
+            let already = pass
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == condition::HEALTHY && c.status == "False");
+            if !already {
+                pass.publish(EventType::Warning, "Unhealthy", &message)
+                    .await;
+            }
+            pass.set(condition::HEALTHY, false, "HealthCheckFailed", &message);
+            pass.set(condition::READY, false, "HealthCheckFailed", &message);
+            Ok(Next::Done(Action::requeue(pass.period())))
+        }
+    }
+}
+
+/// Checks the placement, reads the cloud-init input, records the key (so a crash
+/// during the call leaves a trace that an instance may exist), then creates.
+async fn create(pass: &mut Pass<'_>) -> Result<Next> {
+    let provider = pass.provider;
+    provider
+        .validate_placement(placement(&pass.proxy.spec.placement))
+        .await?;
+    let cloud_init = observe::cloud_init(pass.ctx, pass.key, pass.proxy).await?;
+    let key = pass.key.instance_key(pass.status.replacements);
+    pass.status.instance_key = Some(key.clone());
+    pass.save().await?;
+    let request = pb::CreateInstanceRequest {
+        key,
+        name: pass.key.to_string(),
+        tags: HashMap::from([
+            (tags::CLUSTER.to_owned(), pass.ctx.cluster_name.clone()),
+            (tags::NAMESPACE.to_owned(), pass.key.namespace.clone()),
+            (tags::NAME.to_owned(), pass.key.name.clone()),
+            (tags::UID.to_owned(), pass.key.uid.clone()),
+        ]),
+        placement: Some(placement(&pass.proxy.spec.placement)),
+        cloud_init: Some(cloud_init),
+        proxy_port: u32::from(pass.proxy.spec.proxy_port),
+    };
+    let instance = match provider.create(request).await {
+        Ok(instance) => instance,
+        Err(Error::Provider { source, .. }) if source.class == ErrorClass::AlreadyExists => {
+            return replace_stale_attempt(pass).await;
+        }
+        Err(error) => return Err(error),
+    };
+    let replaced = pass
+        .ctx
+        .pending_replacements
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&pass.key.uid);
+    let (reason, note) = match replaced {
+        Some(old) => (
+            "Replaced",
+            format!(
+                "instance {} \u{2192} {} ({}); replacement {}",
+                old.old_id, instance.id, old.cause, pass.status.replacements
+            ),
+        ),
+        None if pass.status.replacements > 0 => (
+            "Replaced",
+            format!(
+                "created instance {} as replacement {}",
+                instance.id, pass.status.replacements
+            ),
+        ),
+        None => (
+            "Created",
+            format!(
+                "created instance {} with provider {}",
+                instance.id,
+                provider.name()
+            ),
+        ),
+    };
+    pass.publish(EventType::Normal, reason, &note).await;
+    pass.status.provider_id = Some(instance.id.clone());
+    pass.status.placement = Some(pass.proxy.spec.placement.clone());
+    let message = format!("instance {} created, waiting for it to run", instance.id);
+    pass.set(condition::READY, false, "Provisioning", &message);
+    pass.save().await?;
+    Ok(Next::Again)
+}
+
+/// Deletes the instance (unless it vanished), forgets it, and says why.
+async fn replace(pass: &mut Pass<'_>, id: String, cause: Cause) -> Result<Next> {
+    if cause.deletes_old() {
+        pass.provider.delete(&id).await?;
+    }
+    let provider = pass.provider.name().to_owned();
+    let (type_, note) = match &cause {
+        Cause::PlacementChanged => (
+            EventType::Normal,
+            format!("placement changed: deleting instance {id} and creating a new one"),
+        ),
+        Cause::Stopped(message) => (
+            EventType::Warning,
+            format!("instance {id} stopped ({message}): replacing it"),
+        ),
+        Cause::Vanished => (
+            EventType::Warning,
+            format!("instance {id} no longer exists at provider {provider}: creating a new one"),
+        ),
+    };
+    pass.publish(type_, cause.reason(), &note).await;
+    forget_instance(pass, &id, cause.describe());
+    if cause == Cause::PlacementChanged {
+        pass.save().await?;
+        return Ok(Next::Again);
+    }
+    pass.set(condition::PROVISIONED, false, cause.reason(), &note);
+    pass.set(condition::READY, false, cause.reason(), &note);
+    Ok(Next::Done(Action::requeue(
+        pass.ctx.replace_backoff.next(&pass.key.uid),
+    )))
+}
+
+/// Our own key is taken by an instance made from an older spec: an earlier Create
+/// whose answer never arrived (timeout, crash) before the spec or its Secret changed.
+/// That instance is ours (tagged with our UID and key): delete it and create anew
+/// under the next key.
+async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
+    let key = pass.status.instance_key.clone().unwrap_or_default();
+    let selector = HashMap::from([
+        (tags::CLUSTER.to_owned(), pass.ctx.cluster_name.clone()),
+        (tags::UID.to_owned(), pass.key.uid.clone()),
+    ]);
+    let stale: Vec<String> = pass
+        .provider
+        .list(&selector)
+        .await?
+        .into_iter()
+        .filter(|i| i.key == key)
+        .map(|i| i.id)
+        .collect();
+    for id in &stale {
+        pass.provider.delete(id).await?;
+    }
+    let stale = stale.join(", ");
+    let reason = "StaleAttemptReplaced";
+    let note = format!(
+        "key {key} belongs to instance {stale} made from an older spec by an unfinished attempt: deleted it, creating a new one"
+    );
+    pass.publish(EventType::Warning, reason, &note).await;
+    forget_instance(pass, &stale, "made from an older spec".into());
+    pass.set(condition::PROVISIONED, false, reason, &note);
+    pass.set(condition::READY, false, reason, &note);
+    Ok(Next::Done(Action::requeue(
+        pass.ctx.replace_backoff.next(&pass.key.uid),
+    )))
+}
+
+/// Forgets the current instance (and its health), so the next pass creates a
+/// replacement under the next key; remembers why for the `Replaced` Event.
+fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
+    let status = &mut pass.status;
+    status.provider_id = None;
+    status.instance_key = None;
+    status.placement = None;
+    status.addresses.clear();
+    status.replacements = status.replacements.saturating_add(1);
+    status.conditions.retain(|c| c.type_ != condition::HEALTHY);
+    let uid = &pass.key.uid;
+    pass.ctx
+        .health_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(uid);
+    pass.ctx
+        .pending_replacements
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            uid.clone(),
+            PendingReplacement {
+                old_id: old_id.to_owned(),
+                cause,
+            },
+        );
+}
+
+fn placement(placement: &Placement) -> pb::Placement {
+    use pb::placement::Location;
+    pb::Placement {
+        location: match (&placement.host, &placement.zone) {
+            (Some(host), _) => Some(Location::Host(host.clone())),
+            (None, Some(zone)) => Some(Location::Zone(zone.clone())),
+            (None, None) => None,
+        },
+        machine_type: placement.machine_type.clone(),
+        image: placement.image.clone(),
+    }
+}
+
+/// An address as the status shows it.
+fn proxy_address(address: &pb::Address) -> ProxyAddress {
+    ProxyAddress {
+        address: address.address.clone(),
+        scope: match address.scope() {
+            pb::AddressScope::External => "External",
+            _ => "Internal",
+        }
+        .into(),
+        family: match address.family() {
+            pb::IpFamily::V6 => "IPv6",
+            _ => "IPv4",
+        }
+        .into(),
+    }
+}
+
+impl Pass<'_> {
+    /// Records a running instance's addresses; it is provisioned.
+    fn record_running(&mut self, addresses: &[pb::Address]) {
+        self.ctx.poll_backoff.reset(&self.key.uid);
+        let mut addresses: Vec<ProxyAddress> = addresses.iter().map(proxy_address).collect();
+        addresses.sort_by(|a, b| {
+            (&a.scope, &a.family, &a.address).cmp(&(&b.scope, &b.family, &b.address))
+        });
+        self.status.addresses = addresses;
+        self.set(condition::PROVISIONED, true, "Running", "");
+    }
+
+    fn period(&self) -> Duration {
+        let check = self.proxy.spec.health_check.clone().unwrap_or_default();
+        Duration::from_secs(u64::from(check.period_seconds))
+    }
+
+    /// The next check while the proxy is coming up or failing below the threshold.
+    fn soon(&self) -> Duration {
+        self.period().min(Duration::from_secs(5))
+    }
+}

@@ -1,0 +1,138 @@
+//! Cleanup of a Proxy being deleted.
+//!
+//! 1. Nothing was ever created for it (no instance id and no instance key recorded:
+//!    the key is recorded before every Create call): the finalizer just goes, without
+//!    asking the provider, which may not even be configured (a mistyped
+//!    `spec.provider`).
+//! 2. Otherwise every instance recorded or tagged with its UID is deleted
+//!    (NOT_FOUND is success), then the finalizer goes.
+//! 3. If its provider is no longer configured, the finalizer stays (the VM would
+//!    leak) until the annotation `egressproxy.dev/abandon-instance: "true"` says to
+//!    leave the VM behind.
+//!
+//! When the finalizer goes, every in-memory entry of the Proxy goes with it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use super::{ABANDON_ANNOTATION, ProxyKey, save, tags};
+use crate::context::Context;
+use crate::crd::{Proxy, ProxyStatus, condition};
+use crate::error::{Error, Result};
+use crate::events::EventType;
+use crate::status::set_condition;
+
+pub(super) async fn cleanup(
+    proxy: &Proxy,
+    key: &ProxyKey,
+    ctx: &Context,
+    api: &Api<Proxy>,
+) -> Result<Action> {
+    let mut status = proxy.status.clone().unwrap_or_default();
+    let outcome = delete_everything(proxy, key, ctx, &status).await;
+    if let Err(error) = &outcome {
+        let message = error.describe();
+        set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            error.reason(),
+            &message,
+            proxy.metadata.generation,
+        );
+        if status.last_error.as_deref() != Some(&message) {
+            ctx.publish(proxy, EventType::Warning, "DeleteFailed", &message)
+                .await;
+        }
+        status.last_error = Some(message);
+    }
+    let mut saved = proxy.status.clone();
+    save(ctx, key, proxy, api, &mut status, &mut saved).await?;
+    if outcome.is_ok() {
+        ctx.forget_state(&key.uid);
+    }
+    outcome
+}
+
+/// Whether an instance may exist for this Proxy.
+fn ever_created(status: &ProxyStatus) -> bool {
+    status.provider_id.is_some() || status.instance_key.is_some()
+}
+
+async fn delete_everything(
+    proxy: &Proxy,
+    key: &ProxyKey,
+    ctx: &Context,
+    status: &ProxyStatus,
+) -> Result<Action> {
+    if !ever_created(status) {
+        tracing::info!(proxy = %key, "no instance was ever created: nothing to delete");
+        return Ok(Action::await_change());
+    }
+    let provider = match ctx.providers.get(&proxy.spec.provider) {
+        Ok(provider) => provider,
+        Err(error) => {
+            if proxy
+                .annotations()
+                .get(ABANDON_ANNOTATION)
+                .is_some_and(|v| v == "true")
+            {
+                let note = format!(
+                    "provider {:?} is not configured; instance {} was left behind as {ABANDON_ANNOTATION} asks",
+                    proxy.spec.provider,
+                    status
+                        .provider_id
+                        .as_deref()
+                        .unwrap_or("(id never recorded)")
+                );
+                ctx.publish(proxy, EventType::Warning, "InstanceAbandoned", &note)
+                    .await;
+                return Ok(Action::await_change());
+            }
+            return Err(match error {
+                Error::ProviderNotConfigured(name) => Error::ProviderGone(name),
+                other => other,
+            });
+        }
+    };
+    let mut ids: BTreeSet<String> = status.provider_id.iter().cloned().collect();
+    let selector = HashMap::from([
+        (tags::CLUSTER.to_owned(), ctx.cluster_name.clone()),
+        (tags::UID.to_owned(), key.uid.clone()),
+    ]);
+    // ListInstances is required: without it an instance created just before a crash
+    // (its id never recorded) could not be found, and the finalizer must not go then.
+    let tagged = provider.list(&selector).await?;
+    ids.extend(tagged.into_iter().map(|instance| instance.id));
+    for id in &ids {
+        provider.delete(id).await?;
+    }
+    if !ids.is_empty() {
+        let note = format!(
+            "deleted instance {}",
+            ids.into_iter().collect::<Vec<_>>().join(", ")
+        );
+        ctx.publish(proxy, EventType::Normal, "Deleted", &note)
+            .await;
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_may_exist_once_a_key_or_id_is_recorded() {
+        let mut status = ProxyStatus::default();
+        assert!(!ever_created(&status));
+        status.instance_key = Some("uid-0".into());
+        assert!(ever_created(&status));
+        status.instance_key = None;
+        status.provider_id = Some("i-1".into());
+        assert!(ever_created(&status));
+    }
+}

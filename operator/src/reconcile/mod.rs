@@ -1,0 +1,275 @@
+//! Reconciling one Proxy, in the style of kube-rs's controller-rs: the finalizer
+//! helper splits apply from cleanup, and apply runs passes of three steps.
+//!
+//! 1. **Resolve** the Proxy's UID, namespace and name once into a [`ProxyKey`]; the
+//!    finalizer `egressproxy.dev/instance` is added before anything is created, so a
+//!    crash never leaks a VM.
+//! 2. **Observe** ([`observe`]): the provider (looked up, contract version checked),
+//!    the recorded instance (GetInstance) and its proxy (the health check), each once.
+//! 3. **Plan** ([`plan::plan`]): a pure function of spec, status and observation to
+//!    one [`Step`]: create, replace (placement changed, stopped, vanished), wait for
+//!    the instance, or record the health check. Its table is in `docs/operator.md`.
+//! 4. **Act** (`act`): perform that step. A Create checks the placement, reads the
+//!    cloud-init Secret, records the key `<uid>-<replacements>` in status, calls
+//!    CreateInstance and records the id; the same key returns the same VM, so a
+//!    crash anywhere is harmless. After a Create (or a placement replacement) the
+//!    pass runs again at once; every other step ends the reconcile with a requeue.
+//!
+//! The phase is never set directly: [`status::phase`] derives it from the conditions
+//! when status is saved, only if it changed.
+//!
+//! Errors become the `Ready` condition's reason, `lastError`, an Event for those a
+//! person must fix, and a retry ([`Retry`]): backoff with jitter, the provider's
+//! quota hint, a slow periodic retry when the cause lies outside the spec, or waiting
+//! for the spec to change. The annotation [`RETRY_ANNOTATION`] (any new value)
+//! retries at once.
+//!
+//! Cleanup (the Proxy is being deleted) is in `cleanup`.
+
+mod act;
+mod cleanup;
+pub mod key;
+pub mod observe;
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+
+pub use self::key::ProxyKey;
+pub use self::plan::Step;
+use crate::context::Context;
+use crate::crd::{Proxy, ProxyStatus};
+use crate::error::{Error, Result, Retry};
+use crate::events::EventType;
+use crate::providers::Provider;
+use crate::status::{self, set_condition};
+
+/// Longest wait a provider's quota hint can impose.
+const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
+/// Most observe → plan → act passes in one reconcile (placement replacement, Create,
+/// then the new instance's first look).
+const MAX_PASSES: usize = 4;
+
+/// The finalizer that guards every Proxy's VM.
+pub const FINALIZER: &str = "egressproxy.dev/instance";
+/// Annotation that lets a Proxy whose provider is gone be deleted, leaving its VM.
+pub const ABANDON_ANNOTATION: &str = "egressproxy.dev/abandon-instance";
+/// Annotation whose every new value retries the Proxy at once (as Flux's
+/// `reconcile.fluxcd.io/requestedAt`): set it to the current time.
+pub const RETRY_ANNOTATION: &str = "egressproxy.dev/reconcile-requested-at";
+/// Tag keys set on every instance.
+pub mod tags {
+    /// The operator's `--cluster-name`.
+    pub const CLUSTER: &str = "egressproxy.dev/cluster";
+    /// The Proxy's namespace.
+    pub const NAMESPACE: &str = "egressproxy.dev/namespace";
+    /// The Proxy's name.
+    pub const NAME: &str = "egressproxy.dev/name";
+    /// The Proxy's UID.
+    pub const UID: &str = "egressproxy.dev/uid";
+}
+
+/// Reconciles one Proxy (the controller's entry point). Its span carries the trace id,
+/// and every provider call made inside it continues the same trace.
+#[tracing::instrument(skip_all, fields(
+    proxy = %proxy.name_any(),
+    namespace = proxy.namespace().unwrap_or_default(),
+    trace_id = tracing::field::Empty,
+))]
+pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciled();
+    record_trace_id();
+    let key = ProxyKey::of(&proxy);
+    let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let result = finalizer(&api, FINALIZER, proxy, |event| async {
+        match event {
+            FinalizerEvent::Apply(proxy) => apply(&proxy, &key, &ctx, &api).await,
+            FinalizerEvent::Cleanup(proxy) => cleanup::cleanup(&proxy, &key, &ctx, &api).await,
+        }
+    })
+    .await
+    .map_err(|error| Error::Finalizer(Box::new(error)));
+    ctx.report_memory();
+    result
+}
+
+/// Records the current OpenTelemetry trace id on the reconcile span (when tracing is
+/// exported), so logs can be matched with traces.
+fn record_trace_id() {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::Span::current();
+    let trace_id = span.context().span().span_context().trace_id();
+    if trace_id != opentelemetry::trace::TraceId::INVALID {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
+}
+
+/// What the controller does when [`reconcile`] fails: back off per object.
+pub fn error_policy(proxy: Arc<Proxy>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(proxy = %proxy.name_any(), error = %error.describe(), "reconcile failed");
+    Action::requeue(ctx.retry_backoff.next(&ProxyKey::of(&proxy).uid))
+}
+
+/// One reconcile's working state: what it acts on, and the status it builds.
+pub(super) struct Pass<'a> {
+    ctx: &'a Context,
+    key: &'a ProxyKey,
+    proxy: &'a Proxy,
+    api: &'a Api<Proxy>,
+    provider: &'a Provider,
+    status: ProxyStatus,
+    /// The status as last written (or read), to skip writes that change nothing.
+    saved: Option<ProxyStatus>,
+}
+
+impl Pass<'_> {
+    /// Sets a condition at the Proxy's generation.
+    fn set(&mut self, type_: &str, value: bool, reason: &str, message: &str) {
+        let generation = self.proxy.metadata.generation;
+        set_condition(
+            &mut self.status.conditions,
+            type_,
+            value,
+            reason,
+            message,
+            generation,
+        );
+    }
+
+    async fn publish(&self, type_: EventType, reason: &str, note: &str) {
+        self.ctx.publish(self.proxy, type_, reason, note).await;
+    }
+
+    /// Writes the status (with its derived phase) if it changed.
+    async fn save(&mut self) -> Result<()> {
+        save(
+            self.ctx,
+            self.key,
+            self.proxy,
+            self.api,
+            &mut self.status,
+            &mut self.saved,
+        )
+        .await
+    }
+}
+
+/// Derives the phase, writes `status` unless it equals `saved`, and records the
+/// phase in the metrics.
+async fn save(
+    ctx: &Context,
+    key: &ProxyKey,
+    proxy: &Proxy,
+    api: &Api<Proxy>,
+    status: &mut ProxyStatus,
+    saved: &mut Option<ProxyStatus>,
+) -> Result<()> {
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
+    status.phase = Some(status::phase(status, deleting));
+    let mut current = proxy.clone();
+    current.status = saved.clone();
+    if status::apply_if_changed(api, &current, status).await? {
+        ctx.metrics.status_written();
+        *saved = Some(status.clone());
+    }
+    ctx.metrics.set_phase(&key.uid, status.phase);
+    Ok(())
+}
+
+async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -> Result<Action> {
+    let mut status = proxy.status.clone().unwrap_or_default();
+    let provider = match observe::provider(ctx, proxy).await {
+        Ok(provider) => provider,
+        Err(error) => {
+            let action = fail(ctx, key, proxy, &mut status, error).await;
+            let mut saved = proxy.status.clone();
+            save(ctx, key, proxy, api, &mut status, &mut saved).await?;
+            return Ok(action);
+        }
+    };
+    let mut pass = Pass {
+        ctx,
+        key,
+        proxy,
+        api,
+        provider,
+        saved: proxy.status.clone(),
+        status,
+    };
+    let outcome = passes(&mut pass).await;
+    pass.status.observed_generation = proxy.metadata.generation;
+    let action = match outcome {
+        Ok(action) => {
+            pass.status.last_error = None;
+            ctx.retry_backoff.reset(&key.uid);
+            action
+        }
+        Err(error) => fail(ctx, key, proxy, &mut pass.status, error).await,
+    };
+    pass.save().await?;
+    Ok(action)
+}
+
+/// Observe → plan → act until a step ends the reconcile.
+async fn passes(pass: &mut Pass<'_>) -> Result<Action> {
+    for _ in 0..MAX_PASSES {
+        let observation =
+            observe::observe(pass.ctx, pass.key, pass.proxy, &pass.status, pass.provider).await?;
+        let step = plan::plan(&pass.proxy.spec, &pass.status, &observation);
+        tracing::debug!(proxy = %pass.key, ?step, "planned");
+        if let act::Next::Done(action) = act::act(pass, step).await? {
+            return Ok(action);
+        }
+    }
+    Ok(Action::requeue(pass.ctx.poll_backoff.next(&pass.key.uid)))
+}
+
+/// Records a failed reconcile in `status` and says when to retry.
+async fn fail(
+    ctx: &Context,
+    key: &ProxyKey,
+    proxy: &Proxy,
+    status: &mut ProxyStatus,
+    error: Error,
+) -> Action {
+    let message = error.describe();
+    tracing::warn!(proxy = %key, error = %message, "reconcile step failed");
+    ctx.metrics.failed(error.class_label());
+    status.observed_generation = proxy.metadata.generation;
+    // A transient blip while the proxy serves does not make it unready: the VM and
+    // its proxy still work; lastError says what failed.
+    let serving =
+        status::is_true(&status.conditions, crate::crd::condition::READY) && !error.is_permanent();
+    if !serving {
+        set_condition(
+            &mut status.conditions,
+            crate::crd::condition::READY,
+            false,
+            error.reason(),
+            &message,
+            proxy.metadata.generation,
+        );
+    }
+    if error.needs_a_person() && status.last_error.as_deref() != Some(&message) {
+        ctx.publish(proxy, EventType::Warning, error.reason(), &message)
+            .await;
+    }
+    status.last_error = Some(message);
+    match error.retry() {
+        Retry::Backoff => Action::requeue(ctx.retry_backoff.next(&key.uid)),
+        // A provider's hint, kept within what our own backoff would allow.
+        Retry::After(hint) => Action::requeue(ctx.retry_backoff.next_after_hint(
+            &key.uid,
+            hint,
+            MAX_QUOTA_WAIT,
+        )),
+        Retry::Slowly => Action::requeue(ctx.permanent_retry),
+        Retry::OnSpecChange => Action::await_change(),
+    }
+}

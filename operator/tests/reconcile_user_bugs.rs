@@ -1,0 +1,414 @@
+//! What a `kubectl` user met in the reconcile, each against a real kube-apiserver and
+//! the reference provider as a separate process: metrics and memory after deletes,
+//! Events of replacements, deleting a Proxy with a mistyped provider, a missing
+//! Secret's Event, and the ways back from a provider-side permanent error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
+use egressproxy_integration::reference_provider::ReferenceProvider;
+use egressproxy_operator::context::Context;
+use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_provider::pb;
+use egressproxy_provider::pb::reference::v1::{
+    self as control, control_service_client::ControlServiceClient,
+};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const WAIT: Duration = Duration::from_secs(40);
+
+struct Harness {
+    env: KubeTestEnv,
+    provider: ReferenceProvider,
+    ctx: Arc<Context>,
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Harness {
+    /// A controller watching its own namespace; `permanent_retry` sets the slow retry.
+    async fn start(test: &str, permanent_retry: Option<Duration>) -> Harness {
+        let env = KubeTestEnv::new(test).await.unwrap();
+        apply_crds_yaml(&env.client, CRD).await.unwrap();
+        let provider = ReferenceProvider::start(&["--provisioning-delay", "100ms"]).unwrap();
+        let config = ProvidersConfig::parse(&format!(
+            "providers:\n  reference:\n    endpoint: {}\n    callTimeout: 5s\n",
+            provider.endpoint()
+        ))
+        .unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let mut ctx = Context::new(
+            env.client.clone(),
+            Providers::new(config, metrics.clone()),
+            format!("test-{}", env.namespace),
+            metrics,
+        );
+        if let Some(every) = permanent_retry {
+            ctx.permanent_retry = every;
+        }
+        let ctx = Arc::new(ctx);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(egressproxy_operator::controller::run(
+            ctx.clone(),
+            env.namespaced(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        // Every instance reports 127.0.0.1: one listener answers every health check.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        Harness {
+            env,
+            provider,
+            ctx,
+            port,
+            stop: Some(stop),
+        }
+    }
+
+    fn proxies(&self) -> Api<Proxy> {
+        self.env.namespaced()
+    }
+
+    async fn create(&self, name: &str, provider: &str) {
+        let proxy: Proxy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "egressproxy.dev/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {"name": name},
+            "spec": {
+                "provider": provider,
+                "placement": {"machineType": "small", "image": "debian-12"},
+                "proxyPort": self.port,
+                "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
+            },
+        }))
+        .unwrap();
+        self.proxies()
+            .create(&PostParams::default(), &proxy)
+            .await
+            .unwrap();
+    }
+
+    async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Proxy) -> bool) -> Proxy {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let proxy = self.proxies().get(name).await.unwrap();
+            if check(&proxy) {
+                return proxy;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:#?}",
+                proxy.status
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_phase(&self, name: &str, phase: Phase) -> Proxy {
+        self.wait_for(name, &format!("{phase:?}"), |p| {
+            p.status.as_ref().and_then(|s| s.phase) == Some(phase)
+        })
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + WAIT;
+        while self.proxies().get_opt(name).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "{name} was never deleted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `(reason, note)` of every Event about `name`.
+    async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = self.env.namespaced();
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn wait_event(&self, name: &str, check: impl Fn(&str, &str) -> bool, what: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let events = self.events(name).await;
+            if events.iter().any(|(r, n)| check(r, n)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no {what} Event: {events:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn control(&self) -> ControlServiceClient<tonic::transport::Channel> {
+        ControlServiceClient::connect(self.provider.endpoint().to_owned())
+            .await
+            .unwrap()
+    }
+
+    async fn fail_next_create(&self, message: &str) {
+        self.control()
+            .await
+            .inject_fault(control::InjectFaultRequest {
+                method: "CreateInstance".into(),
+                count: Some(1),
+                effect: Some(control::inject_fault_request::Effect::Fail(
+                    control::ErrorClass::Permanent.into(),
+                )),
+                message: message.into(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn provider_id(proxy: &Proxy) -> Option<String> {
+    proxy.status.as_ref()?.provider_id.clone()
+}
+
+/// The value of every sample of metric `name` in the text, by its labels.
+fn samples(text: &str, name: &str) -> Vec<(String, i64)> {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+        .filter_map(|line| {
+            let (labels, value) = line.rsplit_once(' ')?;
+            Some((labels[name.len()..].to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn deleted_proxies_leave_the_metrics_and_every_in_memory_map() {
+    let h = Harness::start("forget", None).await;
+    let names = ["a", "b", "c"];
+    for name in names {
+        h.create(name, "reference").await;
+    }
+    // One Proxy that failed (its backoff and Event cache have entries too).
+    h.create("typo", "no-such-provider").await;
+    for name in names {
+        h.wait_phase(name, Phase::Ready).await;
+    }
+    h.wait_phase("typo", Phase::Failed).await;
+    let text = h.ctx.metrics.encode();
+    assert!(
+        samples(&text, "egressproxy_proxies").contains(&("{phase=\"Ready\"}".into(), 3)),
+        "{text}"
+    );
+
+    for name in names.into_iter().chain(["typo"]) {
+        h.proxies()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in names.into_iter().chain(["typo"]) {
+        h.wait_gone(name).await;
+    }
+    // The Delete watch event forgets too; wait for it rather than for time.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = h.ctx.metrics.encode();
+        let phases = samples(&text, "egressproxy_proxies");
+        let tracked = samples(&text, "egressproxy_tracked_proxies");
+        let leftovers: Vec<_> = phases
+            .iter()
+            .chain(&tracked)
+            .filter(|(_, value)| *value != 0)
+            .collect();
+        if leftovers.is_empty() && !tracked.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "0 Proxies exist, yet the metrics keep {leftovers:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for backoff in [
+        &h.ctx.retry_backoff,
+        &h.ctx.poll_backoff,
+        &h.ctx.replace_backoff,
+    ] {
+        assert_eq!(backoff.len(), 0);
+    }
+}
+
+#[tokio::test]
+async fn every_replacement_is_an_event_naming_the_new_instance() {
+    let h = Harness::start("replaced", None).await;
+    h.create("egress", "reference").await;
+    let mut ids = vec![provider_id(&h.wait_phase("egress", Phase::Ready).await).unwrap()];
+    for _ in 0..3 {
+        let old = ids.last().unwrap().clone();
+        h.control()
+            .await
+            .set_instance_state(control::SetInstanceStateRequest {
+                id: old.clone(),
+                state: pb::InstanceState::Stopped.into(),
+            })
+            .await
+            .unwrap();
+        let replaced = h
+            .wait_for("egress", "a Ready replacement", |p| {
+                provider_id(p).is_some_and(|id| id != old)
+                    && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
+            })
+            .await;
+        ids.push(provider_id(&replaced).unwrap());
+    }
+    h.wait_event(
+        "egress",
+        |reason, note| reason == "Created" && note.contains(&ids[0]),
+        "Created with the first id",
+    )
+    .await;
+    for pair in ids.windows(2) {
+        let (old, new) = (&pair[0], &pair[1]);
+        h.wait_event(
+            "egress",
+            |reason, note| {
+                reason == "Replaced"
+                    && note.contains(&format!("{old} \u{2192} {new}"))
+                    && note.contains("stopped")
+            },
+            &format!("Replaced {old} -> {new}"),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_proxy_with_a_mistyped_provider_is_deleted_without_an_annotation() {
+    let h = Harness::start("typo", None).await;
+    h.create("egress", "refrence").await;
+    let failed = h.wait_phase("egress", Phase::Failed).await;
+    let status = failed.status.unwrap();
+    assert!(
+        status.last_error.unwrap().contains("refrence"),
+        "the error names the provider"
+    );
+    assert_eq!(status.instance_key, None, "nothing was ever created");
+    h.proxies()
+        .delete("egress", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_gone("egress").await;
+}
+
+#[tokio::test]
+async fn a_missing_cloud_init_secret_is_an_event() {
+    let h = Harness::start("secret-event", None).await;
+    let proxy: Proxy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "egress"},
+        "spec": {
+            "provider": "reference",
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "cloudInit": {"userDataSecretRef": {"name": "absent", "key": "user-data"}},
+        },
+    }))
+    .unwrap();
+    h.proxies()
+        .create(&PostParams::default(), &proxy)
+        .await
+        .unwrap();
+    h.wait_event(
+        "egress",
+        |reason, note| reason == "CloudInitSecretUnavailable" && note.contains("absent"),
+        "CloudInitSecretUnavailable",
+    )
+    .await;
+    let waiting = h.proxies().get("egress").await.unwrap();
+    assert_eq!(waiting.status.unwrap().phase, Some(Phase::Pending));
+}
+
+#[tokio::test]
+async fn a_provider_side_permanent_error_is_retried_slowly_until_fixed() {
+    let h = Harness::start("slow-retry", Some(Duration::from_secs(2))).await;
+    h.fail_next_create("image checksum mismatch in the agent's config")
+        .await;
+    h.create("egress", "reference").await;
+    let failed = h.wait_phase("egress", Phase::Failed).await;
+    assert!(
+        failed
+            .status
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("checksum mismatch")
+    );
+    // The fault was used up: the agent's config is fixed. No spec change follows.
+    h.wait_phase("egress", Phase::Ready).await;
+}
+
+#[tokio::test]
+async fn the_retry_annotation_retries_a_failed_proxy_at_once() {
+    let h = Harness::start("retry-now", None).await;
+    h.fail_next_create("image URL answered 404").await;
+    h.create("egress", "reference").await;
+    h.wait_phase("egress", Phase::Failed).await;
+    let retry = serde_json::json!({"metadata": {"annotations": {
+        "egressproxy.dev/reconcile-requested-at": "2026-11-30T12:00:00Z"
+    }}});
+    h.proxies()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&retry))
+        .await
+        .unwrap();
+    // The default slow retry is minutes away: only the annotation can make it Ready.
+    h.wait_phase("egress", Phase::Ready).await;
+}
+
+#[tokio::test]
+async fn an_exact_repeat_joins_its_series_and_a_new_note_is_a_new_event() {
+    use egressproxy_operator::events::EventType;
+    let h = Harness::start("series", None).await;
+    h.create("egress", "refrence").await;
+    let proxy = h.wait_phase("egress", Phase::Failed).await;
+    for note in ["instance a", "instance a", "instance b"] {
+        h.ctx
+            .publish(&proxy, EventType::Normal, "Probe", note)
+            .await;
+    }
+    let events: Api<Event> = h.env.namespaced();
+    let mut probes: Vec<(String, i32)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Probe"))
+        .map(|e| {
+            let count = e.series.map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), count)
+        })
+        .collect();
+    probes.sort();
+    assert_eq!(
+        probes,
+        [("instance a".to_owned(), 2), ("instance b".to_owned(), 1)]
+    );
+}
