@@ -2,7 +2,9 @@
 //! guest image, its squid proxies a request inside the test's network namespace, one
 //! trace runs from the operator's reconcile into the agent's libvirt calls, and
 //! deleting the Proxy leaves no domain, overlay, seed or NVRAM (the cached base stays).
-//! At the end, nothing of the run is left on the machine.
+//! At the end, nothing of the run is left on the machine, and no secret of the run (the
+//! Proxy's user-data, taken from a Secret, and the credentials in the agent's image URL)
+//! appears in a log, a span or an Event.
 //!
 //! Needs root (network namespace, useradd, debootstrap on a cold image cache), the
 //! system packages of `integration/tools/install-system-packages.sh`, the Go-built
@@ -13,15 +15,18 @@ use std::time::{Duration, Instant};
 
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
-use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, Stack};
+use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack};
 
 const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
 /// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
 const READY_WITHIN: Duration = Duration::from_secs(600);
 const PROXY: &str = "web";
+const USER_DATA_SECRET: &str = "web-user-data";
 
-/// The sample Proxy, renamed and pointed at this stack's names and target.
-fn proxy_manifest(stack: &Stack) -> (String, String) {
+/// The sample Proxy, renamed and pointed at this stack's names and target, with its
+/// user-data moved into a Secret (applied first in the same manifest) and a unique
+/// marker added to it; and the `visible_hostname` the user-data sets.
+fn proxy_manifest(stack: &Stack, marker: &str) -> (String, String) {
     let mut proxy: serde_norway::Value = serde_norway::from_str(SAMPLE).unwrap();
     proxy["metadata"]["name"] = PROXY.into();
     proxy["spec"]["provider"] = PROVIDER.into();
@@ -41,7 +46,22 @@ fn proxy_manifest(stack: &Stack) -> (String, String) {
         .expect("the sample's user-data sets visible_hostname")
         .trim()
         .to_owned();
-    (serde_norway::to_string(&proxy).unwrap(), visible_hostname)
+    let user_data = format!("{user_data}\n# {marker}\n");
+    proxy["spec"]["cloudInit"] = serde_norway::from_str(&format!(
+        "userDataSecretRef: {{name: {USER_DATA_SECRET}, key: user-data}}"
+    ))
+    .unwrap();
+    let mut secret: serde_norway::Value = serde_norway::from_str(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {USER_DATA_SECRET}}}\nstringData: {{}}\n"
+    ))
+    .unwrap();
+    secret["stringData"]["user-data"] = user_data.into();
+    let manifest = format!(
+        "{}---\n{}",
+        serde_norway::to_string(&secret).unwrap(),
+        serde_norway::to_string(&proxy).unwrap()
+    );
+    (manifest, visible_hostname)
 }
 
 fn jsonpath(stack: &Stack, path: &str) -> String {
@@ -80,8 +100,47 @@ fn trace_with(spans: &[ReceivedSpan], name: &str) -> Option<(Vec<ReceivedSpan>, 
     Some((trace, chain))
 }
 
+/// Where each of `secrets` appears in `places` (name, text): `secret in name` lines.
+fn secrets_shown(secrets: &[&str], places: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, text) in places {
+        for secret in secrets {
+            if text.contains(secret) {
+                found.push(format!("{secret} in {name}"));
+            }
+        }
+    }
+    found
+}
+
+/// Every log the stack keeps, every span the receiver got (attributes and events), the
+/// namespace's Events, and (while it exists) the Proxy as `kubectl get -o yaml` shows it.
+fn observable_output(stack: &Stack, proxy_yaml: &str) -> Vec<(String, String)> {
+    let mut places = Vec::new();
+    for entry in std::fs::read_dir(stack.dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".log") || name == SPANS_FILE {
+            places.push((name, std::fs::read_to_string(&path).unwrap_or_default()));
+        }
+    }
+    for span in stack.spans.spans() {
+        places.push((
+            format!("span {}:{}", span.service, span.name),
+            format!("{:?} {:?}", span.attributes, span.events),
+        ));
+    }
+    places.push((
+        "Events".into(),
+        stack.kubectl(&["get", "events", "-o", "yaml"]).unwrap(),
+    ));
+    places.push(("the Proxy".into(), proxy_yaml.to_owned()));
+    places
+}
+
 async fn scenario(stack: &Stack) {
-    let (manifest, visible_hostname) = proxy_manifest(stack);
+    let marker = format!("user-data-secret-{}", uuid::Uuid::new_v4().simple());
+    let (manifest, visible_hostname) = proxy_manifest(stack, &marker);
     let started = Instant::now();
     stack.kubectl_apply(&manifest).unwrap();
 
@@ -151,6 +210,9 @@ async fn scenario(stack: &Stack) {
         [PROXY, "Ready", PROVIDER, &address, "True"],
         "{table}"
     );
+    let proxy_yaml = stack
+        .kubectl(&["get", "proxy", PROXY, "-o", "yaml"])
+        .unwrap();
     let instance = jsonpath(stack, "{.status.providerId}");
     assert!(!instance.is_empty(), "the status names the instance");
     let events = stack
@@ -243,6 +305,29 @@ async fn scenario(stack: &Stack) {
         "no NVRAM is left"
     );
     eprintln!("e2e: image downloads: {}", stack.images.downloads());
+
+    // 7. No secret of the run was shown anywhere. The markers are checked against what
+    // holds them, so a search that finds nothing proves something.
+    let password = stack.images.password();
+    let agent_config = std::fs::read_to_string(stack.dir().join("kvm-agent.yaml")).unwrap();
+    assert!(
+        agent_config.contains(password),
+        "the agent's image URL has the password"
+    );
+    assert!(
+        stack.images.downloads() >= 1,
+        "the image was fetched with its credentials"
+    );
+    let places = observable_output(stack, &proxy_yaml);
+    assert!(
+        places
+            .iter()
+            .any(|(name, text)| name == "kvm-agent.log" && text.contains("listening on")),
+        "the agent's log was read: {:?}",
+        places.iter().map(|(name, _)| name).collect::<Vec<_>>()
+    );
+    let shown = secrets_shown(&[&marker, password], &places);
+    assert!(shown.is_empty(), "secrets shown: {shown:?}");
 }
 
 fn log_tails(stack: &Stack) -> String {

@@ -1,7 +1,9 @@
 //! The two HTTP servers of the end-to-end stack.
 //!
 //! - [`ImageServer`]: serves the guest image to the agent on the host's loopback, as
-//!   an image mirror would, and counts the downloads (a warm run downloads nothing).
+//!   a private image mirror would: only with basic-auth credentials that are unique to
+//!   the server (so a test can look for them where they must not appear), and counts
+//!   the downloads (a warm run downloads nothing).
 //! - [`TargetServer`]: what a proxied request reaches, listening inside the test's
 //!   network namespace on the NAT network's gateway address, where the guests' squid can
 //!   connect. It answers with a fixed body and remembers each request's `Via` header.
@@ -17,6 +19,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::get;
+use base64::Engine;
 use tokio::task::JoinHandle;
 
 use super::netns::bind_tcp_in;
@@ -37,10 +40,15 @@ fn serve(
     }))
 }
 
-/// Serves one file at `http://127.0.0.1:PORT/NAME`; stops when dropped.
+/// The user name [`ImageServer`] asks for.
+pub const IMAGE_USER: &str = "mirror";
+
+/// Serves one file at `http://127.0.0.1:PORT/NAME` to requests with its basic-auth
+/// credentials (401 otherwise); stops when dropped.
 #[derive(Debug)]
 pub struct ImageServer {
     url: String,
+    password: String,
     downloads: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
@@ -61,27 +69,54 @@ impl ImageServer {
         let body = Bytes::from(std::fs::read(path)?);
         let downloads = Arc::new(AtomicUsize::new(0));
         let counter = downloads.clone();
+        let password = format!("image-password-{}", uuid::Uuid::new_v4().simple());
+        let authorization = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{IMAGE_USER}:{password}"))
+        );
         let app = Router::new().route(
             &format!("/{name}"),
-            get(move || {
-                counter.fetch_add(1, Ordering::Relaxed);
+            get(move |headers: HeaderMap| {
+                let authorized = headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .is_some_and(|value| value.as_bytes() == authorization.as_bytes());
+                if authorized {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
                 let body = body.clone();
-                async move { throttled(body, bytes_per_second) }
+                async move {
+                    if authorized {
+                        axum::http::Response::new(throttled(body, bytes_per_second))
+                    } else {
+                        let mut refused = axum::http::Response::new(axum::body::Body::empty());
+                        *refused.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+                        refused
+                    }
+                }
             }),
         );
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let url = format!("http://{}/{name}", listener.local_addr()?);
+        let url = format!(
+            "http://{IMAGE_USER}:{password}@{}/{name}",
+            listener.local_addr()?
+        );
         let task = serve(runtime, listener, app)?;
         Ok(Self {
             url,
+            password,
             downloads,
             task,
         })
     }
 
-    /// The file's URL.
+    /// The file's URL, with the credentials in it (`http://USER:PASSWORD@…`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The password in [`ImageServer::url`]: a secret that must never be shown.
+    pub fn password(&self) -> &str {
+        &self.password
     }
 
     /// How many times the file was requested.

@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use tokio::task::JoinHandle;
 
 /// One received span, flattened.
@@ -37,6 +37,17 @@ pub struct ReceivedSpan {
     /// End, nanoseconds since the Unix epoch.
     pub end_unix_nano: u64,
     /// Attributes whose values are strings, numbers or booleans, as text.
+    pub attributes: BTreeMap<String, String>,
+    /// The span's events (a `tracing` event inside a span becomes one), in order.
+    pub events: Vec<ReceivedEvent>,
+}
+
+/// One event of a [`ReceivedSpan`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReceivedEvent {
+    /// The event's name (for a `tracing` event: its message).
+    pub name: String,
+    /// Attributes as in [`ReceivedSpan::attributes`].
     pub attributes: BTreeMap<String, String>,
 }
 
@@ -73,10 +84,14 @@ impl TraceService for Store {
                         name: span.name,
                         start_unix_nano: span.start_time_unix_nano,
                         end_unix_nano: span.end_time_unix_nano,
-                        attributes: span
-                            .attributes
+                        attributes: attributes_text(&span.attributes),
+                        events: span
+                            .events
                             .iter()
-                            .filter_map(|kv| Some((kv.key.clone(), value_text(kv.value.as_ref()?))))
+                            .map(|event| ReceivedEvent {
+                                name: event.name.clone(),
+                                attributes: attributes_text(&event.attributes),
+                            })
                             .collect(),
                     });
                 }
@@ -103,6 +118,13 @@ impl TraceService for Store {
             .extend(received);
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
+}
+
+fn attributes_text(attributes: &[KeyValue]) -> BTreeMap<String, String> {
+    attributes
+        .iter()
+        .filter_map(|kv| Some((kv.key.clone(), value_text(kv.value.as_ref()?))))
+        .collect()
 }
 
 fn value_text(value: &AnyValue) -> String {

@@ -223,7 +223,11 @@ impl Stack {
             .args(["serve", "--config"])
             .arg(self.agent_config())
             .args(["--listen", &format!("127.0.0.1:{}", self.agent_port)])
-            .env("RUST_LOG", "info")
+            // Debug for the agent's own code: a secret must not leak at any level.
+            .env(
+                "RUST_LOG",
+                "info,kvm_agent=debug,egressproxy_provider=debug",
+            )
             .env("KVM_AGENT_RUNTIME_DIR", self.dir.path());
         self.otel_env(&mut command);
         let log = self.dir.path().join("kvm-agent.log");
@@ -242,7 +246,7 @@ impl Stack {
         let namespace = &self.kube.namespace;
         command
             .env("KUBECONFIG", self.kube.apiserver().kubeconfig_path())
-            .env("RUST_LOG", "info,kube=warn")
+            .env("RUST_LOG", "info,kube=warn,egressproxy_operator=debug")
             .args(["--cluster-name", &format!("e2e-{namespace}")])
             .args(["--namespace", namespace, "--lease-namespace", namespace])
             .arg("--providers")
