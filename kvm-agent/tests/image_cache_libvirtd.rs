@@ -21,7 +21,6 @@ use kvm_agent::libvirt::naming::base_volume;
 use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
 use kvm_agent::transport::call::LibvirtOp;
 use kvm_agent::transport::pool::{HostPool, Pool};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -73,11 +72,35 @@ fn run(program: &str, args: &[&str], paths: &[&Path]) {
     assert!(out.status.success(), "{program}: {out:?}");
 }
 
+/// The expected digest comes from coreutils' `sha256sum`, so the test does not trust
+/// any hashing or hex code of the agent, nor of its own.
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&input).unwrap());
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(out.status.success(), "sha256sum: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let digest = text.split_whitespace().next().unwrap().to_owned();
+    assert_eq!(digest.len(), 64, "sha256sum printed {text:?}");
+    digest
+}
+
+#[test]
+fn the_expected_digests_come_from_sha256sum() {
+    // The digest of "abc" as printed by `printf abc | sha256sum`.
+    assert_eq!(
+        sha256_hex(b"abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
 }
 
 /// How the server answers a path.
