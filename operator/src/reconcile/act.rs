@@ -275,8 +275,12 @@ impl Pass<'_> {
     fn record_running(&mut self, addresses: &[pb::Address]) {
         self.ctx.poll_backoff.reset(&self.key.uid);
         let mut addresses: Vec<ProxyAddress> = addresses.iter().map(proxy_address).collect();
+        // A stable order (so an unchanged instance writes no status), internal
+        // addresses first: the `Address` column shows the one clients should use.
         addresses.sort_by(|a, b| {
-            (&a.scope, &a.family, &a.address).cmp(&(&b.scope, &b.family, &b.address))
+            let rank =
+                |p: &ProxyAddress| (p.scope != "Internal", p.family.clone(), p.address.clone());
+            rank(a).cmp(&rank(b))
         });
         self.status.addresses = addresses;
         self.set(condition::PROVISIONED, true, "Running", "");

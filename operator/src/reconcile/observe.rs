@@ -77,11 +77,7 @@ pub async fn observe(
         });
     };
     let health = if instance.state() == pb::InstanceState::Running {
-        match instance
-            .addresses
-            .first()
-            .and_then(|a| a.address.parse::<IpAddr>().ok())
-        {
+        match probe_address(&instance.addresses) {
             Some(ip) => {
                 let check = proxy.spec.health_check.clone().unwrap_or_default();
                 let address = SocketAddr::new(ip, proxy.spec.proxy_port);
@@ -162,4 +158,62 @@ pub async fn cloud_init(ctx: &Context, key: &ProxyKey, proxy: &Proxy) -> Result<
         user_data,
         vendor_data: spec.vendor_data.clone().map(String::into_bytes),
     })
+}
+
+/// The address the proxy is checked at, as the contract tells callers to choose: the
+/// first usable `INTERNAL` address, and an `EXTERNAL` one only when there is none. An
+/// external address is often not reachable from inside the cluster, where the operator
+/// and the proxy's clients run.
+pub(crate) fn probe_address(addresses: &[pb::Address]) -> Option<IpAddr> {
+    let usable = |internal: bool| {
+        addresses
+            .iter()
+            .filter(move |a| (a.scope() != pb::AddressScope::External) == internal)
+            .find_map(|a| a.address.parse::<IpAddr>().ok())
+    };
+    usable(true).or_else(|| usable(false))
+}
+
+#[cfg(test)]
+mod probe_address_tests {
+    use super::*;
+
+    fn address(ip: &str, scope: pb::AddressScope) -> pb::Address {
+        let mut address = pb::Address {
+            address: ip.to_owned(),
+            ..pb::Address::default()
+        };
+        address.set_scope(scope);
+        address
+    }
+
+    #[test]
+    fn an_internal_address_wins_over_an_external_one_listed_first() {
+        let addresses = [
+            address("203.0.113.7", pb::AddressScope::External),
+            address("10.0.0.7", pb::AddressScope::Internal),
+        ];
+        assert_eq!(probe_address(&addresses), Some("10.0.0.7".parse().unwrap()));
+    }
+
+    #[test]
+    fn an_external_address_is_used_when_there_is_no_internal_one() {
+        let addresses = [
+            address("not-an-ip", pb::AddressScope::Internal),
+            address("203.0.113.7", pb::AddressScope::External),
+        ];
+        assert_eq!(
+            probe_address(&addresses),
+            Some("203.0.113.7".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn no_usable_address_is_none() {
+        assert_eq!(probe_address(&[]), None);
+        assert_eq!(
+            probe_address(&[address("", pb::AddressScope::Internal)]),
+            None
+        );
+    }
 }
