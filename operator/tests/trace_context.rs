@@ -56,32 +56,46 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
     })
     .await;
 
-    tracer_provider.force_flush().unwrap();
-    let spans = exporter.get_finished_spans().unwrap();
-    let reconciles: Vec<_> = spans.iter().filter(|s| s.name == "reconcile").collect();
-    assert!(!reconciles.is_empty(), "no reconcile span exported");
-    let create = spans
-        .iter()
-        .find(|s| {
+    // The reconcile that reached Ready may still be finishing (a span is exported when
+    // it ends): wait until the CreateInstance span's whole ancestry has been exported.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (create, client, parent) = loop {
+        tracer_provider.force_flush().unwrap();
+        let spans = exporter.get_finished_spans().unwrap();
+        let create = spans.iter().find(|s| {
             s.name == "grpc.request"
                 && s.attributes
                     .iter()
                     .any(|kv| kv.value.as_str().ends_with("/CreateInstance"))
-        })
-        .expect("the provider's CreateInstance span");
-    let client = spans
-        .iter()
-        .find(|s| s.span_context.span_id() == create.parent_span_id)
-        .expect("CreateInstance's parent is exported");
+        });
+        let client = create.and_then(|create| {
+            spans
+                .iter()
+                .find(|s| s.span_context.span_id() == create.parent_span_id)
+        });
+        let parent = client.and_then(|client| {
+            spans.iter().find(|s| {
+                s.name == "reconcile" && s.span_context.span_id() == client.parent_span_id
+            })
+        });
+        if let (Some(create), Some(client), Some(parent)) = (create, client, parent) {
+            break (create.clone(), client.clone(), parent.clone());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no exported chain reconcile → client span → CreateInstance: found the provider's \
+             span: {}, its parent: {}, a reconcile parent of that: {}",
+            create.is_some(),
+            client.is_some(),
+            parent.is_some()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
         client.name, "egressproxy.provider.v1.Provider/CreateInstance",
         "the provider's span is a child of the operator's client span for the call"
     );
     assert_eq!(client.span_kind, opentelemetry::trace::SpanKind::Client);
-    let parent = reconciles
-        .iter()
-        .find(|r| r.span_context.span_id() == client.parent_span_id)
-        .expect("the client span's parent is a reconcile span");
     assert_eq!(
         create.span_context.trace_id(),
         parent.span_context.trace_id()

@@ -1,10 +1,10 @@
 //! The NoCloud seed of an instance: an ISO 9660 image labelled `cidata` holding
 //! `meta-data`, `user-data` and, when there is any, `vendor-data`.
 //!
-//! Built in memory ([`crate::guest::iso9660`]): the agent's root filesystem is read-only
-//! (lesson 11), and the image is small (the documents are limited to 64 KiB each). It is
-//! rebuilt and re-uploaded on every Create attempt before the domain exists, never
-//! reused (lesson 6): a cancelled Create may have left a truncated one.
+//! Built in memory ([`crate::guest::iso9660`]): the agent runs in containers with a
+//! read-only root filesystem, and the image is small (the documents are limited to
+//! 64 KiB each). It is rebuilt and re-uploaded on every Create attempt before the domain
+//! exists, never reused: a cancelled Create may have left a truncated one.
 //!
 //! `meta-data` carries the `instance-id` (the key: cloud-init runs its once-per-instance
 //! modules again only when it changes) and the `local-hostname`.
