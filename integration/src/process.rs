@@ -235,3 +235,32 @@ pub fn wait_until(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Spawns a server `command` that prints `listening on ADDRESS` as its first stdout line
+/// (the reference provider, `kvm-agent serve`, the Python example provider) and returns
+/// the child with that address. A thread keeps draining stdout afterwards, so the
+/// server never meets a closed pipe; the first line must come within 30 s, and a
+/// server that prints anything else is killed and reported as `what`.
+pub fn spawn_listening(command: &mut Command, what: &str) -> anyhow::Result<(Child, String)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawn {what}"))?;
+    let stdout = child.stdout.take().context("the server's stdout")?;
+    let (first_line, line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
+        for _ in lines {}
+    });
+    let line = line
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_default();
+    let Some(address) = line.trim().strip_prefix("listening on ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("{what} did not start (first line: {line:?}); see its stderr above");
+    };
+    Ok((child, address.to_owned()))
+}

@@ -2,11 +2,12 @@
 //! a provider: spawned from the workspace's `reference-provider` binary on a free
 //! loopback port, killed when dropped (also while a test unwinds).
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, bail};
+
+use crate::process::spawn_listening;
 
 /// Path of a binary built from this workspace (`cargo test --workspace` and
 /// `cargo build --workspace` put them next to the test executables' `deps/` dir).
@@ -49,31 +50,14 @@ impl ReferenceProvider {
     /// Like [`ReferenceProvider::start`], on a given `listen` address.
     pub fn start_at(listen: &str, args: &[&str]) -> anyhow::Result<Self> {
         let binary = workspace_binary("reference-provider")?;
-        let mut child = Command::new(&binary)
-            .args(["--listen", listen])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("spawn {}", binary.display()))?;
-        // A thread reads the address line, then keeps draining stdout so the provider
-        // never meets a closed pipe; the first line must come within 30 s.
-        let stdout = child.stdout.take().context("reference-provider stdout")?;
-        let (first_line, line) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
-            for _ in lines {}
-        });
-        let line = line
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .unwrap_or_default();
-        let Some(address) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("reference-provider did not start (first line: {line:?}); see its stderr above");
-        };
+        let (child, address) = spawn_listening(
+            Command::new(&binary)
+                .args(["--listen", listen])
+                .args(args)
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit()),
+            "reference-provider",
+        )?;
         Ok(ReferenceProvider {
             endpoint: format!("http://{address}"),
             child,

@@ -3,11 +3,11 @@
 //! passes every conformance check; and the `provider-conformance` binary's options and
 //! exit statuses work as documented, also with a provider that loops its page tokens.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
 use egressproxy_integration::tools;
 
@@ -40,29 +40,15 @@ fn start_python_provider() -> PythonProvider {
         .status()
         .unwrap();
     assert!(status.success(), "generate.sh failed");
-    let mut child = Command::new(&python)
-        .arg(example_dir().join("provider.py"))
-        .args(["--listen", "127.0.0.1:0", "--generated"])
-        .arg(generated.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (first_line, line) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
-        for _ in lines {}
-    });
-    let line = line
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_default();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("the Python provider did not start: {line:?}"))
-        .to_owned();
+    let (child, address) = spawn_listening(
+        Command::new(&python)
+            .arg(example_dir().join("provider.py"))
+            .args(["--listen", "127.0.0.1:0", "--generated"])
+            .arg(generated.path())
+            .stderr(Stdio::inherit()),
+        "the Python provider",
+    )
+    .unwrap();
     PythonProvider {
         child,
         endpoint: format!("http://{address}"),

@@ -3,10 +3,9 @@
 //! ErrorInfo, never as RESOURCE_EXHAUSTED from an oversized status. No hypervisor is
 //! needed: ids that cannot name an instance are answered before libvirt is reached.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
+use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_integration::tools::run_python_json;
 
@@ -23,29 +22,15 @@ impl Drop for Served {
 }
 
 fn serve(config: &std::path::Path) -> Served {
-    let mut child = Command::new(workspace_binary("kvm-agent").unwrap())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (first_line, line) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
-        for _ in lines {}
-    });
-    let line = line
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_default();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("kvm-agent serve did not start: {line:?}"))
-        .to_owned();
+    let (child, address) = spawn_listening(
+        Command::new(workspace_binary("kvm-agent").unwrap())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit()),
+        "kvm-agent serve",
+    )
+    .unwrap();
     Served { child, address }
 }
 

@@ -9,11 +9,11 @@
 //! The agent serves a local host whose socket nobody answers on: GetPluginInfo needs no
 //! hypervisor, so the test needs neither libvirtd nor root.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_provider::client::{ClientOptions, ClientTls, connect_lazy};
 use egressproxy_provider::pb;
@@ -65,35 +65,21 @@ impl Served {
             ),
         )
         .unwrap();
-        let mut child = Command::new(workspace_binary("kvm-agent").unwrap())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .arg("--tls-cert")
-            .arg(dir.join(format!("{name}-server.pem")))
-            .arg("--tls-key")
-            .arg(dir.join(format!("{name}-server-key.pem")))
-            .arg("--client-ca")
-            .arg(dir.join(format!("{client_ca}-ca.pem")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (first_line, line) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = first_line.send(lines.next().and_then(Result::ok).unwrap_or_default());
-            for _ in lines {}
-        });
-        let line = line
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_default();
-        let address = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("kvm-agent serve did not start: {line:?}"))
-            .to_owned();
+        let (child, address) = spawn_listening(
+            Command::new(workspace_binary("kvm-agent").unwrap())
+                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(&config)
+                .arg("--tls-cert")
+                .arg(dir.join(format!("{name}-server.pem")))
+                .arg("--tls-key")
+                .arg(dir.join(format!("{name}-server-key.pem")))
+                .arg("--client-ca")
+                .arg(dir.join(format!("{client_ca}-ca.pem")))
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit()),
+            "kvm-agent serve",
+        )
+        .unwrap();
         Self { child, address }
     }
 
