@@ -39,6 +39,9 @@ impl Daemon {
             .open(log)
             .with_context(|| format!("open {name} log {}", log.display()))?;
         let err = out.try_clone()?;
+        // Orphans of the daemon's tree are re-parented to this process instead of PID 1,
+        // which does not reap them here, so `stop` can reap them.
+        nix::sys::prctl::set_child_subreaper(true).context("become a child subreaper")?;
         command
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
@@ -113,13 +116,11 @@ impl Daemon {
         }
         // Descendants first, deepest first, and wait until their parents have reaped them:
         // PID 1 on these machines does not reap orphans, so a child that outlives its
-        // parent stays a zombie for good.
+        // parent stays a zombie for good. libvirtd with running guests can take several
+        // seconds to exit.
         let descendants: Vec<u32> = tree[1..].iter().rev().copied().collect();
         send_all(&descendants, Signal::SIGTERM);
-        let reaped_by = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < reaped_by && descendants.iter().any(|p| exists(*p)) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_reaped(&descendants, Duration::from_secs(10));
         send_all(&tree[..1], Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -128,10 +129,28 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut rest = process_tree(pid);
-        rest.extend(tree);
+        // Still the same order: SIGKILL the descendants and give their parents the chance to
+        // reap them before the root goes.
+        let mut rest: Vec<u32> = process_tree(pid)[1..].to_vec();
+        rest.extend(&descendants);
         send_all(&rest, Signal::SIGKILL);
+        wait_until_reaped(&rest, Duration::from_secs(2));
+        send_all(&[pid], Signal::SIGKILL);
         let _ = child.wait();
+        // Whatever was orphaned all the same came to this process (a child subreaper, see
+        // `Daemon::spawn`): reap it here. `waitpid` on a pid that is not our child returns
+        // ECHILD at once.
+        for orphan in rest {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(orphan as i32), None);
+        }
+    }
+}
+
+/// Polls until none of `pids` has a `/proc` entry any more, or `within` has passed.
+fn wait_until_reaped(pids: &[u32], within: Duration) {
+    let until = Instant::now() + within;
+    while Instant::now() < until && pids.iter().any(|p| exists(*p)) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
