@@ -26,7 +26,8 @@ fn manifest(stack: &Stack, name: &str) -> String {
          spec:\n\
          \x20 provider: {PROVIDER}\n\
          \x20 placement: {{host: {HOST}, machineType: {MACHINE_TYPE}, image: {IMAGE}}}\n\
-         \x20 healthCheck: {{type: Http, url: \"{url}\", periodSeconds: 5, timeoutSeconds: 3}}\n",
+         \x20 healthCheck: {{type: Http, url: \"{url}\", periodSeconds: 5, timeoutSeconds: 3}}\n\
+         \x20 provisioningTimeoutSeconds: 240\n",
         url = stack.target.url(),
     )
 }

@@ -9,7 +9,7 @@
 //! Integer fields are declared `int32` (with ranges) in the schema: the apiserver knows
 //! no `uint16`/`uint32` formats and warns about them on every apply.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -58,10 +58,21 @@ pub struct ProxySpec {
     /// How the operator checks that the proxy really proxies. Default: TCP connect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
+    /// How long a new VM may take, from the provider's answer to Create, to run with an
+    /// address and pass its first health check. Past it the VM is deleted and replaced:
+    /// a VM that hung while booting never recovers by itself. Count the guest's boot and
+    /// the proxy's installation by cloud-init. Default 600 seconds.
+    #[serde(default = "default_provisioning_timeout")]
+    #[schemars(range(min = 10, max = 86400), extend("format" = "int32"))]
+    pub provisioning_timeout_seconds: u32,
 }
 
 fn default_proxy_port() -> u16 {
     3128
+}
+
+fn default_provisioning_timeout() -> u32 {
+    600
 }
 
 /// Where and on what the VM runs: names from the provider's configuration.
@@ -213,6 +224,10 @@ pub struct ProxyStatus {
     /// The placement the current VM was created with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// When the operator created the current VM: the provisioning timeout counts from
+    /// here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_create_time: Option<Time>,
     /// Number of times the VM was replaced.
     #[serde(default)]
     #[schemars(range(max = 2147483647), extend("format" = "int32"))]

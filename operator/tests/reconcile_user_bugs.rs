@@ -33,9 +33,19 @@ struct Harness {
 impl Harness {
     /// A controller watching its own namespace; `permanent_retry` sets the slow retry.
     async fn start(test: &str, permanent_retry: Option<Duration>) -> Harness {
+        Harness::start_with_delay(test, permanent_retry, "100ms").await
+    }
+
+    /// Like [`Harness::start`], with instances RUNNING `provisioning_delay` after Create.
+    async fn start_with_delay(
+        test: &str,
+        permanent_retry: Option<Duration>,
+        provisioning_delay: &str,
+    ) -> Harness {
         let env = KubeTestEnv::new(test).await.unwrap();
         apply_crds_yaml(&env.client, CRD).await.unwrap();
-        let provider = ReferenceProvider::start(&["--provisioning-delay", "100ms"]).unwrap();
+        let provider =
+            ReferenceProvider::start(&["--provisioning-delay", provisioning_delay]).unwrap();
         let config = ProvidersConfig::parse(&format!(
             "providers:\n  reference:\n    endpoint: {}\n    callTimeout: 5s\n",
             provider.endpoint()
@@ -82,16 +92,26 @@ impl Harness {
     }
 
     async fn create(&self, name: &str, provider: &str) {
+        self.create_with(name, provider, serde_json::json!({}))
+            .await;
+    }
+
+    /// Creates a Proxy whose spec has `extra` on top of the usual fields.
+    async fn create_with(&self, name: &str, provider: &str, extra: serde_json::Value) {
+        let mut spec = serde_json::json!({
+            "provider": provider,
+            "placement": {"machineType": "small", "image": "debian-12"},
+            "proxyPort": self.port,
+            "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
         let proxy: Proxy = serde_json::from_value(serde_json::json!({
             "apiVersion": "egressproxy.dev/v1alpha1",
             "kind": "Proxy",
             "metadata": {"name": name},
-            "spec": {
-                "provider": provider,
-                "placement": {"machineType": "small", "image": "debian-12"},
-                "proxyPort": self.port,
-                "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
-            },
+            "spec": spec,
         }))
         .unwrap();
         self.proxies()
@@ -298,6 +318,59 @@ async fn every_replacement_is_an_event_naming_the_new_instance() {
         )
         .await;
     }
+}
+
+#[tokio::test]
+async fn a_vm_that_never_becomes_ready_is_replaced_after_the_provisioning_timeout() {
+    // Instances stay PROVISIONING for an hour: like a guest that hung while booting.
+    let h = Harness::start_with_delay("provisioning-timeout", None, "1h").await;
+    h.create_with(
+        "stuck",
+        "reference",
+        serde_json::json!({"provisioningTimeoutSeconds": 10}),
+    )
+    .await;
+    let first = h
+        .wait_for("stuck", "an instance", |p| provider_id(p).is_some())
+        .await;
+    let first_id = provider_id(&first).unwrap();
+    assert!(
+        first
+            .status
+            .as_ref()
+            .and_then(|s| s.instance_create_time.as_ref())
+            .is_some(),
+        "the creation time is recorded with the instance: {:#?}",
+        first.status
+    );
+    let replaced = h
+        .wait_for("stuck", "a replacement", |p| {
+            provider_id(p).is_some_and(|id| id != first_id)
+        })
+        .await;
+    let status = replaced.status.unwrap();
+    assert_eq!(status.replacements, 1);
+    assert_eq!(status.phase, Some(Phase::Provisioning));
+    h.wait_event(
+        "stuck",
+        |reason, note| {
+            reason == "ProvisioningTimedOut"
+                && note.contains(&first_id)
+                && note.contains("spec.provisioningTimeoutSeconds (10s)")
+        },
+        "ProvisioningTimedOut naming the instance and the field",
+    )
+    .await;
+    // The stuck VM is gone at the provider, not just forgotten.
+    let options = egressproxy_provider::client::ClientOptions::new(h.provider.endpoint());
+    let mut provider = egressproxy_provider::client::connect_lazy(&options).unwrap();
+    let gone = provider
+        .get_instance(pb::GetInstanceRequest {
+            id: first_id.clone(),
+        })
+        .await
+        .expect_err("the stuck instance was deleted at the provider");
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
 }
 
 #[tokio::test]

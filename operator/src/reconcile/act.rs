@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use egressproxy_provider::{ErrorClass, pb};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 
 use super::Pass;
@@ -32,6 +33,7 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
         Step::Create => create(pass).await,
         Step::Replace { id, cause } => replace(pass, id, cause).await,
         Step::AwaitInstance { message } => {
+            pass.start_provisioning_clock();
             pass.set(condition::PROVISIONED, false, "Provisioning", &message);
             pass.set(condition::READY, false, "Provisioning", &message);
             Ok(Next::Done(Action::requeue(
@@ -46,6 +48,7 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
             Ok(Next::Done(Action::requeue(pass.period())))
         }
         Step::AwaitProxy { addresses, problem } => {
+            pass.start_provisioning_clock();
             pass.record_running(&addresses);
             let message = format!("waiting for the proxy to answer: {problem}");
             pass.set(condition::READY, false, "WaitingForProxy", &message);
@@ -137,6 +140,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     pass.publish(EventType::Normal, reason, &note).await;
     pass.status.provider_id = Some(instance.id.clone());
     pass.status.placement = Some(pass.proxy.spec.placement.clone());
+    pass.status.instance_create_time = Some(Time(jiff::Timestamp::now()));
     let message = format!("instance {} created, waiting for it to run", instance.id);
     pass.set(condition::READY, false, "Provisioning", &message);
     pass.save().await?;
@@ -161,6 +165,15 @@ async fn replace(pass: &mut Pass<'_>, id: String, cause: Cause) -> Result<Next> 
         Cause::Vanished => (
             EventType::Warning,
             format!("instance {id} no longer exists at provider {provider}: creating a new one"),
+        ),
+        Cause::ProvisioningTimedOut {
+            timeout_seconds,
+            waiting_for,
+        } => (
+            EventType::Warning,
+            format!(
+                "instance {id} was not ready within spec.provisioningTimeoutSeconds ({timeout_seconds}s), still waiting for {waiting_for}: replacing it; raise the timeout if the image or cloud-init needs longer"
+            ),
         ),
     };
     pass.publish(type_, cause.reason(), &note).await;
@@ -218,6 +231,7 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
     status.provider_id = None;
     status.instance_key = None;
     status.placement = None;
+    status.instance_create_time = None;
     status.addresses.clear();
     status.replacements = status.replacements.saturating_add(1);
     status.conditions.retain(|c| c.type_ != condition::HEALTHY);
@@ -284,6 +298,14 @@ impl Pass<'_> {
         });
         self.status.addresses = addresses;
         self.set(condition::PROVISIONED, true, "Running", "");
+    }
+
+    /// An instance recorded before the operator kept its creation time gets its
+    /// provisioning clock started now, so the timeout still applies to it.
+    fn start_provisioning_clock(&mut self) {
+        if self.status.instance_create_time.is_none() {
+            self.status.instance_create_time = Some(Time(jiff::Timestamp::now()));
+        }
     }
 
     fn period(&self) -> Duration {

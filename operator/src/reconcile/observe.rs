@@ -23,6 +23,8 @@ pub struct Observation {
     pub instance: Instance,
     /// The health check of its proxy, when it runs with an address.
     pub health: Option<Health>,
+    /// When it was observed: the provisioning timeout is measured against it.
+    pub at: jiff::Timestamp,
 }
 
 /// The recorded instance at the provider.
@@ -67,6 +69,7 @@ pub async fn observe(
             return Ok(Observation {
                 instance: Instance::NotLookedUp,
                 health: None,
+                at: jiff::Timestamp::now(),
             });
         }
     };
@@ -74,6 +77,7 @@ pub async fn observe(
         return Ok(Observation {
             instance: Instance::Vanished,
             health: None,
+            at: jiff::Timestamp::now(),
         });
     };
     let health = if instance.state() == pb::InstanceState::Running {
@@ -97,6 +101,7 @@ pub async fn observe(
     Ok(Observation {
         instance: Instance::Found(Box::new(instance)),
         health,
+        at: jiff::Timestamp::now(),
     })
 }
 

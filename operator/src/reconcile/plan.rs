@@ -61,6 +61,13 @@ pub enum Cause {
     Stopped(String),
     /// The provider no longer knows it.
     Vanished,
+    /// It has not become Ready within `spec.provisioningTimeoutSeconds` of its creation.
+    ProvisioningTimedOut {
+        /// The timeout, in seconds.
+        timeout_seconds: u32,
+        /// What it was still waiting for.
+        waiting_for: String,
+    },
 }
 
 impl Cause {
@@ -70,6 +77,7 @@ impl Cause {
             Cause::PlacementChanged => "Replacing",
             Cause::Stopped(_) => "InstanceStopped",
             Cause::Vanished => "InstanceVanished",
+            Cause::ProvisioningTimedOut { .. } => "ProvisioningTimedOut",
         }
     }
 
@@ -85,6 +93,9 @@ impl Cause {
             Cause::Stopped(message) if message.is_empty() => "stopped".into(),
             Cause::Stopped(message) => format!("stopped ({message})"),
             Cause::Vanished => "vanished at the provider".into(),
+            Cause::ProvisioningTimedOut {
+                timeout_seconds, ..
+            } => format!("not ready within {timeout_seconds}s"),
         }
     }
 }
@@ -116,9 +127,9 @@ pub fn plan(spec: &ProxySpec, status: &ProxyStatus, observed: &Observation) -> S
             };
         }
     };
-    match instance.state() {
+    let step = match instance.state() {
         pb::InstanceState::Stopped => Step::Replace {
-            id,
+            id: id.clone(),
             cause: Cause::Stopped(instance.state_message.clone()),
         },
         pb::InstanceState::Running if !instance.addresses.is_empty() => health_step(
@@ -137,7 +148,48 @@ pub fn plan(spec: &ProxySpec, status: &ProxyStatus, observed: &Observation) -> S
                 _ => instance.state_message.clone(),
             },
         },
+    };
+    match timed_out(spec, status, observed, &step) {
+        Some(cause) => Step::Replace { id, cause },
+        None => step,
     }
+}
+
+/// Whether an instance that has never been Ready ran out of
+/// `spec.provisioningTimeoutSeconds`, counted from its creation. Once its proxy has
+/// answered, failures are the health check's business, not this timeout's.
+fn timed_out(
+    spec: &ProxySpec,
+    status: &ProxyStatus,
+    observed: &Observation,
+    step: &Step,
+) -> Option<Cause> {
+    let waiting_for = match step {
+        Step::AwaitInstance { message } => message.clone(),
+        Step::AwaitProxy { problem, .. } => format!("the proxy to answer: {problem}"),
+        _ => return None,
+    };
+    if ever_healthy(status) {
+        return None;
+    }
+    let created = status.instance_create_time.as_ref()?.0;
+    let timeout = jiff::SignedDuration::from_secs(i64::from(spec.provisioning_timeout_seconds));
+    if observed.at.duration_since(created) < timeout {
+        return None;
+    }
+    Some(Cause::ProvisioningTimedOut {
+        timeout_seconds: spec.provisioning_timeout_seconds,
+        waiting_for,
+    })
+}
+
+/// The Healthy condition exists once the current instance's proxy has answered (a
+/// replacement starts without it).
+fn ever_healthy(status: &ProxyStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::HEALTHY)
 }
 
 fn health_step(
@@ -156,14 +208,9 @@ fn health_step(
         Ok(()) => return Step::MarkHealthy { addresses },
         Err(problem) => problem.clone(),
     };
-    // The Healthy condition exists once this instance's proxy has answered (a
-    // replacement starts without it): until then the proxy is still being
-    // installed, not broken.
-    let ever_healthy = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == condition::HEALTHY);
-    if !ever_healthy {
+    // Until this instance's proxy has answered once, it is still being installed, not
+    // broken.
+    if !ever_healthy(status) {
         return Step::AwaitProxy { addresses, problem };
     }
     let threshold = spec
@@ -185,6 +232,7 @@ mod tests {
     use super::*;
     use crate::crd::{HealthCheck, Placement};
     use crate::status::set_condition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn spec() -> ProxySpec {
         serde_json::from_value(serde_json::json!({
@@ -208,6 +256,7 @@ mod tests {
         let mut status = ProxyStatus {
             provider_id: Some("i-1".into()),
             placement: Some(placement(machine_type)),
+            instance_create_time: Some(Time(created())),
             ..ProxyStatus::default()
         };
         if let Some(healthy) = healthy_once {
@@ -239,13 +288,38 @@ mod tests {
         Instance::Found(Box::new(instance))
     }
 
+    /// When the recorded instance was created.
+    fn created() -> jiff::Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    /// An observation one minute after the instance's creation.
     fn observed(instance: Instance, health: Option<(Result<(), &str>, u32)>) -> Observation {
+        observed_after(60, instance, health)
+    }
+
+    fn observed_after(
+        seconds: i64,
+        instance: Instance,
+        health: Option<(Result<(), &str>, u32)>,
+    ) -> Observation {
         Observation {
             instance,
             health: health.map(|(result, consecutive_failures)| Health {
                 result: result.map_err(str::to_owned),
                 consecutive_failures,
             }),
+            at: created() + jiff::SignedDuration::from_secs(seconds),
+        }
+    }
+
+    fn timed_out(waiting_for: &str) -> Step {
+        Step::Replace {
+            id: "i-1".into(),
+            cause: Cause::ProvisioningTimedOut {
+                timeout_seconds: 600,
+                waiting_for: waiting_for.into(),
+            },
         }
     }
 
@@ -369,6 +443,43 @@ mod tests {
                     addresses: addresses(),
                 },
             ),
+            (
+                "14 provisioning past the timeout",
+                recorded("small", None),
+                observed_after(600, instance(Provisioning, "", false), None),
+                timed_out("the instance is being created"),
+            ),
+            (
+                "15 running without an address past the timeout",
+                recorded("small", None),
+                observed_after(601, instance(Running, "", false), None),
+                timed_out("running, waiting for an address"),
+            ),
+            (
+                "16 running, proxy never answered, past the timeout",
+                recorded("small", None),
+                observed_after(900, running(), Some((Err("refused"), 90))),
+                timed_out("the proxy to answer: refused"),
+            ),
+            (
+                "17 running, answered before, fails below the threshold, past the timeout",
+                recorded("small", Some(true)),
+                observed_after(900, running(), Some((Err("refused"), 2))),
+                Step::ToleratePassingFailure {
+                    addresses: addresses(),
+                },
+            ),
+            (
+                "18 provisioning, no creation time recorded (an older operator's)",
+                ProxyStatus {
+                    instance_create_time: None,
+                    ..recorded("small", None)
+                },
+                observed_after(900, instance(Provisioning, "", false), None),
+                Step::AwaitInstance {
+                    message: "the instance is being created".into(),
+                },
+            ),
         ];
         for (row, status, observation, expected) in rows {
             assert_eq!(plan(&spec(), &status, &observation), expected, "row {row}");
@@ -394,7 +505,40 @@ mod tests {
     }
 
     #[test]
+    fn the_provisioning_timeout_comes_from_the_spec() {
+        let mut spec = spec();
+        spec.provisioning_timeout_seconds = 30;
+        let provisioning = || instance(pb::InstanceState::Provisioning, "", false);
+        let status = recorded("small", None);
+        assert!(matches!(
+            plan(&spec, &status, &observed_after(29, provisioning(), None)),
+            Step::AwaitInstance { .. }
+        ));
+        let step = plan(&spec, &status, &observed_after(30, provisioning(), None));
+        assert!(
+            matches!(
+                &step,
+                Step::Replace {
+                    cause: Cause::ProvisioningTimedOut {
+                        timeout_seconds: 30,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+    }
+
+    #[test]
     fn only_a_vanished_instance_is_not_deleted_before_its_replacement() {
+        assert!(
+            Cause::ProvisioningTimedOut {
+                timeout_seconds: 1,
+                waiting_for: String::new()
+            }
+            .deletes_old()
+        );
         assert!(Cause::PlacementChanged.deletes_old());
         assert!(Cause::Stopped(String::new()).deletes_old());
         assert!(!Cause::Vanished.deletes_old());
