@@ -10,11 +10,12 @@
 //!    under that root and `--listen`/`--http-listen` on a free loopback port; `POD_NAME`
 //!    and `POD_NAMESPACE` as the downward API sets them.
 //!
-//! The process is killed when the [`ChartPod`] is dropped.
+//! The process (its output in a log file) is stopped with its whole process tree when the
+//! [`ChartPod`] is dropped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -24,14 +25,28 @@ use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 
 use crate::kube_env::KubeTestEnv;
+use crate::process::Daemon;
 use crate::reference_provider::workspace_binary;
 
 /// A running process started from an installed release's Deployment.
 #[derive(Debug)]
 pub struct ChartPod {
-    child: Child,
+    // Declared first: the process stops before its files go.
+    daemon: Daemon,
     root: tempfile::TempDir,
     listen: std::net::SocketAddr,
+}
+
+/// How a [`ChartPod`] runs beyond what the Deployment says.
+#[derive(Debug, Clone, Default)]
+pub struct PodOptions {
+    /// Run inside this network namespace (`ip netns exec`).
+    pub netns: Option<String>,
+    /// Where stdout and stderr go (default: `<binary>.log` in the pod's root).
+    pub log: Option<PathBuf>,
+    /// The address of the `--listen`/`--http-listen` flags (default: a free loopback
+    /// port).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 impl ChartPod {
@@ -44,6 +59,27 @@ impl ChartPod {
         deployment: &str,
         binary: &str,
         service_account: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let options = PodOptions::default();
+        Self::start_with(
+            env,
+            namespace,
+            deployment,
+            binary,
+            service_account,
+            &options,
+        )
+        .await
+    }
+
+    /// Like [`ChartPod::start`], with `options`.
+    pub async fn start_with(
+        env: &KubeTestEnv,
+        namespace: &str,
+        deployment: &str,
+        binary: &str,
+        service_account: Option<&str>,
+        options: &PodOptions,
     ) -> anyhow::Result<Self> {
         let root = tempfile::tempdir().context("pod root directory")?;
         let kubeconfig = match service_account {
@@ -102,7 +138,10 @@ impl ChartPod {
             }
         }
 
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let listen = match options.listen {
+            Some(listen) => listen,
+            None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?,
+        };
         let args: Vec<String> = container
             .args
             .iter()
@@ -112,8 +151,17 @@ impl ChartPod {
                 _ => relocate(arg),
             })
             .collect();
-        let mut command = Command::new(workspace_binary(binary)?);
-        command.args(&args);
+        let program = workspace_binary(binary)?;
+        let mut command = match &options.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        command.args(&args).env("RUST_LOG", "info,kube=warn");
+        // The container's own variables win, RUST_LOG from `extraEnv` included.
         for var in container.env.iter().flatten() {
             if let Some(value) = &var.value {
                 command.env(&var.name, relocate(value));
@@ -122,21 +170,32 @@ impl ChartPod {
         if let Some(kubeconfig) = &kubeconfig {
             command.env("KUBECONFIG", kubeconfig);
         }
-        let child = command
+        command
             .env(
                 "POD_NAME",
                 format!("{}-0", deployment.metadata.name.unwrap_or_default()),
             )
-            .env("POD_NAMESPACE", namespace)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .with_context(|| format!("spawn {binary}"))?;
+            .env("POD_NAMESPACE", namespace);
+        let log = options
+            .log
+            .clone()
+            .unwrap_or_else(|| root.path().join(format!("{binary}.log")));
+        let daemon = Daemon::spawn(binary, command, &log)?;
         Ok(Self {
-            child,
+            daemon,
             root,
             listen,
         })
+    }
+
+    /// The process's pid (the binary itself: `ip netns exec` execs it).
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid()
+    }
+
+    /// Fails with the log's tail if the process has exited.
+    pub fn ensure_running(&mut self) -> anyhow::Result<()> {
+        self.daemon.ensure_running()
     }
 
     /// The directory standing in for the pod's filesystem.
@@ -147,13 +206,6 @@ impl ChartPod {
     /// The loopback address given to the container's `--listen`/`--http-listen` flag.
     pub fn listen(&self) -> std::net::SocketAddr {
         self.listen
-    }
-}
-
-impl Drop for ChartPod {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
+//! - [`certificates`]: a test CA with server and client certificates (openssl).
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
@@ -12,6 +13,7 @@
 //! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
+pub mod certificates;
 pub mod chart_pod;
 pub mod e2e;
 pub mod helm;

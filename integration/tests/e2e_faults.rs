@@ -140,7 +140,7 @@ async fn agent_killed_during_base_upload(stack: &mut Stack) {
         base_files(stack)
     );
     stack.kill_agent();
-    stack.start_agent().unwrap();
+    stack.start_agent().await.unwrap();
     wait_ready(stack, "upload").await;
     assert_one_vm(stack, "upload");
     let bases = base_files(stack);
@@ -161,7 +161,7 @@ async fn operator_killed_during_provisioning(stack: &mut Stack) -> String {
     .await;
     assert_eq!(jsonpath(stack, "crash", "{.status.phase}"), "Provisioning");
     stack.kill_operator();
-    stack.start_operator().unwrap();
+    stack.start_operator().await.unwrap();
     wait_ready(stack, "crash").await;
     assert_one_vm(stack, "crash");
     jsonpath(stack, "crash", "{.status.providerId}")
@@ -221,6 +221,7 @@ async fn faults_converge_to_one_ready_vm() {
     use futures::FutureExt;
     let options = StackOptions {
         image_bytes_per_second: Some(40 << 20),
+        ..StackOptions::default()
     };
     let mut stack = Stack::start_with("e2e-faults", &options)
         .await

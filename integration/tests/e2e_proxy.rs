@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
-use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack};
+use egressproxy_integration::e2e::stack::{
+    HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack, StackOptions,
+};
 
 const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
 /// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
@@ -318,7 +320,7 @@ async fn scenario(stack: &Stack) {
     // 7. No secret of the run was shown anywhere. The markers are checked against what
     // holds them, so a search that finds nothing proves something.
     let password = stack.images.password();
-    let agent_config = std::fs::read_to_string(stack.dir().join("kvm-agent.yaml")).unwrap();
+    let agent_config = std::fs::read_to_string(stack.agent_config()).unwrap();
     assert!(
         agent_config.contains(password),
         "the agent's image URL has the password"
@@ -327,6 +329,10 @@ async fn scenario(stack: &Stack) {
         stack.images.downloads() >= 1,
         "the image was fetched with its credentials"
     );
+    // 8. A jinja template that pins a package version: cloud-init merges it with the
+    // guest-agent bootstrap.
+    jinja_user_data_gets_the_bootstrap(stack).await;
+
     let places = observable_output(stack, &proxy_yaml);
     assert!(
         places
@@ -337,6 +343,101 @@ async fn scenario(stack: &Stack) {
     );
     let shown = secrets_shown(&[&marker, password], &places);
     assert!(shown.is_empty(), "secrets shown: {shown:?}");
+}
+
+/// A jinja template whose `packages:` pins a version as a quoted string (bare, YAML 1.1
+/// would read `1:5.7` as the number 65.7). The kvm-agent sends it unchanged beside its
+/// bootstrap part; in the guest, cloud-init itself renders the template and merges the
+/// two. What cloud-init assembled is read back from the guest through qemu-guest-agent.
+/// The guest is offline, so apt cannot install the pinned version (the image ships
+/// squid and the agent); the merged lists and the agent's address are what is checked.
+async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
+    const NAME: &str = "jinja";
+    let manifest = format!(
+        "apiVersion: egressproxy.dev/v1alpha1\n\
+         kind: Proxy\n\
+         metadata: {{name: {NAME}}}\n\
+         spec:\n\
+         \x20 provider: {PROVIDER}\n\
+         \x20 placement: {{host: {HOST}, machineType: {MACHINE_TYPE}, image: {IMAGE}}}\n\
+         \x20 provisioningTimeoutSeconds: {PROVISIONING_TIMEOUT_SECONDS}\n\
+         \x20 cloudInit:\n\
+         \x20   userData: |\n\
+         \x20     ## template: jinja\n\
+         \x20     #cloud-config\n\
+         \x20     packages:\n\
+         \x20       - [squid, \"1:5.7\"]  # quoted: a version, not a number\n\
+         \x20     write_files:\n\
+         \x20       - path: /etc/egressproxy-jinja\n\
+         \x20         content: \"rendered for {{{{ v1.instance_id }}}}\"\n"
+    );
+    stack.kubectl_apply(&manifest).unwrap();
+    let phase = || {
+        stack
+            .kubectl(&["get", "proxy", NAME, "-o", "jsonpath={.status.phase}"])
+            .unwrap_or_default()
+    };
+    wait_for("the jinja Proxy to be Ready", READY_WITHIN, || {
+        phase() == "Ready"
+    })
+    .await;
+    let domain = stack.domains().unwrap().remove(0);
+    let mut merged = String::new();
+    wait_for(
+        "cloud-init's merged cloud-config in the guest",
+        Duration::from_secs(120),
+        || match stack.read_guest_file(&domain, "/var/lib/cloud/instance/cloud-config.txt") {
+            Ok(text) => {
+                merged = text;
+                true
+            }
+            Err(_) => false,
+        },
+    )
+    .await;
+    let config: serde_norway::Value = serde_norway::from_str(&merged)
+        .unwrap_or_else(|e| panic!("cloud-config.txt is YAML ({e}):\n{merged}"));
+    let packages: Vec<serde_norway::Value> = config["packages"]
+        .as_sequence()
+        .unwrap_or_else(|| panic!("merged packages:\n{merged}"))
+        .clone();
+    let pinned: serde_norway::Value = serde_norway::from_str("[squid, '1:5.7']").unwrap();
+    assert!(
+        packages.contains(&pinned),
+        "the user's pinned package, its version still a string:\n{merged}"
+    );
+    assert!(
+        packages.contains(&"qemu-guest-agent".into()),
+        "the bootstrap's package is merged in, after the user's:\n{merged}"
+    );
+    let runcmd = format!("{:?}", config["runcmd"]);
+    assert!(
+        runcmd.contains("qemu-guest-agent"),
+        "the bootstrap's runcmd is merged in:\n{merged}"
+    );
+    let rendered = stack
+        .read_guest_file(&domain, "/etc/egressproxy-jinja")
+        .unwrap();
+    assert!(
+        rendered.starts_with("rendered for ") && !rendered.contains("{{"),
+        "cloud-init rendered the template: {rendered:?}"
+    );
+    stack
+        .kubectl(&["delete", "proxy", NAME, "--wait=false"])
+        .unwrap();
+    wait_for(
+        "the jinja Proxy to be gone",
+        Duration::from_secs(120),
+        || {
+            stack
+                .kubectl(&["get", "proxies", "-o", "name"])
+                .unwrap_or_default()
+                .trim()
+                .is_empty()
+        },
+    )
+    .await;
+    assert_eq!(stack.domains().unwrap(), Vec::<String>::new());
 }
 
 fn log_tails(stack: &Stack) -> String {
@@ -356,7 +457,14 @@ fn log_tails(stack: &Stack) -> String {
 async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
     use futures::FutureExt;
     let started = Instant::now();
-    let stack = Stack::start("e2e-proxy").await.expect("start the stack");
+    // Installed as users install it: through the Helm chart.
+    let options = StackOptions {
+        through_chart: true,
+        ..StackOptions::default()
+    };
+    let stack = Stack::start_with("e2e-proxy", &options)
+        .await
+        .expect("start the stack");
     eprintln!("e2e: stack up in {:.1} s", started.elapsed().as_secs_f64());
     let footprint = stack.footprint();
     let outcome = std::panic::AssertUnwindSafe(scenario(&stack))

@@ -5,6 +5,7 @@
 //! - [`stack`]: everything a Proxy needs, started and torn down as one ([`stack::Stack`]).
 //! - [`netns`]: sockets and commands inside the stack's network namespace.
 //! - [`relay`]: loopback relays from that namespace to the host's loopback.
+//! - [`release`]: the operator and the agent installed through the Helm chart.
 //! - [`http_servers`]: the image mirror and the target of proxied requests.
 //! - [`otlp`]: a span receiver that keeps what the operator and the agent export.
 //! - [`system_user`]: the agent's SSH account, under a name unique to the run.
@@ -14,5 +15,6 @@ pub mod http_servers;
 pub mod netns;
 pub mod otlp;
 pub mod relay;
+pub mod release;
 pub mod stack;
 pub mod system_user;

@@ -30,7 +30,9 @@ use super::http_servers::{ImageServer, TargetServer};
 use super::netns::command_in;
 use super::otlp::SpanReceiver;
 use super::relay::LoopbackRelay;
+use super::release::{Release, ReleaseSettings};
 use super::system_user::{SystemUser, user_exists};
+use crate::chart_pod::ChartPod;
 use crate::kube_env::{KubeTestEnv, apply_crds_yaml};
 use crate::libvirtd::Libvirtd;
 use crate::process::{Daemon, process_tree, wait_until};
@@ -57,8 +59,9 @@ const AGENT_START: Duration = Duration::from_secs(120);
 
 /// The running stack. See the module docs.
 pub struct Stack {
-    operator: Option<Daemon>,
-    agent: Option<Daemon>,
+    operator: Option<Process>,
+    agent: Option<Process>,
+    release: Option<Release>,
     agent_port: u16,
     relays: Vec<LoopbackRelay>,
     /// The target of proxied requests.
@@ -101,6 +104,41 @@ pub struct Footprint {
 pub struct StackOptions {
     /// Serve the image no faster than this (bytes per second).
     pub image_bytes_per_second: Option<u64>,
+    /// Install the operator and the agent with the Helm chart ([`super::release`])
+    /// instead of starting them from config files written here.
+    pub through_chart: bool,
+}
+
+/// The operator or the agent: a process started here, or a Deployment of the chart.
+#[derive(Debug)]
+enum Process {
+    Local(Daemon),
+    Pod(ChartPod),
+}
+
+impl Process {
+    fn pid(&self) -> u32 {
+        match self {
+            Process::Local(daemon) => daemon.pid(),
+            Process::Pod(pod) => pod.pid(),
+        }
+    }
+
+    fn ensure_running(&mut self) -> anyhow::Result<()> {
+        match self {
+            Process::Local(daemon) => daemon.ensure_running(),
+            Process::Pod(pod) => pod.ensure_running(),
+        }
+    }
+
+    /// SIGKILL (no clean-up of its own runs), then reaps the tree.
+    fn kill(self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap_or(0)),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        drop(self);
+    }
 }
 
 impl Stack {
@@ -134,6 +172,7 @@ impl Stack {
         let mut stack = Self {
             operator: None,
             agent: None,
+            release: None,
             agent_port: free_port()?,
             relays: Vec::new(),
             target,
@@ -147,28 +186,42 @@ impl Stack {
             image,
             runtime: Some(runtime),
         };
-        stack.write_configs()?;
-        stack.start_agent()?;
+        if options.through_chart {
+            stack.install_release().await?;
+        } else {
+            stack.write_configs()?;
+        }
+        stack.start_agent().await?;
         let apiserver_port = port_of(stack.kube.apiserver().server())?;
         for port in [apiserver_port, stack.agent_port, stack.spans.port()] {
             stack
                 .relays
                 .push(LoopbackRelay::start(&handle, &netns, port)?);
         }
-        stack.start_operator()?;
+        stack.start_operator().await?;
         Ok(stack)
     }
 
-    fn write_configs(&self) -> anyhow::Result<()> {
+    /// The agent's hosts, machine types, images and transport, indented by `indent`
+    /// spaces; `ssh_files` adds the key and known_hosts paths (the chart fills them in
+    /// from its Secret).
+    fn agent_settings(&self, indent: usize, ssh_files: bool) -> anyhow::Result<String> {
         let sha256 = sha256_file(&self.image)?;
+        let files = if ssh_files {
+            format!(
+                "\n    privateKey: {key}\n    knownHosts: {known_hosts}",
+                key = self.sshd.client_key().display(),
+                known_hosts = self.sshd.known_hosts().display(),
+            )
+        } else {
+            String::new()
+        };
         let config = format!(
             "hosts:\n\
              - name: {HOST}\n\
              \x20 ssh:\n\
              \x20   address: \"{address}\"\n\
-             \x20   user: {user}\n\
-             \x20   privateKey: {key}\n\
-             \x20   knownHosts: {known_hosts}\n\
+             \x20   user: {user}{files}\n\
              \x20 libvirtSocket: {socket}\n\
              \x20 domainType: qemu\n\
              machineTypes:\n\
@@ -183,11 +236,35 @@ impl Stack {
              \x20 defaultCallTimeout: 60s\n",
             address = self.sshd.address(),
             user = self.user.name(),
-            key = self.sshd.client_key().display(),
-            known_hosts = self.sshd.known_hosts().display(),
             socket = self.libvirtd.socket().display(),
             url = self.images.url(),
         );
+        let pad = " ".repeat(indent);
+        Ok(config.lines().map(|l| format!("{pad}{l}\n")).collect())
+    }
+
+    /// Installs the chart with this stack's hypervisor, image and span receiver.
+    async fn install_release(&mut self) -> anyhow::Result<()> {
+        let agent_config = self.agent_settings(4, false)?;
+        let otel_endpoint = self.spans.endpoint();
+        let cluster_name = format!("e2e-{}", self.kube.namespace);
+        let settings = ReleaseSettings {
+            agent_config: &agent_config,
+            ssh_key: &self.sshd.client_key(),
+            known_hosts: &self.sshd.known_hosts(),
+            provider: PROVIDER,
+            agent_port: self.agent_port,
+            otel_endpoint: &otel_endpoint,
+            cluster_name: &cluster_name,
+            netns: self.netns(),
+            dir: self.dir.path(),
+        };
+        self.release = Some(Release::install(&self.kube, &settings).await?);
+        Ok(())
+    }
+
+    fn write_configs(&self) -> anyhow::Result<()> {
+        let config = self.agent_settings(0, true)?;
         std::fs::write(self.agent_config(), config)?;
         std::fs::write(
             self.providers_config(),
@@ -199,9 +276,12 @@ impl Stack {
         Ok(())
     }
 
-    /// The agent's configuration file.
+    /// The agent's configuration file (with the chart: as its pod sees it).
     pub fn agent_config(&self) -> PathBuf {
-        self.dir.path().join("kvm-agent.yaml")
+        match &self.agent {
+            Some(Process::Pod(pod)) => pod.root().join("etc/kvm-agent/config.yaml"),
+            _ => self.dir.path().join("kvm-agent.yaml"),
+        }
     }
 
     /// The operator's provider configuration file.
@@ -217,31 +297,45 @@ impl Stack {
     }
 
     /// Starts `kvm-agent serve` and waits until it listens.
-    pub fn start_agent(&mut self) -> anyhow::Result<()> {
-        let mut command = Command::new(binary("kvm-agent")?);
-        command
-            .args(["serve", "--config"])
-            .arg(self.agent_config())
-            .args(["--listen", &format!("127.0.0.1:{}", self.agent_port)])
-            // Debug for the agent's own code: a secret must not leak at any level.
-            .env(
-                "RUST_LOG",
-                "info,kvm_agent=debug,egressproxy_provider=debug",
-            )
-            .env("KVM_AGENT_RUNTIME_DIR", self.dir.path());
-        self.otel_env(&mut command);
+    pub async fn start_agent(&mut self) -> anyhow::Result<()> {
         let log = self.dir.path().join("kvm-agent.log");
-        let mut agent = Daemon::spawn("kvm-agent", command, &log)?;
-        wait_until("kvm-agent to listen", AGENT_START, || {
-            agent.ensure_running()?;
-            Ok(std::fs::read_to_string(&log)?.contains("listening on"))
-        })?;
-        self.agent = Some(agent);
+        let mut agent = match &self.release {
+            Some(release) => Process::Pod(release.start_agent(&self.kube, &log).await?),
+            None => {
+                let mut command = Command::new(binary("kvm-agent")?);
+                command
+                    .args(["serve", "--config"])
+                    .arg(self.agent_config())
+                    .args(["--listen", &format!("127.0.0.1:{}", self.agent_port)])
+                    // Debug for the agent's own code: a secret must not leak at any level.
+                    .env(
+                        "RUST_LOG",
+                        "info,kvm_agent=debug,egressproxy_provider=debug",
+                    )
+                    .env("KVM_AGENT_RUNTIME_DIR", self.dir.path());
+                self.otel_env(&mut command);
+                Process::Local(Daemon::spawn("kvm-agent", command, &log)?)
+            }
+        };
+        let listening = tokio::task::spawn_blocking(move || {
+            wait_until("kvm-agent to listen", AGENT_START, || {
+                agent.ensure_running()?;
+                Ok(std::fs::read_to_string(&log)?.contains("listening on"))
+            })
+            .map(|()| agent)
+        });
+        self.agent = Some(listening.await??);
         Ok(())
     }
 
     /// Starts the operator inside the network namespace.
-    pub fn start_operator(&mut self) -> anyhow::Result<()> {
+    pub async fn start_operator(&mut self) -> anyhow::Result<()> {
+        let log = self.dir.path().join("operator.log");
+        if let Some(release) = &self.release {
+            let pod = release.start_operator(&self.kube, &log).await?;
+            self.operator = Some(Process::Pod(pod));
+            return Ok(());
+        }
         let mut command = command_in(self.netns(), binary("egressproxy-operator")?);
         let namespace = &self.kube.namespace;
         command
@@ -253,24 +347,27 @@ impl Stack {
             .arg(self.providers_config())
             .args(["--http-listen", "127.0.0.1:8080", "--gc-interval", "1h"]);
         self.otel_env(&mut command);
-        let log = self.dir.path().join("operator.log");
-        self.operator = Some(Daemon::spawn("operator", command, &log)?);
+        self.operator = Some(Process::Local(Daemon::spawn("operator", command, &log)?));
         Ok(())
     }
 
     /// SIGKILLs the agent (no clean-up of its own runs).
     pub fn kill_agent(&mut self) {
-        kill_daemon(self.agent.take());
+        if let Some(agent) = self.agent.take() {
+            agent.kill();
+        }
     }
 
     /// SIGKILLs the operator.
     pub fn kill_operator(&mut self) {
-        kill_daemon(self.operator.take());
+        if let Some(operator) = self.operator.take() {
+            operator.kill();
+        }
     }
 
     /// The agent's pid, while it runs.
     pub fn agent_pid(&self) -> Option<u32> {
-        self.agent.as_ref().map(Daemon::pid)
+        self.agent.as_ref().map(Process::pid)
     }
 
     /// The agent's port on loopback.
@@ -363,6 +460,39 @@ impl Stack {
         virsh(&self.libvirtd, args)
     }
 
+    /// The contents of `path` in running `domain`'s guest, read through its
+    /// qemu-guest-agent (`guest-file-open`, `-read`, `-close`).
+    pub fn read_guest_file(&self, domain: &str, path: &str) -> anyhow::Result<String> {
+        use base64::Engine;
+        let call = |command: serde_json::Value| -> anyhow::Result<serde_json::Value> {
+            let out = self.virsh(&["qemu-agent-command", domain, &command.to_string()])?;
+            let answer: serde_json::Value = serde_json::from_str(&out)
+                .with_context(|| format!("qemu-guest-agent's answer: {out}"))?;
+            Ok(answer["return"].clone())
+        };
+        let handle = call(serde_json::json!({
+            "execute": "guest-file-open",
+            "arguments": {"path": path, "mode": "r"},
+        }))?;
+        let mut bytes = Vec::new();
+        loop {
+            let chunk = call(serde_json::json!({
+                "execute": "guest-file-read",
+                "arguments": {"handle": handle, "count": 65536},
+            }))?;
+            let data = chunk["buf-b64"].as_str().unwrap_or_default();
+            bytes.extend(base64::engine::general_purpose::STANDARD.decode(data)?);
+            if chunk["eof"].as_bool() != Some(false) {
+                break;
+            }
+        }
+        call(serde_json::json!({
+            "execute": "guest-file-close",
+            "arguments": {"handle": handle},
+        }))?;
+        String::from_utf8(bytes).with_context(|| format!("{path} in the guest is not UTF-8"))
+    }
+
     /// Names of every domain (defined or running), sorted.
     pub fn domains(&self) -> anyhow::Result<Vec<String>> {
         let mut names: Vec<String> = self
@@ -407,8 +537,8 @@ impl Stack {
     /// What to look for after the stack is dropped.
     pub fn footprint(&self) -> Footprint {
         let mut pids = Vec::new();
-        for daemon in [&self.operator, &self.agent].into_iter().flatten() {
-            pids.extend(process_tree(daemon.pid()));
+        for process in [&self.operator, &self.agent].into_iter().flatten() {
+            pids.extend(process_tree(process.pid()));
         }
         if let Ok(pid) = self.libvirtd.libvirtd_pid() {
             pids.extend(process_tree(pid));
@@ -425,6 +555,8 @@ impl Stack {
                     .map(Path::to_owned)
                     .unwrap_or_default(),
                 Path::new("/home").join(self.user.name()),
+                // The chart install's hosts file for the namespace.
+                Path::new("/etc/netns").join(self.netns()),
             ],
             pids,
         }
@@ -478,16 +610,6 @@ impl Drop for Stack {
         }
         // The remaining fields drop in order: servers, sshd, libvirtd (its guests and
         // namespace), the user, the directory.
-    }
-}
-
-fn kill_daemon(daemon: Option<Daemon>) {
-    if let Some(mut daemon) = daemon {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(daemon.pid()).unwrap_or(0)),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        daemon.stop();
     }
 }
 

@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use egressproxy_integration::kube_env::KubeTestEnv;
@@ -69,89 +68,7 @@ pub(crate) async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A CA (`ca.crt`), a server certificate for DNS name `server_name` (`server.crt`,
-/// `server.key`) and a client certificate (`client.crt`, `client.key`), in `dir`.
+/// See [`egressproxy_integration::certificates::make_certificates`].
 pub(crate) fn make_certificates(dir: &Path, server_name: &str) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    openssl(
-        dir,
-        &[
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=test-ca",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-            ][..],
-            &ec[..],
-        ]
-        .concat(),
-    );
-    let server_extensions =
-        format!("subjectAltName=DNS:{server_name}\nextendedKeyUsage=serverAuth\n");
-    for (name, extensions) in [
-        ("server", server_extensions.as_str()),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        let subject = format!("/CN={name}");
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        std::fs::write(dir.join(&ext), extensions).unwrap();
-        openssl(
-            dir,
-            &[
-                &["req", "-subj", &subject, "-keyout", &key, "-out", &csr][..],
-                &ec[..],
-            ]
-            .concat(),
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                &ext,
-                "-out",
-                &crt,
-            ],
-        );
-    }
+    egressproxy_integration::certificates::make_certificates(dir, server_name).unwrap();
 }
