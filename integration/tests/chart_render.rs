@@ -281,10 +281,11 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         .unwrap();
     let config = serde_norway::Deserializer::from_str(&rendered)
         .filter_map(|document| serde_norway::Value::deserialize(document).ok())
+        // A Secret: image URLs may carry credentials.
         .find(|doc| {
-            doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
+            doc["kind"] == "Secret" && doc["metadata"]["name"] == "rel-egressproxy-kvm-agent"
         })
-        .expect("a kvm-agent ConfigMap")["data"]["config.yaml"]
+        .expect("the kvm-agent config in a Secret")["stringData"]["config.yaml"]
         .as_str()
         .unwrap()
         .to_owned();
