@@ -9,7 +9,7 @@ HELM := $(TOOLS_BIN)/helm
 HADOLINT := $(TOOLS_BIN)/hadolint
 CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e guest-image bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e faults guest-image bench
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -93,6 +93,12 @@ demo-reference:
 e2e:
 	cargo build --workspace --bins --locked
 	cargo test -p egressproxy-integration --test e2e_proxy --locked
+
+## faults: the fault matrix on the real path alone; prints a table (case, injected,
+## time to converge, leaks)
+faults:
+	cargo build --workspace --bins --locked
+	cargo test -p egressproxy-integration --test e2e_faults --locked -- --nocapture
 
 ## guest-image: build (or find cached) the end-to-end tests' guest image; prints its path
 guest-image:

@@ -1,10 +1,17 @@
-//! Faults on the real path, with real VMs. Each case converges to exactly one VM and a
-//! Ready Proxy (or, for a deleted Proxy, to nothing):
+//! Faults on the real path, with real VMs (`make faults`). Each case converges to
+//! exactly one VM and a Ready Proxy (or, for a deleted Proxy, to nothing), and leaves
+//! nothing behind once its Proxy is deleted:
 //! 1. the agent SIGKILLed while it uploads the base image, then restarted;
-//! 2. the operator SIGKILLed while the VM provisions, then restarted;
-//! 3. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
+//! 2. sshd restarted while the VM is created: every SSH session, and with it the agent's
+//!    libvirt connection, drops mid-call;
+//! 3. the operator SIGKILLed while the VM provisions, then restarted;
+//! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
 //!    new instance, and its Events name the old and the new id;
-//! 4. the Proxy deleted while its VM provisions: nothing is left.
+//! 5. the Proxy deleted while its VM provisions: nothing is left.
+//!
+//! The test prints a table: the case, what was injected, the time from the injection
+//! until the Proxy converged, and the leaks found after its deletion (domains, overlays,
+//! seeds, NVRAM files; there must be none).
 //!
 //! One stack serves all cases, one VM at a time (two cores). The image is served at
 //! 40 MiB/s so that the first case can act during the download. Needs what
@@ -124,7 +131,7 @@ fn base_files(stack: &Stack) -> Vec<String> {
         .collect()
 }
 
-async fn agent_killed_during_base_upload(stack: &mut Stack) {
+async fn agent_killed_during_base_upload(stack: &mut Stack) -> Duration {
     assert!(
         base_files(stack).is_empty(),
         "the pool starts without a base"
@@ -139,9 +146,11 @@ async fn agent_killed_during_base_upload(stack: &mut Stack) {
         "the upload is still under way when the agent is killed: {:?}",
         base_files(stack)
     );
+    let injected = Instant::now();
     stack.kill_agent();
     stack.start_agent().await.unwrap();
     wait_ready(stack, "upload").await;
+    let converged = injected.elapsed();
     assert_one_vm(stack, "upload");
     let bases = base_files(stack);
     assert_eq!(
@@ -151,24 +160,45 @@ async fn agent_killed_during_base_upload(stack: &mut Stack) {
     );
     assert!(bases.iter().any(|f| f.ends_with(".complete")), "{bases:?}");
     delete(stack, "upload").await;
+    converged
 }
 
-async fn operator_killed_during_provisioning(stack: &mut Stack) -> String {
+async fn ssh_dropped_during_create(stack: &mut Stack) -> Duration {
+    stack.kubectl_apply(&manifest(stack, "ssh")).unwrap();
+    // The base is cached: right after the apply the operator is checking the placement
+    // or creating the VM, over the agent's SSH connection.
+    wait_for("the operator to act", Duration::from_secs(60), || {
+        !jsonpath(stack, "ssh", "{.status.instanceKey}").is_empty()
+    })
+    .await;
+    let injected = Instant::now();
+    stack.restart_sshd().unwrap();
+    wait_ready(stack, "ssh").await;
+    let converged = injected.elapsed();
+    assert_one_vm(stack, "ssh");
+    delete(stack, "ssh").await;
+    converged
+}
+
+async fn operator_killed_during_provisioning(stack: &mut Stack) -> (Duration, String) {
     stack.kubectl_apply(&manifest(stack, "crash")).unwrap();
     wait_for("the VM to be created", Duration::from_secs(120), || {
         !jsonpath(stack, "crash", "{.status.providerId}").is_empty()
     })
     .await;
     assert_eq!(jsonpath(stack, "crash", "{.status.phase}"), "Provisioning");
+    let injected = Instant::now();
     stack.kill_operator();
     stack.start_operator().await.unwrap();
     wait_ready(stack, "crash").await;
+    let converged = injected.elapsed();
     assert_one_vm(stack, "crash");
-    jsonpath(stack, "crash", "{.status.providerId}")
+    (converged, jsonpath(stack, "crash", "{.status.providerId}"))
 }
 
-async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) {
+async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) -> Duration {
     let domain = stack.domains().unwrap().remove(0);
+    let injected = Instant::now();
     stack.virsh(&["destroy", &domain]).unwrap();
     wait_for("a new instance", READY_WITHIN, || {
         let now = jsonpath(stack, "crash", "{.status.providerId}");
@@ -176,6 +206,7 @@ async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) {
     })
     .await;
     wait_ready(stack, "crash").await;
+    let converged = injected.elapsed();
     let new = jsonpath(stack, "crash", "{.status.providerId}");
     assert_one_vm(stack, "crash");
     let events = events(stack, "crash");
@@ -190,9 +221,10 @@ async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) {
         "a Replaced event names the old instance {old} and the new one {new}:\n{events}"
     );
     delete(stack, "crash").await;
+    converged
 }
 
-async fn proxy_deleted_while_provisioning(stack: &Stack) {
+async fn proxy_deleted_while_provisioning(stack: &Stack) -> Duration {
     stack.kubectl_apply(&manifest(stack, "early")).unwrap();
     wait_for("the VM to start", Duration::from_secs(120), || {
         !running_domains(stack).is_empty()
@@ -203,7 +235,9 @@ async fn proxy_deleted_while_provisioning(stack: &Stack) {
         "Ready",
         "the VM is still provisioning when its Proxy is deleted"
     );
+    let injected = Instant::now();
     delete(stack, "early").await;
+    let converged = injected.elapsed();
     let left: Vec<String> = Stack::files_in(&stack.pool_dir())
         .into_iter()
         .filter(|f| !f.starts_with("egressproxy-base-"))
@@ -214,6 +248,42 @@ async fn proxy_deleted_while_provisioning(stack: &Stack) {
         Vec::<String>::new(),
         "no NVRAM is left"
     );
+    converged
+}
+
+/// What a case left once its Proxy was deleted: domains, files in the pool other than
+/// the cached base, NVRAM files.
+fn leaks(stack: &Stack) -> Vec<String> {
+    let mut leaks = stack.domains().unwrap_or_default();
+    leaks.extend(
+        Stack::files_in(&stack.pool_dir())
+            .into_iter()
+            .filter(|f| !f.starts_with("egressproxy-base-")),
+    );
+    leaks.extend(Stack::files_in(&stack.nvram_dir()));
+    leaks
+}
+
+/// One row of the printed table.
+struct Row {
+    case: &'static str,
+    injected: &'static str,
+    converged: Duration,
+    leaks: Vec<String>,
+}
+
+fn print_table(rows: &[Row]) {
+    eprintln!("\n| # | case | injected | converged after | leaks |\n|---|---|---|---|---|");
+    for (index, row) in rows.iter().enumerate() {
+        eprintln!(
+            "| {} | {} | {} | {:.1} s | {} |",
+            index + 1,
+            row.case,
+            row.injected,
+            row.converged.as_secs_f64(),
+            row.leaks.len()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,14 +297,56 @@ async fn faults_converge_to_one_ready_vm() {
         .await
         .expect("start the stack");
     let footprint = stack.footprint();
+    let rows = std::sync::Mutex::new(Vec::new());
+    let record = |case, injected, converged, stack: &Stack| {
+        rows.lock().unwrap().push(Row {
+            case,
+            injected,
+            converged,
+            leaks: leaks(stack),
+        });
+    };
     let outcome = std::panic::AssertUnwindSafe(async {
-        agent_killed_during_base_upload(&mut stack).await;
-        let old = operator_killed_during_provisioning(&mut stack).await;
-        vm_destroyed_behind_the_operators_back(&stack, &old).await;
-        proxy_deleted_while_provisioning(&stack).await;
+        let converged = agent_killed_during_base_upload(&mut stack).await;
+        record(
+            "agent killed mid-Create",
+            "SIGKILL during the base upload, restart",
+            converged,
+            &stack,
+        );
+        let converged = ssh_dropped_during_create(&mut stack).await;
+        record(
+            "SSH dropped mid-call",
+            "sshd and its sessions killed during Create, restart",
+            converged,
+            &stack,
+        );
+        let (converged, old) = operator_killed_during_provisioning(&mut stack).await;
+        let converged_destroyed = vm_destroyed_behind_the_operators_back(&stack, &old).await;
+        record(
+            "operator killed mid-reconcile",
+            "SIGKILL while the VM provisions, restart",
+            converged,
+            &stack,
+        );
+        record(
+            "VM destroyed",
+            "virsh destroy of the Ready VM",
+            converged_destroyed,
+            &stack,
+        );
+        let converged = proxy_deleted_while_provisioning(&stack).await;
+        record(
+            "Proxy deleted mid-provisioning",
+            "kubectl delete while the VM boots",
+            converged,
+            &stack,
+        );
     })
     .catch_unwind()
     .await;
+    let rows = rows.into_inner().unwrap();
+    print_table(&rows);
     if outcome.is_err() {
         for name in ["operator.log", "kvm-agent.log"] {
             let text = std::fs::read_to_string(stack.dir().join(name)).unwrap_or_default();
@@ -254,4 +366,12 @@ async fn faults_converge_to_one_ready_vm() {
         std::panic::resume_unwind(panic);
     }
     assert!(left.is_empty(), "the run left behind: {left:?}");
+    for row in &rows {
+        assert!(
+            row.leaks.is_empty(),
+            "{} left {:?} behind",
+            row.case,
+            row.leaks
+        );
+    }
 }

@@ -358,6 +358,12 @@ impl Stack {
         }
     }
 
+    /// Kills sshd with every session through it (the agent's libvirt connection drops)
+    /// and starts it again with the same port and keys.
+    pub fn restart_sshd(&mut self) -> anyhow::Result<()> {
+        self.sshd.restart()
+    }
+
     /// SIGKILLs the operator.
     pub fn kill_operator(&mut self) {
         if let Some(operator) = self.operator.take() {
