@@ -69,6 +69,12 @@ impl ReferenceProvider {
         &self.endpoint
     }
 
+    /// SIGKILLs the provider and reaps it (its in-memory instances are gone).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// `127.0.0.1:PORT`, the form grpcurl takes.
     pub fn address(&self) -> &str {
         self.endpoint.trim_start_matches("http://")

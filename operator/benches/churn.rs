@@ -63,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "{wave:>5} {:>9.1} {cpu:>10.2} {rss:>9.1}   {}",
             started.elapsed().as_secs_f64(),
-            describe(&maps)
+            support::describe(&maps)
         );
         cpu_per_wave.push(cpu);
         rss_after.push(rss);
@@ -84,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         if leftovers.is_empty() {
             "0".to_owned()
         } else {
-            describe(&leftovers)
+            support::describe(&leftovers)
         }
     );
     println!(
@@ -174,32 +174,15 @@ async fn settled_maps(stack: &Stack) -> anyhow::Result<Vec<(String, i64)>> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = stack.metrics().await?;
-        let maps = samples(&text, "egressproxy_tracked_proxies")
+        let maps = support::samples(&text, "egressproxy_tracked_proxies")
             .into_iter()
-            .chain(samples(&text, "egressproxy_proxies"))
+            .chain(support::samples(&text, "egressproxy_proxies"))
             .collect::<Vec<_>>();
         if maps.iter().all(|(_, n)| *n == 0) || Instant::now() > deadline {
             return Ok(maps);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn samples(text: &str, name: &str) -> Vec<(String, i64)> {
-    text.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
-        .filter_map(|line| {
-            let (labels, value) = line.rsplit_once(' ')?;
-            Some((labels[name.len()..].to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn describe(maps: &[(String, i64)]) -> String {
-    maps.iter()
-        .map(|(labels, n)| format!("{}={n}", labels.trim_matches(['{', '}'])))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -20,14 +20,47 @@ pub(crate) struct Stack {
     pub(crate) metrics_address: std::net::SocketAddr,
     /// The port every Proxy's health check reaches.
     pub(crate) proxy_port: u16,
+    name: String,
     _providers: tempfile::NamedTempFile,
+}
+
+/// Instances are RUNNING at once.
+const PROVIDER_ARGS: [&str; 2] = ["--provisioning-delay", "0s"];
+
+fn spawn_operator(
+    env: &KubeTestEnv,
+    name: &str,
+    providers: &std::path::Path,
+    metrics_address: std::net::SocketAddr,
+) -> anyhow::Result<Child> {
+    Ok(Command::new(workspace_binary("egressproxy-operator")?)
+        .env("KUBECONFIG", env.apiserver().kubeconfig_path())
+        .env("RUST_LOG", "warn")
+        .args([
+            "--cluster-name",
+            name,
+            "--namespace",
+            &env.namespace,
+            "--lease-namespace",
+            &env.namespace,
+        ])
+        .arg("--providers")
+        .arg(providers)
+        .args([
+            "--http-listen",
+            &metrics_address.to_string(),
+            "--gc-interval",
+            "1h",
+        ])
+        .stdin(Stdio::null())
+        .spawn()?)
 }
 
 impl Stack {
     pub(crate) async fn start(name: &str) -> anyhow::Result<Stack> {
         let env = KubeTestEnv::new(name).await?;
         apply_crds_yaml(&env.client, CRD).await?;
-        let provider = ReferenceProvider::start(&["--provisioning-delay", "0s"])?;
+        let provider = ReferenceProvider::start(&PROVIDER_ARGS)?;
         let providers = tempfile::NamedTempFile::new()?;
         std::fs::write(
             providers.path(),
@@ -39,27 +72,7 @@ impl Stack {
         let http = std::net::TcpListener::bind("127.0.0.1:0")?;
         let metrics_address = http.local_addr()?;
         drop(http);
-        let operator = Command::new(workspace_binary("egressproxy-operator")?)
-            .env("KUBECONFIG", env.apiserver().kubeconfig_path())
-            .env("RUST_LOG", "warn")
-            .args([
-                "--cluster-name",
-                name,
-                "--namespace",
-                &env.namespace,
-                "--lease-namespace",
-                &env.namespace,
-            ])
-            .arg("--providers")
-            .arg(providers.path())
-            .args([
-                "--http-listen",
-                &metrics_address.to_string(),
-                "--gc-interval",
-                "1h",
-            ])
-            .stdin(Stdio::null())
-            .spawn()?;
+        let operator = spawn_operator(&env, name, providers.path(), metrics_address)?;
         // Every instance reports 127.0.0.1: one listener answers every health check.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let proxy_port = listener.local_addr()?.port();
@@ -74,8 +87,31 @@ impl Stack {
             operator,
             metrics_address,
             proxy_port,
+            name: name.to_owned(),
             _providers: providers,
         })
+    }
+
+    /// SIGKILLs the operator and starts a new one with the same flags.
+    pub(crate) fn restart_operator(&mut self) -> anyhow::Result<()> {
+        let _ = self.operator.kill();
+        let _ = self.operator.wait();
+        self.operator = spawn_operator(
+            &self.env,
+            &self.name,
+            self._providers.path(),
+            self.metrics_address,
+        )?;
+        Ok(())
+    }
+
+    /// SIGKILLs the reference provider (its instances live in its memory and go with
+    /// it) and starts a new one on the same address.
+    pub(crate) fn restart_provider(&mut self) -> anyhow::Result<()> {
+        let address = self.provider.address().to_owned();
+        self.provider.kill();
+        self.provider = ReferenceProvider::start_at(&address, &PROVIDER_ARGS)?;
+        Ok(())
     }
 
     /// The operator's `/metrics` text.
@@ -155,4 +191,23 @@ pub(crate) fn proxy(name: &str, port: u16) -> Proxy {
         },
     }))
     .expect("valid Proxy")
+}
+
+/// The value of every sample of metric `name` in a Prometheus text, by its labels.
+pub(crate) fn samples(text: &str, name: &str) -> Vec<(String, i64)> {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+        .filter_map(|line| {
+            let (labels, value) = line.rsplit_once(' ')?;
+            Some((labels[name.len()..].to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `label=value` pairs of per-Proxy map sizes, for a table row.
+pub(crate) fn describe(maps: &[(String, i64)]) -> String {
+    maps.iter()
+        .map(|(labels, n)| format!("{}={n}", labels.trim_matches(['{', '}'])))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
