@@ -69,15 +69,17 @@ async fn every_rendering_passes_a_server_side_dry_run() {
     let helm = Helm::new(apiserver.kubeconfig_path()).unwrap();
     let kubectl = Kubectl::new(apiserver.kubeconfig_path());
     let ns = env.namespace.as_str();
+    let second_env = KubeTestEnv::new("chart-dry-run-second").await.unwrap();
+    let second_ns = second_env.namespace.as_str();
 
-    let watch = format!("operator.watchNamespaces={{{ns}}}");
+    let watch = format!("operator.watchNamespaces={{{ns},{second_ns}}}");
     let mut renderings = vec![
         (
             "defaults".to_owned(),
             helm.template("rel", ns, &[], &[]).unwrap(),
         ),
         (
-            "namespaced, 2 replicas, plaintext agent".to_owned(),
+            "2 namespaces, 2 replicas, plaintext agent".to_owned(),
             helm.template(
                 "rel",
                 ns,
@@ -144,6 +146,59 @@ async fn every_rendering_passes_a_server_side_dry_run() {
             && !namespaced.contains("kind: CustomResourceDefinition")
     );
     assert!(namespaced.contains("kind: PodDisruptionBudget"));
+    assert_eq!(
+        operator_rbac_namespaces(namespaced),
+        [
+            ("Role", ns.to_owned()),
+            ("Role", second_ns.to_owned()),
+            ("RoleBinding", ns.to_owned()),
+            ("RoleBinding", second_ns.to_owned()),
+        ],
+        "a Role and its RoleBinding in each watched namespace"
+    );
+    assert!(
+        namespaced.contains(&format!("- --namespace={ns},{second_ns}\n")),
+        "the operator watches both"
+    );
+    assert_eq!(
+        operator_rbac_namespaces(defaults),
+        [
+            ("ClusterRole", String::new()),
+            ("ClusterRoleBinding", String::new())
+        ]
+    );
+}
+
+/// Kind and namespace of the operator's Proxy permissions in `rendered` (not its
+/// leader-election Role), sorted.
+fn operator_rbac_namespaces(rendered: &str) -> Vec<(&'static str, String)> {
+    use serde::Deserialize;
+    let mut found = Vec::new();
+    for document in serde_norway::Deserializer::from_str(rendered) {
+        let Ok(object) = serde_norway::Value::deserialize(document) else {
+            continue;
+        };
+        let text = |path: &[&str]| {
+            let mut value = &object;
+            for key in path {
+                value = &value[*key];
+            }
+            value.as_str().unwrap_or_default().to_owned()
+        };
+        if text(&["metadata", "name"]) != "rel-egressproxy-operator" {
+            continue;
+        }
+        let kind = match text(&["kind"]).as_str() {
+            "Role" => "Role",
+            "RoleBinding" => "RoleBinding",
+            "ClusterRole" => "ClusterRole",
+            "ClusterRoleBinding" => "ClusterRoleBinding",
+            _ => continue,
+        };
+        found.push((kind, text(&["metadata", "namespace"])));
+    }
+    found.sort();
+    found
 }
 
 /// `helm template` with `values` (YAML) must fail, and its message contain `expected`.
@@ -187,8 +242,12 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "invalid propertyName 'Bad_Name'",
         ),
         (
-            "operator:\n  watchNamespaces: [team-a, team-b]\n",
-            "at '/operator/watchNamespaces': maxItems: got 2, want 1",
+            "operator:\n  watchNamespaces: [team-a, Team_B]\n",
+            "at '/operator/watchNamespaces/1': 'Team_B' does not match pattern",
+        ),
+        (
+            "operator:\n  watchNamespaces: [team-a, team-a]\n",
+            "at '/operator/watchNamespaces': items at 0 and 1 are equal",
         ),
         (
             "kvmAgent:\n  tls:\n    source: vault\n",
@@ -197,6 +256,10 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
         (
             "kvmAgent:\n  config:\n    hosts:\n      - name: hv1\n        ssh: { adress: hv1, user: u }\n",
             "at '/kvmAgent/config/hosts/0/ssh': additional properties 'adress' not allowed",
+        ),
+        (
+            "kvmAgent:\n  config:\n    images:\n      d: { url: \"file:///d\", guestAgent: bundled }\n",
+            "at '/kvmAgent/config/images/d/guestAgent': value must be one of 'install', 'preinstalled'",
         ),
         (
             "crds:\n  keep: yes please\n",
@@ -300,6 +363,7 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         config.contains("imageSpoolDir: /var/spool/kvm-agent"),
         "{config}"
     );
+    assert!(config.contains("guestAgent: preinstalled"), "{config}");
 
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id_ed25519");
@@ -343,7 +407,7 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        stdout.contains("ok (2 hosts, 2 machine types, 1 images)"),
+        stdout.contains("ok (2 hosts, 2 machine types, 2 images)"),
         "{stdout}"
     );
 }
