@@ -262,6 +262,10 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "at '/kvmAgent/config/images/d/guestAgent': value must be one of 'install', 'preinstalled'",
         ),
         (
+            "operator:\n  networkPolicy:\n    egress:\n      rules:\n        - too: []\n",
+            "at '/operator/networkPolicy/egress/rules/0': additional properties 'too' not allowed",
+        ),
+        (
             "crds:\n  keep: yes please\n",
             "at '/crds/keep': got string, want boolean",
         ),
