@@ -9,23 +9,15 @@ use egressproxy_integration::helm::{self, Helm, Kubectl};
 use egressproxy_integration::kube_apiserver;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 
-/// Stand-ins for cert-manager's Certificate and the Prometheus Operator's ServiceMonitor
-/// CRDs: they only make the kinds known to the apiserver (any content is accepted), so
-/// that a dry run checks the rest of a rendering that contains them.
-const THIRD_PARTY_KINDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: { name: certificates.cert-manager.io }
-spec:
-  group: cert-manager.io
-  scope: Namespaced
-  names: { kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList }
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
----
+/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
+/// against cert-manager's schema.
+const CERT_MANAGER_CERTIFICATE_CRD: &str =
+    include_str!("fixtures/cert-manager.io_certificates.yaml");
+
+/// A stand-in for the Prometheus Operator's ServiceMonitor CRD: it only makes the kind
+/// known to the apiserver (any content is accepted), so that a dry run checks the rest
+/// of a rendering that contains one.
+const SERVICE_MONITOR_KIND: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata: { name: servicemonitors.monitoring.coreos.com }
@@ -62,9 +54,9 @@ fn helm_lint_passes_for_the_defaults_and_every_example() {
 #[tokio::test]
 async fn every_rendering_passes_a_server_side_dry_run() {
     let env = KubeTestEnv::new("chart-dry-run").await.unwrap();
-    apply_crds_yaml(&env.client, THIRD_PARTY_KINDS)
-        .await
-        .unwrap();
+    for crd in [CERT_MANAGER_CERTIFICATE_CRD, SERVICE_MONITOR_KIND] {
+        apply_crds_yaml(&env.client, crd).await.unwrap();
+    }
     let apiserver = kube_apiserver::shared().unwrap();
     let helm = Helm::new(apiserver.kubeconfig_path()).unwrap();
     let kubectl = Kubectl::new(apiserver.kubeconfig_path());
