@@ -21,7 +21,8 @@ use kube::api::{Api, PostParams};
 const AGENT: &str = "ag-egressproxy-kvm-agent";
 
 /// Hosts on loopback only (nothing is dialled to serve GetPluginInfo; if anything were,
-/// it stays on this machine), an image that is never fetched.
+/// it stays on this machine), an image that is never fetched (one that ships the guest
+/// agent, so the agent itself parses that setting as the chart passes it).
 const VALUES: &str = "\
 kvmAgent:
   enabled: true
@@ -37,7 +38,7 @@ kvmAgent:
     machineTypes:
       small: { vcpus: 1, memoryMiB: 1024, diskGiB: 10 }
     images:
-      debian-12: { url: \"file:///nonexistent/debian-12.qcow2\" }
+      debian-12: { url: \"file:///nonexistent/debian-12.qcow2\", guestAgent: preinstalled }
 ";
 
 async fn create_secret(env: &KubeTestEnv, name: &str, files: &[(&str, &Path)]) {

@@ -7,9 +7,10 @@
 //!    operator's ServiceAccount for what it needs and what it must not do.
 //! 2. The operator reconciles a Proxy whose cloud-init is in a Secret against the
 //!    reference provider to Ready.
-//! 3. `helm upgrade` to one watched namespace and two replicas: the permissions shrink to
-//!    a Role there (no Secrets elsewhere, no cluster-wide Proxies), a PDB appears, and the
-//!    operator still brings a Proxy to Ready with them.
+//! 3. `helm upgrade` to two watched namespaces and two replicas: the permissions shrink to
+//!    a Role in each (no Secrets elsewhere, no cluster-wide Proxies), a PDB appears, and the
+//!    operator brings a Proxy in each watched namespace to Ready with them and leaves one
+//!    in a third namespace alone.
 //! 4. `helm uninstall`: the chart's objects go, the CRD (`crds.keep`) and the Proxies stay;
 //!    installing the release again adopts the kept CRD.
 //!
@@ -37,10 +38,12 @@ const OPERATOR: &str = "ep-egressproxy-operator";
 async fn install_reconcile_upgrade_and_uninstall() {
     let env = KubeTestEnv::new("chart-release").await.unwrap();
     let proxies_env = KubeTestEnv::new("chart-proxies").await.unwrap();
+    let more_proxies_env = KubeTestEnv::new("chart-more-proxies").await.unwrap();
     let other_env = KubeTestEnv::new("chart-other").await.unwrap();
-    let (release_ns, proxies_ns, other_ns) = (
+    let (release_ns, proxies_ns, more_proxies_ns, other_ns) = (
         env.namespace.as_str(),
         proxies_env.namespace.as_str(),
+        more_proxies_env.namespace.as_str(),
         other_env.namespace.as_str(),
     );
     let kubeconfig = env.apiserver().kubeconfig_path();
@@ -133,8 +136,8 @@ async fn install_reconcile_upgrade_and_uninstall() {
         "{reasons:?}"
     );
 
-    // 3. Upgrade to one watched namespace and two replicas.
-    let watch = format!("operator.watchNamespaces={{{proxies_ns}}}");
+    // 3. Upgrade to two watched namespaces and two replicas.
+    let watch = format!("operator.watchNamespaces={{{proxies_ns},{more_proxies_ns}}}");
     helm.upgrade(
         RELEASE,
         release_ns,
@@ -142,8 +145,21 @@ async fn install_reconcile_upgrade_and_uninstall() {
         &[&endpoint, &cluster, &watch, "operator.replicas=2"],
     )
     .unwrap();
-    assert!(can(&["list", proxies, "-n", proxies_ns]));
-    assert!(can(&["get", "secrets", "-n", proxies_ns]));
+    for watched in [proxies_ns, more_proxies_ns] {
+        assert!(can(&["list", proxies, "-n", watched]));
+        assert!(can(&["watch", proxies, "-n", watched]));
+        assert!(can(&[
+            "patch",
+            proxies,
+            "--subresource=status",
+            "-n",
+            watched
+        ]));
+        assert!(can(&["get", "secrets", "-n", watched]));
+        assert!(can(&["create", "events.events.k8s.io", "-n", watched]));
+        assert!(!can(&["delete", proxies, "-n", watched]));
+    }
+    assert!(!can(&["list", proxies, "-n", other_ns]));
     assert!(
         !can(&["list", proxies, "-A"]),
         "a Role now, not a ClusterRole"
@@ -153,7 +169,6 @@ async fn install_reconcile_upgrade_and_uninstall() {
         "no Secrets outside the watched namespace"
     );
     assert!(!can(&["get", "secrets", "-n", release_ns]));
-    assert!(!can(&["delete", proxies, "-n", proxies_ns]));
     let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
     assert!(cluster_roles.get_opt(OPERATOR).await.unwrap().is_none());
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), release_ns);
@@ -177,9 +192,20 @@ async fn install_reconcile_upgrade_and_uninstall() {
         )
         .await
         .unwrap();
+        create_proxy(&env, other_ns, "unwatched", port).await;
         create_proxy(&env, proxies_ns, "second", port).await;
+        create_proxy(&env, more_proxies_ns, "third", port).await;
         wait_ready(&env, proxies_ns, "second").await;
+        wait_ready(&env, more_proxies_ns, "third").await;
     }
+    let unwatched = proxy_api(&env.client, other_ns)
+        .get("unwatched")
+        .await
+        .unwrap();
+    assert!(
+        unwatched.metadata.finalizers.is_none(),
+        "a Proxy outside the watched namespaces is not the operator's"
+    );
 
     // 4. Uninstall: the CRD and the Proxies stay (crds.keep defaults to true).
     helm.uninstall(RELEASE, release_ns).unwrap();

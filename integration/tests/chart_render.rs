@@ -9,23 +9,15 @@ use egressproxy_integration::helm::{self, Helm, Kubectl};
 use egressproxy_integration::kube_apiserver;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 
-/// Stand-ins for cert-manager's Certificate and the Prometheus Operator's ServiceMonitor
-/// CRDs: they only make the kinds known to the apiserver (any content is accepted), so
-/// that a dry run checks the rest of a rendering that contains them.
-const THIRD_PARTY_KINDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: { name: certificates.cert-manager.io }
-spec:
-  group: cert-manager.io
-  scope: Namespaced
-  names: { kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList }
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
----
+/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
+/// against cert-manager's schema.
+const CERT_MANAGER_CERTIFICATE_CRD: &str =
+    include_str!("fixtures/cert-manager.io_certificates.yaml");
+
+/// A stand-in for the Prometheus Operator's ServiceMonitor CRD: it only makes the kind
+/// known to the apiserver (any content is accepted), so that a dry run checks the rest
+/// of a rendering that contains one.
+const SERVICE_MONITOR_KIND: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata: { name: servicemonitors.monitoring.coreos.com }
@@ -62,22 +54,24 @@ fn helm_lint_passes_for_the_defaults_and_every_example() {
 #[tokio::test]
 async fn every_rendering_passes_a_server_side_dry_run() {
     let env = KubeTestEnv::new("chart-dry-run").await.unwrap();
-    apply_crds_yaml(&env.client, THIRD_PARTY_KINDS)
-        .await
-        .unwrap();
+    for crd in [CERT_MANAGER_CERTIFICATE_CRD, SERVICE_MONITOR_KIND] {
+        apply_crds_yaml(&env.client, crd).await.unwrap();
+    }
     let apiserver = kube_apiserver::shared().unwrap();
     let helm = Helm::new(apiserver.kubeconfig_path()).unwrap();
     let kubectl = Kubectl::new(apiserver.kubeconfig_path());
     let ns = env.namespace.as_str();
+    let second_env = KubeTestEnv::new("chart-dry-run-second").await.unwrap();
+    let second_ns = second_env.namespace.as_str();
 
-    let watch = format!("operator.watchNamespaces={{{ns}}}");
+    let watch = format!("operator.watchNamespaces={{{ns},{second_ns}}}");
     let mut renderings = vec![
         (
             "defaults".to_owned(),
             helm.template("rel", ns, &[], &[]).unwrap(),
         ),
         (
-            "namespaced, 2 replicas, plaintext agent".to_owned(),
+            "2 namespaces, 2 replicas, plaintext agent".to_owned(),
             helm.template(
                 "rel",
                 ns,
@@ -144,6 +138,59 @@ async fn every_rendering_passes_a_server_side_dry_run() {
             && !namespaced.contains("kind: CustomResourceDefinition")
     );
     assert!(namespaced.contains("kind: PodDisruptionBudget"));
+    assert_eq!(
+        operator_rbac_namespaces(namespaced),
+        [
+            ("Role", ns.to_owned()),
+            ("Role", second_ns.to_owned()),
+            ("RoleBinding", ns.to_owned()),
+            ("RoleBinding", second_ns.to_owned()),
+        ],
+        "a Role and its RoleBinding in each watched namespace"
+    );
+    assert!(
+        namespaced.contains(&format!("- --namespace={ns},{second_ns}\n")),
+        "the operator watches both"
+    );
+    assert_eq!(
+        operator_rbac_namespaces(defaults),
+        [
+            ("ClusterRole", String::new()),
+            ("ClusterRoleBinding", String::new())
+        ]
+    );
+}
+
+/// Kind and namespace of the operator's Proxy permissions in `rendered` (not its
+/// leader-election Role), sorted.
+fn operator_rbac_namespaces(rendered: &str) -> Vec<(&'static str, String)> {
+    use serde::Deserialize;
+    let mut found = Vec::new();
+    for document in serde_norway::Deserializer::from_str(rendered) {
+        let Ok(object) = serde_norway::Value::deserialize(document) else {
+            continue;
+        };
+        let text = |path: &[&str]| {
+            let mut value = &object;
+            for key in path {
+                value = &value[*key];
+            }
+            value.as_str().unwrap_or_default().to_owned()
+        };
+        if text(&["metadata", "name"]) != "rel-egressproxy-operator" {
+            continue;
+        }
+        let kind = match text(&["kind"]).as_str() {
+            "Role" => "Role",
+            "RoleBinding" => "RoleBinding",
+            "ClusterRole" => "ClusterRole",
+            "ClusterRoleBinding" => "ClusterRoleBinding",
+            _ => continue,
+        };
+        found.push((kind, text(&["metadata", "namespace"])));
+    }
+    found.sort();
+    found
 }
 
 /// `helm template` with `values` (YAML) must fail, and its message contain `expected`.
@@ -187,8 +234,12 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "invalid propertyName 'Bad_Name'",
         ),
         (
-            "operator:\n  watchNamespaces: [team-a, team-b]\n",
-            "at '/operator/watchNamespaces': maxItems: got 2, want 1",
+            "operator:\n  watchNamespaces: [team-a, Team_B]\n",
+            "at '/operator/watchNamespaces/1': 'Team_B' does not match pattern",
+        ),
+        (
+            "operator:\n  watchNamespaces: [team-a, team-a]\n",
+            "at '/operator/watchNamespaces': items at 0 and 1 are equal",
         ),
         (
             "kvmAgent:\n  tls:\n    source: vault\n",
@@ -197,6 +248,14 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
         (
             "kvmAgent:\n  config:\n    hosts:\n      - name: hv1\n        ssh: { adress: hv1, user: u }\n",
             "at '/kvmAgent/config/hosts/0/ssh': additional properties 'adress' not allowed",
+        ),
+        (
+            "kvmAgent:\n  config:\n    images:\n      d: { url: \"file:///d\", guestAgent: bundled }\n",
+            "at '/kvmAgent/config/images/d/guestAgent': value must be one of 'install', 'preinstalled'",
+        ),
+        (
+            "operator:\n  networkPolicy:\n    egress:\n      rules:\n        - too: []\n",
+            "at '/operator/networkPolicy/egress/rules/0': additional properties 'too' not allowed",
         ),
         (
             "crds:\n  keep: yes please\n",
@@ -301,6 +360,7 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         config.contains("imageSpoolDir: /var/spool/kvm-agent"),
         "{config}"
     );
+    assert!(config.contains("guestAgent: preinstalled"), "{config}");
 
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id_ed25519");
@@ -344,7 +404,7 @@ fn the_rendered_agent_config_passes_kvm_agent_check_config() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        stdout.contains("ok (2 hosts, 2 machine types, 1 images)"),
+        stdout.contains("ok (2 hosts, 2 machine types, 2 images)"),
         "{stdout}"
     );
 }

@@ -9,12 +9,13 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
+use kube::ResourceExt;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
-use kube::{Api, ResourceExt};
 
 use crate::context::Context;
 use crate::crd::Proxy;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
+use crate::watch_scope::WatchScope;
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
@@ -35,11 +36,10 @@ fn reconcile_trigger(proxy: &Proxy) -> u64 {
     hasher.finish()
 }
 
-/// Runs the controller on the Proxies `proxies` sees (all namespaces, or one) until
-/// `shutdown` completes.
+/// Runs the controller on the Proxies in `scope` until `shutdown` completes.
 pub async fn run(
     ctx: Arc<Context>,
-    proxies: Api<Proxy>,
+    scope: WatchScope,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (reader, writer) = reflector::store();
@@ -53,8 +53,8 @@ pub async fn run(
     let store = reader.clone();
     let forgetting = ctx.clone();
     let filtering = ctx.clone();
-    let stream = watcher(proxies, watcher::Config::default())
-        .default_backoff()
+    let stream = scope
+        .watch(&ctx.client, watcher::Config::default())
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(proxy)) => {

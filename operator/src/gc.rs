@@ -4,17 +4,21 @@
 //! `egressproxy.dev/cluster` tag, and delete those whose `egressproxy.dev/uid` names no
 //! existing Proxy and that are older than `grace` (which covers a Create whose Proxy is
 //! not yet visible in the list). Instances without our cluster tag are never listed,
-//! so never touched. A provider that fails (unreachable, or handing out a page token
+//! so never touched. An operator that watches a list of namespaces lists only the
+//! instances tagged with one of them (one list per namespace): Proxies elsewhere are
+//! invisible to it, so it cannot judge their instances. A provider that fails (unreachable, or handing out a page token
 //! twice) is skipped until the next sweep, and the log says why.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use kube::api::{Api, ListParams};
+use egressproxy_provider::pb;
+use kube::api::ListParams;
 
 use crate::context::Context;
-use crate::crd::Proxy;
+use crate::providers::Provider;
 use crate::reconcile::tags;
+use crate::watch_scope::WatchScope;
 
 /// What one sweep did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -25,30 +29,32 @@ pub struct SweepReport {
     pub failed_providers: Vec<String>,
 }
 
-/// One sweep over every provider. `namespace` is the one namespace this operator
-/// watches, if any: it then only judges instances tagged with that namespace, since
-/// Proxies elsewhere are invisible to it.
+/// One sweep over every provider, judging only the instances of Proxies in `scope`.
 pub async fn sweep(
     ctx: &Context,
-    proxies: &Api<Proxy>,
-    namespace: Option<&str>,
+    scope: &WatchScope,
     grace: Duration,
 ) -> Result<SweepReport, kube::Error> {
-    let live: HashSet<String> = proxies
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|proxy| proxy.metadata.uid)
-        .collect();
-    let mut selector = HashMap::from([(tags::CLUSTER.to_owned(), ctx.cluster_name.clone())]);
-    if let Some(namespace) = namespace {
-        selector.insert(tags::NAMESPACE.to_owned(), namespace.to_owned());
+    let mut live = HashSet::new();
+    for proxies in scope.apis(&ctx.client) {
+        let listed = proxies.list_metadata(&ListParams::default()).await?;
+        live.extend(listed.items.into_iter().filter_map(|p| p.metadata.uid));
     }
+    let cluster = (tags::CLUSTER.to_owned(), ctx.cluster_name.clone());
+    let selectors: Vec<HashMap<String, String>> = match scope {
+        WatchScope::AllNamespaces => vec![HashMap::from([cluster])],
+        WatchScope::Namespaces(namespaces) => namespaces
+            .iter()
+            .map(|namespace| {
+                let namespace = (tags::NAMESPACE.to_owned(), namespace.clone());
+                HashMap::from([cluster.clone(), namespace])
+            })
+            .collect(),
+    };
     let now = std::time::SystemTime::now();
     let mut report = SweepReport::default();
     for provider in ctx.providers.iter() {
-        let instances = match provider.list(&selector).await {
+        let instances = match list_all(provider, &selectors).await {
             Ok(instances) => instances,
             Err(error) => {
                 tracing::warn!(provider = provider.name(), error = %with_causes(&error),
@@ -88,6 +94,18 @@ pub async fn sweep(
     Ok(report)
 }
 
+/// The instances that match any of `selectors`.
+async fn list_all(
+    provider: &Provider,
+    selectors: &[HashMap<String, String>],
+) -> crate::error::Result<Vec<pb::Instance>> {
+    let mut instances = Vec::new();
+    for selector in selectors {
+        instances.extend(provider.list(selector).await?);
+    }
+    Ok(instances)
+}
+
 /// The error and its sources: the top level alone ("ListInstances failed") hides why.
 fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -101,16 +119,10 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 }
 
 /// Sweeps every `interval` forever.
-pub async fn run(
-    ctx: &Context,
-    proxies: Api<Proxy>,
-    namespace: Option<&str>,
-    interval: Duration,
-    grace: Duration,
-) {
+pub async fn run(ctx: &Context, scope: &WatchScope, interval: Duration, grace: Duration) {
     loop {
         tokio::time::sleep(interval).await;
-        if let Err(error) = sweep(ctx, &proxies, namespace, grace).await {
+        if let Err(error) = sweep(ctx, scope, grace).await {
             tracing::warn!(error = %with_causes(&error), "garbage collection: cannot list Proxies");
         }
     }

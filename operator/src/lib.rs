@@ -4,6 +4,8 @@
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
+//! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
+//!   watches as one stream.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
@@ -24,7 +26,9 @@ pub mod health_check;
 pub mod http;
 pub mod leader;
 pub mod limits;
+pub mod merged_watch;
 pub mod metrics;
 pub mod providers;
 pub mod reconcile;
 pub mod status;
+pub mod watch_scope;

@@ -20,6 +20,7 @@ use egressproxy_operator::leader::{self, LeaseConfig};
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_operator::{controller, gc, http, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
@@ -42,9 +43,14 @@ struct Args {
     /// only ever touches instances with this tag. Unique per cluster sharing a provider.
     #[arg(long, env = "EGRESSPROXY_CLUSTER_NAME")]
     cluster_name: String,
-    /// Watch Proxies in this namespace only (default: all namespaces).
-    #[arg(long, env = "EGRESSPROXY_WATCH_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch Proxies in these namespaces only (default: all namespaces). Repeat the
+    /// flag or separate names with commas.
+    #[arg(
+        long = "namespace",
+        env = "EGRESSPROXY_WATCH_NAMESPACE",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     http_listen: SocketAddr,
@@ -77,6 +83,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let scope = WatchScope::from_flags(&args.namespaces).map_err(|error| anyhow::anyhow!(error))?;
     let _telemetry = telemetry::init("egressproxy-operator", args.verbose)?;
     let stopping = listen_for_shutdown();
     let config_text = std::fs::read_to_string(&args.providers).map_err(|error| {
@@ -118,10 +125,6 @@ async fn main() -> anyhow::Result<()> {
     };
     metrics.set_leader(true);
 
-    let proxies = match &args.namespace {
-        Some(namespace) => kube::Api::namespaced(client.clone(), namespace),
-        None => kube::Api::all(client.clone()),
-    };
     let providers = Providers::new(config, metrics.clone());
     let ctx = Arc::new(Context::new(
         client,
@@ -130,16 +133,10 @@ async fn main() -> anyhow::Result<()> {
         metrics.clone(),
     ));
     tracing::info!(
-        namespace = args.namespace.as_deref().unwrap_or("(all)"),
+        namespaces = %scope,
         "egressproxy operator started"
     );
-    let collector = gc::run(
-        &ctx,
-        proxies.clone(),
-        args.namespace.as_deref(),
-        args.gc_interval,
-        args.gc_grace,
-    );
+    let collector = gc::run(&ctx, &scope, args.gc_interval, args.gc_grace);
     let reloader = reload::watch_file(
         &ctx.providers,
         &args.providers,
@@ -153,7 +150,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
     };
     let lost = tokio::select! {
-        () = controller::run(ctx.clone(), proxies, stopping()) => false,
+        () = controller::run(ctx.clone(), scope.clone(), stopping()) => false,
         () = stopped_in_time => false,
         () = collector => false,
         () = reloader => false,

@@ -35,3 +35,12 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_bounds() {
         );
     }
 }
+
+#[test]
+fn a_bad_namespace_is_refused_with_the_flag_and_the_name() {
+    let stderr = refusal("--namespace", "team-a,Team_B");
+    assert!(
+        stderr.contains("--namespace") && stderr.contains("\"Team_B\""),
+        "{stderr}"
+    );
+}

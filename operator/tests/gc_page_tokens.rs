@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_operator::context::Context;
-use egressproxy_operator::crd::Proxy;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_provider::pb;
 use egressproxy_provider::server::ProviderServer;
-use kube::Api;
 use tonic::{Request, Response, Status};
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -131,8 +130,8 @@ async fn sweep_with_pages(tokens: Vec<(&'static str, &'static str)>) -> (Vec<Str
         "gc-pages".into(),
         metrics,
     );
-    let proxies: Api<Proxy> = env.namespaced();
-    let sweep = egressproxy_operator::gc::sweep(&ctx, &proxies, None, std::time::Duration::ZERO);
+    let scope = WatchScope::AllNamespaces;
+    let sweep = egressproxy_operator::gc::sweep(&ctx, &scope, std::time::Duration::ZERO);
     let report = tokio::time::timeout(std::time::Duration::from_secs(30), sweep)
         .await
         .expect("the sweep must stop on a page-token cycle")

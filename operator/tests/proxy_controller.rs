@@ -13,6 +13,7 @@ use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
@@ -683,24 +684,24 @@ async fn garbage_collection_deletes_only_our_orphans() {
     )
     .await;
 
-    let sweep = |namespace: Option<String>, grace: Duration| {
-        let (ctx, proxies) = (h.ctx.clone(), h.proxies());
+    let sweep = |scope: WatchScope, grace: Duration| {
+        let ctx = h.ctx.clone();
         async move {
-            egressproxy_operator::gc::sweep(&ctx, &proxies, namespace.as_deref(), grace)
+            egressproxy_operator::gc::sweep(&ctx, &scope, grace)
                 .await
                 .unwrap()
         }
     };
-    let report = sweep(None, Duration::from_secs(3600)).await;
+    let report = sweep(WatchScope::AllNamespaces, Duration::from_secs(3600)).await;
     assert!(
         report.deleted.is_empty(),
         "the grace period protects young instances: {report:?}"
     );
     // An operator watching one namespace cannot see Proxies elsewhere: it only judges
     // its own namespace's instances.
-    let report = sweep(Some(ns.clone()), Duration::ZERO).await;
+    let report = sweep(WatchScope::Namespaces(vec![ns.clone()]), Duration::ZERO).await;
     assert_eq!(report.deleted, vec![orphan.clone()]);
-    let report = sweep(None, Duration::ZERO).await;
+    let report = sweep(WatchScope::AllNamespaces, Duration::ZERO).await;
     assert_eq!(report.deleted, vec![elsewhere.clone()]);
     for kept in [&live, &untagged, &foreign] {
         let request = pb::GetInstanceRequest { id: kept.clone() };

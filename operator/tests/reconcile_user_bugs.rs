@@ -12,6 +12,7 @@ use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
@@ -65,7 +66,7 @@ impl Harness {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(egressproxy_operator::controller::run(
             ctx.clone(),
-            env.namespaced(),
+            WatchScope::Namespaces(vec![env.namespace.clone()]),
             async {
                 let _ = stopped.await;
             },

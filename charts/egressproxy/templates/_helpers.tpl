@@ -163,3 +163,41 @@ kvmAgent.enabled, the in-cluster agent. A dict of name -> values entry.
 {{- end -}}
 {{- toJson $providers -}}
 {{- end -}}
+
+{{- /*
+Refuses egress rules without the NetworkPolicy they belong to, rather than leave the
+user believing outgoing traffic is restricted. Args: (list <networkPolicy values>
+<values path>).
+*/}}
+{{- define "egressproxy.networkPolicyCheck" -}}
+{{- $policy := index . 0 }}
+{{- $path := index . 1 }}
+{{- if and $policy.egress.enabled (not $policy.enabled) }}
+{{- fail (printf "%s.egress.enabled needs %s.enabled=true: the egress rules are part of that NetworkPolicy" $path $path) }}
+{{- end }}
+{{- end }}
+
+{{- /*
+The egress part of a NetworkPolicy spec. Args: (list <networkPolicy values> <extra
+rules>). DNS first, since nothing resolves a name without it.
+*/}}
+{{- define "egressproxy.networkPolicyEgress" -}}
+{{- $policy := index . 0 }}
+{{- $extra := index . 1 }}
+{{- if $policy.egress.enabled }}
+egress:
+  {{- if $policy.egress.dns }}
+  - ports:
+      - port: 53
+        protocol: UDP
+      - port: 53
+        protocol: TCP
+  {{- end }}
+  {{- with $extra }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+  {{- with $policy.egress.rules }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end }}

@@ -11,9 +11,9 @@ use std::time::Duration;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_operator::context::Context;
-use egressproxy_operator::crd::Proxy;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::watch_scope::WatchScope;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::wait::{Condition, await_condition};
@@ -47,6 +47,17 @@ impl Controller {
     /// Runs the controller on the Proxies of `env`'s namespace with the providers of
     /// `providers_yaml`, tagging instances with `cluster`.
     pub fn start(env: &KubeTestEnv, providers_yaml: &str, cluster: &str) -> Controller {
+        let scope = WatchScope::Namespaces(vec![env.namespace.clone()]);
+        Self::start_in(env, scope, providers_yaml, cluster)
+    }
+
+    /// Runs the controller on the Proxies in `scope`, as [`Controller::start`] does.
+    pub fn start_in(
+        env: &KubeTestEnv,
+        scope: WatchScope,
+        providers_yaml: &str,
+        cluster: &str,
+    ) -> Controller {
         let config = ProvidersConfig::parse(providers_yaml).unwrap();
         let metrics = Arc::new(Metrics::default());
         let ctx = Arc::new(Context::new(
@@ -56,10 +67,9 @@ impl Controller {
             metrics,
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let proxies: Api<Proxy> = env.namespaced();
         tokio::spawn(egressproxy_operator::controller::run(
             ctx.clone(),
-            proxies,
+            scope,
             async {
                 let _ = stopped.await;
             },

@@ -1,0 +1,164 @@
+//! Which Proxies the operator serves: every namespace, or a list of namespaces.
+//!
+//! A list exists so that the operator can run with namespaced Roles only (the chart's
+//! `operator.watchNamespaces`): it then never lists, watches or reads anything outside
+//! those namespaces, including when it collects garbage.
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use crate::crd::Proxy;
+use crate::merged_watch;
+
+/// The longest name Kubernetes accepts for a namespace (an RFC 1123 label).
+const MAX_NAMESPACE_LEN: usize = 63;
+
+/// The namespaces whose Proxies the operator watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchScope {
+    /// Every namespace (needs cluster-wide permissions).
+    AllNamespaces,
+    /// These namespaces only: sorted, without duplicates, never empty.
+    Namespaces(Vec<String>),
+}
+
+impl WatchScope {
+    /// The scope of `--namespace` values: each may hold a comma-separated list; none
+    /// at all means every namespace. Errors name the offending value.
+    pub fn from_flags<I, S>(values: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut namespaces = Vec::new();
+        for value in values {
+            for name in value.as_ref().split(',') {
+                let name = name.trim();
+                check_namespace_name(name)?;
+                namespaces.push(name.to_owned());
+            }
+        }
+        namespaces.sort();
+        namespaces.dedup();
+        Ok(if namespaces.is_empty() {
+            WatchScope::AllNamespaces
+        } else {
+            WatchScope::Namespaces(namespaces)
+        })
+    }
+
+    /// Whether a Proxy in `namespace` is in scope.
+    pub fn contains(&self, namespace: &str) -> bool {
+        match self {
+            WatchScope::AllNamespaces => true,
+            WatchScope::Namespaces(namespaces) => namespaces
+                .binary_search_by(|n| n.as_str().cmp(namespace))
+                .is_ok(),
+        }
+    }
+
+    /// One API handle per watched namespace, or one for all namespaces.
+    pub fn apis(&self, client: &kube::Client) -> Vec<Api<Proxy>> {
+        match self {
+            WatchScope::AllNamespaces => vec![Api::all(client.clone())],
+            WatchScope::Namespaces(namespaces) => namespaces
+                .iter()
+                .map(|namespace| Api::namespaced(client.clone(), namespace))
+                .collect(),
+        }
+    }
+
+    /// The Proxies in scope as one watch stream that a single reflector store can
+    /// follow (see [`merged_watch`] for how several namespaces become one). A failing
+    /// watch is logged with its namespace: a missing Role in one namespace is the
+    /// likeliest mistake, and the watch retries with backoff until it is fixed.
+    pub fn watch(
+        &self,
+        client: &kube::Client,
+        config: watcher::Config,
+    ) -> BoxStream<'static, Result<watcher::Event<Proxy>, watcher::Error>> {
+        let mut streams: Vec<_> = self
+            .apis(client)
+            .into_iter()
+            .map(|api| {
+                let namespace = api.namespace().unwrap_or("(all)").to_owned();
+                watcher(api, config.clone())
+                    .default_backoff()
+                    .inspect_err(move |error| {
+                        tracing::warn!(%namespace, %error,
+                            "cannot watch Proxies: check the operator's permissions in this namespace");
+                    })
+                    .boxed()
+            })
+            .collect();
+        if streams.len() == 1 {
+            return streams.remove(0);
+        }
+        merged_watch::merge(streams).boxed()
+    }
+}
+
+impl std::fmt::Display for WatchScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WatchScope::AllNamespaces => f.write_str("(all)"),
+            WatchScope::Namespaces(namespaces) => f.write_str(&namespaces.join(",")),
+        }
+    }
+}
+
+/// A namespace name is an RFC 1123 label: refusing a bad one at start-up beats a
+/// watch that fails forever.
+fn check_namespace_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "--namespace {name:?} is not a namespace name: use lowercase letters, digits and \
+             '-' (at most {MAX_NAMESPACE_LEN}, starting and ending with a letter or digit), \
+             several separated by commas or by repeating --namespace"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comma_lists_and_repeats_make_one_sorted_scope() {
+        let scope = WatchScope::from_flags(["team-b,team-a", " team-c ", "team-a"]).unwrap();
+        assert_eq!(
+            scope,
+            WatchScope::Namespaces(vec!["team-a".into(), "team-b".into(), "team-c".into()])
+        );
+        assert!(scope.contains("team-b"));
+        assert!(!scope.contains("team-d"));
+        assert_eq!(scope.to_string(), "team-a,team-b,team-c");
+    }
+
+    #[test]
+    fn no_namespace_means_every_namespace() {
+        let none: [&str; 0] = [];
+        let scope = WatchScope::from_flags(none).unwrap();
+        assert_eq!(scope, WatchScope::AllNamespaces);
+        assert!(scope.contains("anything"));
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_the_flag_and_the_name() {
+        for bad in ["team-a,,team-b", "Team", "-a", "a_b", &"x".repeat(64)] {
+            let error = WatchScope::from_flags([bad]).unwrap_err();
+            assert!(error.contains("--namespace"), "{bad}: {error}");
+        }
+    }
+}
