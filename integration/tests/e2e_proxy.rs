@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
 use egressproxy_integration::e2e::stack::{
-    HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack, StackOptions,
+    HOST, IMAGE, IMAGE_INSTALLING_THE_AGENT, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack,
+    StackOptions,
 };
 
 const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
@@ -346,8 +347,8 @@ async fn scenario(stack: &Stack) {
 }
 
 /// A jinja template whose `packages:` pins a version as a quoted string (bare, YAML 1.1
-/// would read `1:5.7` as the number 65.7). The kvm-agent sends it unchanged beside its
-/// bootstrap part; in the guest, cloud-init itself renders the template and merges the
+/// would read `1:5.7` as the number 65.7), on the image declared `guestAgent: install`.
+/// The kvm-agent sends it unchanged beside its bootstrap part (package and runcmd); in the guest, cloud-init itself renders the template and merges the
 /// two. What cloud-init assembled is read back from the guest through qemu-guest-agent.
 /// The guest is offline, so apt cannot install the pinned version (the image ships
 /// squid and the agent); the merged lists and the agent's address are what is checked.
@@ -359,7 +360,7 @@ async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
          metadata: {{name: {NAME}}}\n\
          spec:\n\
          \x20 provider: {PROVIDER}\n\
-         \x20 placement: {{host: {HOST}, machineType: {MACHINE_TYPE}, image: {IMAGE}}}\n\
+         \x20 placement: {{host: {HOST}, machineType: {MACHINE_TYPE}, image: {IMAGE_INSTALLING_THE_AGENT}}}\n\
          \x20 provisioningTimeoutSeconds: {PROVISIONING_TIMEOUT_SECONDS}\n\
          \x20 cloudInit:\n\
          \x20   userData: |\n\

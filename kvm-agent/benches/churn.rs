@@ -256,9 +256,10 @@ async fn main() -> anyhow::Result<()> {
             restart(&mut agent)?;
         }
         let sample = (agent.rss_mib()?, agent.open_fds()?);
-        // A process restarted after this cycle's Delete has done no work yet: its
-        // baseline is taken after its first whole cycle.
-        if kill != Kill::AfterDelete {
+        // The baseline is a process's first whole cycle (Create, Get, Delete): one
+        // restarted while the guest booted or after the Delete has not opened all its
+        // connections yet (the bulk one comes with a Create).
+        if matches!(kill, Kill::Never | Kill::DuringCreate) {
             first_cycle_of_process.get_or_insert(sample);
         }
         if (cycle + 1) % 10 == 0 || std::env::var_os("CHURN_VERBOSE").is_some() {

@@ -43,8 +43,11 @@ use crate::sshd::{Sshd, SshdOptions, free_port};
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 123, 1);
 /// The provider name Proxies use.
 pub const PROVIDER: &str = "kvm";
-/// The agent's image and machine type names.
+/// The agent's image and machine type names. The image ships qemu-guest-agent
+/// (`guestAgent: preinstalled`: the bootstrap only starts it).
 pub const IMAGE: &str = "debian-e2e";
+/// The same image declared `guestAgent: install`: the bootstrap also lists the package.
+pub const IMAGE_INSTALLING_THE_AGENT: &str = "debian-e2e-install";
 /// See [`IMAGE`].
 pub const MACHINE_TYPE: &str = "small";
 /// The agent's host name.
@@ -232,6 +235,13 @@ impl Stack {
              \x20   sha256: {sha256}\n\
              \x20   format: qcow2\n\
              \x20   firmware: uefi\n\
+             \x20   guestAgent: preinstalled\n\
+             \x20 {IMAGE_INSTALLING_THE_AGENT}:\n\
+             \x20   url: {url}\n\
+             \x20   sha256: {sha256}\n\
+             \x20   format: qcow2\n\
+             \x20   firmware: uefi\n\
+             \x20   guestAgent: install\n\
              transport:\n\
              \x20 defaultCallTimeout: 60s\n",
             address = self.sshd.address(),
