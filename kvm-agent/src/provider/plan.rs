@@ -260,7 +260,7 @@ pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
         None => field(b"no_vendor_data", b""),
     }
     field(b"proxy_port", &request.proxy_port.to_be_bytes());
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(hash.finalize())
 }
 
 #[cfg(test)]
