@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::{ConfigProblem, Error};
+use crate::error::Error;
 use crate::guest::cloud_init::GuestAgent;
+use error::ConfigProblem;
 
 mod duration;
+pub mod error;
 mod ssh_address;
 mod validate;
 

@@ -50,4 +50,4 @@ pub mod libvirt;
 pub mod provider;
 pub mod transport;
 
-pub use error::{Error, ErrorClass};
+pub use error::{Error, ErrorClass, TransportError};

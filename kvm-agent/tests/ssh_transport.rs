@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::error::{Error, ErrorClass, TransportError};
 use kvm_agent::transport::call::LibvirtOp;
 use kvm_agent::transport::pool::Pool;
 use opentelemetry::trace::Status;
@@ -134,7 +134,10 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::HostKeyUnknown { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Transport(TransportError::HostKeyUnknown { .. })),
+        "{err:?}"
+    );
     assert_eq!(err.class(), ErrorClass::Permanent);
     let message = err.to_string();
     assert!(
@@ -148,7 +151,13 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .lib_version(deadline_in(Duration::from_millis(50)))
         .await
         .unwrap_err();
-    assert!(matches!(again, Error::SshBackingOff { .. }), "{again:?}");
+    assert!(
+        matches!(
+            again,
+            Error::Transport(TransportError::SshBackingOff { .. })
+        ),
+        "{again:?}"
+    );
     assert_eq!(again.class(), ErrorClass::Permanent);
     assert!(again.to_string().contains(&fingerprint), "{again}");
 
@@ -159,7 +168,10 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::HostKeyChanged { line: 1, .. }),
+        matches!(
+            err,
+            Error::Transport(TransportError::HostKeyChanged { line: 1, .. })
+        ),
         "{err:?}"
     );
     let message = err.to_string();
@@ -189,7 +201,13 @@ async fn wrong_client_key_is_rejected() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::SshAuthRejected { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::Transport(TransportError::SshAuthRejected { .. })
+        ),
+        "{err:?}"
+    );
     assert_eq!(err.class(), ErrorClass::Permanent);
     assert!(err.to_string().contains("\"root\""), "{err}");
 }
@@ -207,7 +225,10 @@ async fn refused_forward_reports_the_socket_not_a_reset() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::ForwardRefused { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Transport(TransportError::ForwardRefused { .. })),
+        "{err:?}"
+    );
     let message = err.to_string();
     assert!(message.contains("/nonexistent/libvirt-sock"), "{message}");
     assert!(message.contains("AllowTcpForwarding"), "{message}");
@@ -381,7 +402,8 @@ async fn a_hung_host_does_not_delay_another() {
         assert!(
             matches!(
                 err,
-                Error::DeadlineExceeded { .. } | Error::ConnectionCut { .. }
+                Error::Transport(TransportError::DeadlineExceeded { .. })
+                    | Error::Transport(TransportError::ConnectionCut { .. })
             ),
             "{err:?}"
         );

@@ -59,7 +59,7 @@ use tracing::Instrument;
 use super::download::{Job, Progress};
 pub use super::eviction::{EvictionReport, KeptBecause};
 use crate::config::{ImageConfig, ImageFormat, TransportConfig};
-use crate::error::{ConfigProblem, Error};
+use crate::error::{ConfigProblem, Error, TransportError};
 use crate::libvirt::naming;
 use crate::transport::pool::HostPool;
 
@@ -307,11 +307,11 @@ impl ImageCache {
 }
 
 fn abnormal_end(host: &str) -> Error {
-    Error::Worker {
+    Error::Transport(TransportError::Worker {
         host: host.to_owned(),
         op: "image download",
         reason: "the download task ended without a result".into(),
-    }
+    })
 }
 
 /// Removes a flight from the map when its task ends, normally or by panic.

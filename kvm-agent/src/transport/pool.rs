@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::{Config, HostConfig, TransportConfig};
-use crate::error::{Error, ErrorClass};
+use crate::error::{Error, ErrorClass, TransportError};
 use crate::transport::bulk;
 use crate::transport::call::{self, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
@@ -62,12 +62,14 @@ impl Pool {
         let dir = tempfile::Builder::new()
             .prefix("kvm-agent-")
             .tempdir_in(&base)
-            .map_err(|e| Error::io(format!("create private directory in {}", base.display()), e))?;
+            .map_err(|e| {
+                Error::transport_io(format!("create private directory in {}", base.display()), e)
+            })?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::io(format!("chmod 0700 {}", dir.path().display()), e))?;
+            .map_err(|e| Error::transport_io(format!("chmod 0700 {}", dir.path().display()), e))?;
         let longest = dir.path().join(format!("c{}.sock", u64::MAX));
         if longest.as_os_str().len() > MAX_SOCKET_PATH {
-            return Err(Error::io(
+            return Err(Error::transport_io(
                 format!(
                     "private directory {} is too long for unix sockets; set KVM_AGENT_RUNTIME_DIR to a short path",
                     dir.path().display()
@@ -93,12 +95,11 @@ impl Pool {
 
     /// The pool of host `name`.
     pub fn host(&self, name: &str) -> Result<Arc<HostPool>, Error> {
-        self.hosts
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownHost {
+        self.hosts.get(name).cloned().ok_or_else(|| {
+            Error::Transport(TransportError::UnknownHost {
                 host: name.to_owned(),
             })
+        })
     }
 
     /// Names of all configured hosts.
@@ -212,11 +213,11 @@ impl HostPool {
             };
             let mut task = AbortOnDrop(runtime.spawn(work));
             (&mut task.0).await.unwrap_or_else(|join| {
-                Err(Error::Worker {
+                Err(Error::Transport(TransportError::Worker {
                     host,
                     op: api,
                     reason: join.to_string(),
-                })
+                }))
             })
         })
         .await
@@ -268,10 +269,12 @@ impl HostPool {
         let waited_from = Instant::now();
         tokio::time::timeout_at(deadline, self.dial.lock())
             .await
-            .map_err(|_| Error::DeadlineExceeded {
-                host: self.name().to_owned(),
-                op: "virConnectOpen",
-                after: deadline.saturating_duration_since(waited_from),
+            .map_err(|_| {
+                Error::Transport(TransportError::DeadlineExceeded {
+                    host: self.name().to_owned(),
+                    op: "virConnectOpen",
+                    after: deadline.saturating_duration_since(waited_from),
+                })
             })
     }
 
@@ -323,8 +326,10 @@ impl HostPool {
             return Ok(session.clone());
         }
         state.session = None;
-        let ssh = self.config.ssh.as_ref().ok_or_else(|| Error::UnknownHost {
-            host: self.name().to_owned(),
+        let ssh = self.config.ssh.as_ref().ok_or_else(|| {
+            Error::Transport(TransportError::UnknownHost {
+                host: self.name().to_owned(),
+            })
         })?;
         let started = Instant::now();
         if let Some(retry_at) = state.retry_at {
@@ -334,12 +339,12 @@ impl HostPool {
                     .last_error
                     .clone()
                     .unwrap_or((String::new(), ErrorClass::Transient));
-                return Err(Error::SshBackingOff {
+                return Err(Error::Transport(TransportError::SshBackingOff {
                     host: self.name().to_owned(),
                     retry_in: retry_at.saturating_duration_since(started),
                     last_error: last.0,
                     last_class: last.1,
-                });
+                }));
             }
             tokio::time::sleep_until(retry_at).await;
         }
@@ -357,11 +362,11 @@ impl HostPool {
         let connect = SshSession::connect(self.name(), ssh, &self.transport).instrument(span);
         let result = match tokio::time::timeout_at(deadline, connect).await {
             Ok(result) => result,
-            Err(_) => Err(Error::DeadlineExceeded {
+            Err(_) => Err(Error::Transport(TransportError::DeadlineExceeded {
                 host: self.name().to_owned(),
                 op: "ssh connect",
                 after: deadline.saturating_duration_since(started),
-            }),
+            })),
         };
         match result {
             Ok(session) => {

@@ -31,7 +31,7 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
 use crate::config::DomainType;
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::XmlError;
 use crate::libvirt::xml::capabilities::DomainCapabilities;
@@ -110,11 +110,11 @@ impl VirtTypes {
                 host: host.name().to_owned(),
                 retry_in: until.saturating_duration_since(tokio::time::Instant::now()),
             }),
-            Ok(Err(_)) => Err(Error::Worker {
+            Ok(Err(_)) => Err(Error::Transport(TransportError::Worker {
                 host: host.name().to_owned(),
                 op: "virDomainCreateXML",
                 reason: "the KVM probe task ended without an answer".into(),
-            }),
+            })),
             Ok(Ok(answer)) => match answer.as_ref().expect("waited for Some") {
                 Ok(choice) => Ok(choice.clone()),
                 Err(error) => Err(Error::Shared(error.clone())),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use russh::keys::{HashAlg, PublicKey};
 
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 
 /// How a host's SSH key is verified.
 #[derive(Debug, Clone)]
@@ -47,18 +47,20 @@ pub(crate) fn verify(
     };
     match russh::keys::check_known_hosts_path(host, port, key, path) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(Error::HostKeyUnknown {
+        Ok(false) => Err(Error::Transport(TransportError::HostKeyUnknown {
             host: host_name.to_owned(),
             fingerprint: fingerprint(key),
             known_hosts: path.clone(),
-        }),
-        Err(russh::keys::Error::KeyChanged { line }) => Err(Error::HostKeyChanged {
-            host: host_name.to_owned(),
-            fingerprint: fingerprint(key),
-            known_hosts: path.clone(),
-            line,
-        }),
-        Err(e) => Err(Error::io(
+        })),
+        Err(russh::keys::Error::KeyChanged { line }) => {
+            Err(Error::Transport(TransportError::HostKeyChanged {
+                host: host_name.to_owned(),
+                fingerprint: fingerprint(key),
+                known_hosts: path.clone(),
+                line,
+            }))
+        }
+        Err(e) => Err(Error::transport_io(
             format!(
                 "host {host_name}: cannot read known_hosts {}",
                 path.display()
