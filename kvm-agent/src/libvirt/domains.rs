@@ -34,6 +34,7 @@ use virt::sys;
 use crate::config::Attachment;
 use crate::libvirt::addresses::{ADDRESS_SOURCES, AddressSource, usable_addresses};
 use crate::libvirt::naming::InstanceNames;
+use crate::libvirt::volumes::lookup_volume;
 use crate::libvirt::xml::domain::DomainFacts;
 use crate::libvirt::xml::metadata::{InstanceMetadata, METADATA_NAMESPACE};
 use crate::transport::call::CallFailure;
@@ -394,10 +395,8 @@ pub fn delete_instance(
         Err(e) => return Err(e.into()),
     };
     for volume in [&names.overlay_volume, &names.seed_volume] {
-        let vol = match pool.lookup_storage_vol_by_name(volume) {
-            Ok(vol) => vol,
-            Err(e) if is(&e, ErrorNumber::NoStorageVolume) => continue,
-            Err(e) => return Err(e.into()),
+        let Some(vol) = lookup_volume(&pool, volume)? else {
+            continue;
         };
         match vol.delete(0) {
             Ok(()) => deleted.volumes.push(volume.clone()),

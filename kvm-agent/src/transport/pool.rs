@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -42,8 +43,12 @@ use crate::transport::ssh::SshSession;
 
 /// Unix socket paths are limited to 108 bytes including the terminator.
 const MAX_SOCKET_PATH: usize = 100;
-const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// 100 ms after the first failed dial, doubling up to 10 s, for as long as dials fail.
+const REDIAL_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(BACKOFF_MAX)
+    .without_max_times();
 
 /// Connections to every configured host.
 #[derive(Debug)]
@@ -116,7 +121,8 @@ impl Pool {
 #[derive(Debug, Default)]
 struct SessionSlot {
     session: Option<Arc<SshSession>>,
-    failures: u32,
+    /// The delays before the next dials, while they fail; `None` after a success.
+    backoff: Option<ExponentialBackoff>,
     retry_at: Option<Instant>,
     last_error: Option<(String, ErrorClass)>,
 }
@@ -373,17 +379,18 @@ impl HostPool {
                 let session = Arc::new(session);
                 *state = SessionSlot {
                     session: Some(session.clone()),
-                    failures: 0,
+                    backoff: None,
                     retry_at: None,
                     last_error: None,
                 };
                 Ok(session)
             }
             Err(e) => {
-                state.failures += 1;
-                let backoff = BACKOFF_START
-                    .saturating_mul(1 << state.failures.min(16).saturating_sub(1))
-                    .min(BACKOFF_MAX);
+                let backoff = state
+                    .backoff
+                    .get_or_insert_with(|| REDIAL_BACKOFF.build())
+                    .next()
+                    .unwrap_or(BACKOFF_MAX);
                 state.retry_at = Some(Instant::now() + backoff);
                 state.last_error = Some((e.to_string(), e.class()));
                 tracing::warn!(host = self.name(), error = %e, retry_in = ?backoff, "SSH connect failed");
