@@ -702,4 +702,40 @@ fn the_documented_error_table_lists_every_reason_and_no_other() {
         documented, produced,
         "the error table of docs/kvm-agent.md and the code disagree"
     );
+    assert_eq!(
+        documented,
+        reasons_in_the_classifications(),
+        "a layer's classification answers with a reason the error table does not list \
+         (or the table lists one no classification gives)"
+    );
+}
+
+/// Every reason a layer's `classify` can give, read from the source: the string after
+/// each `C::Class, ` or `ErrorClass::Class, ` in the files that classify.
+fn reasons_in_the_classifications() -> std::collections::BTreeSet<String> {
+    let sources = [
+        include_str!("../error.rs"),
+        include_str!("../transport/error.rs"),
+        include_str!("../config/error.rs"),
+        include_str!("../guest/error.rs"),
+        include_str!("../libvirt/xml/mod.rs"),
+    ];
+    let mut reasons = std::collections::BTreeSet::new();
+    for source in sources {
+        let mut rest = source;
+        while let Some(at) = rest.find(", \"") {
+            let before = &rest[..at];
+            let after = &rest[at + 3..];
+            let class = before
+                .rsplit(|c: char| !(c.is_alphanumeric() || c == ':' || c == '_'))
+                .next()
+                .unwrap_or_default();
+            if class.starts_with("C::") || class.starts_with("ErrorClass::") {
+                let reason = &after[..after.find('"').unwrap()];
+                reasons.insert(reason.to_owned());
+            }
+            rest = after;
+        }
+    }
+    reasons
 }
