@@ -321,12 +321,11 @@ fn pipelined<T: Sync, R: Send>(
             .collect();
         let mut all = Vec::with_capacity(items.len());
         for reader in readers {
-            let read = reader.join().map_err(|_| {
-                CallFailure::Agent(crate::Error::io(
-                    "a metadata reader thread panicked",
-                    std::io::Error::other("panic"),
-                ))
-            })?;
+            // A reader's panic is the call's: the call wrapper reports it as its worker
+            // ending abnormally, with the panic's message.
+            let read = reader
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             all.extend(read?);
         }
         Ok(all)

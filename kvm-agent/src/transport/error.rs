@@ -86,6 +86,18 @@ pub enum TransportError {
         line: usize,
     },
 
+    /// The `known_hosts` file could not be read or parsed.
+    #[error("host {host}: cannot read known_hosts {}", known_hosts.display())]
+    KnownHostsUnreadable {
+        /// Host name from the configuration.
+        host: String,
+        /// The `known_hosts` file consulted.
+        known_hosts: PathBuf,
+        /// russh's error (boxed: it is large, and rare).
+        #[source]
+        source: Box<russh::keys::Error>,
+    },
+
     /// The server rejected public-key authentication.
     #[error(
         "host {host}: SSH server rejected public key {key_fingerprint} for user {user:?}; add \
@@ -241,7 +253,7 @@ impl TransportError {
             E::Libvirt { failure, .. } => classify_failure(failure),
             E::DeadlineExceeded { .. } => of(C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
             E::ConnectionCut { .. } => of(C::Transient, "LIBVIRT_CONNECTION_CUT"),
-            E::Io { .. } => of(C::Transient, "AGENT_IO_FAILED"),
+            E::Io { .. } | E::KnownHostsUnreadable { .. } => of(C::Transient, "AGENT_IO_FAILED"),
             E::Worker { .. } => of(C::Transient, "AGENT_WORKER_FAILED"),
         }
     }

@@ -60,13 +60,11 @@ pub(crate) fn verify(
                 line,
             }))
         }
-        Err(e) => Err(Error::transport_io(
-            format!(
-                "host {host_name}: cannot read known_hosts {}",
-                path.display()
-            ),
-            std::io::Error::other(e.to_string()),
-        )),
+        Err(source) => Err(Error::Transport(TransportError::KnownHostsUnreadable {
+            host: host_name.to_owned(),
+            known_hosts: path.clone(),
+            source: Box::new(source),
+        })),
     }
 }
 
