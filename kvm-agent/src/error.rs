@@ -1,247 +1,44 @@
-//! The crate's one error type, and THE mapping of every error to the contract.
+//! The crate's top-level error, and THE mapping of every error to the contract.
 //!
-//! Every [`Error`] has a [`ErrorClass`] that tells a caller what to do (retry, surface and
-//! stop, treat as absent, or report the deadline). libvirt errors are classified where
-//! the call runs, in [`crate::transport::libvirt_error`]; a transport failure drops the
-//! connection ([`Error::drops_connection`]).
+//! Each layer has its own error type and classifies its own errors once
+//! ([`Classification`]: the contract's class, the reason code, a retry hint):
+//! [`TransportError`] (SSH, relay, libvirt, deadlines, workers), [`ConfigError`], the
+//! libvirt layer's [`XmlError`] (XML libvirt returned that the agent cannot read is its own
+//! case, never an I/O failure), and the guest layer's [`GuestError`]. [`Error`] wraps them
+//! with `#[from]`, adds the errors of the image cache and of the provider itself, and
+//! [`Error::to_provider_error`] turns any of them into the contract's error: the only
+//! place a [`ProviderError`] is built.
 
-use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
+pub use egressproxy_provider::ErrorClass;
 use egressproxy_provider::ProviderError;
 
+pub use crate::config::error::{ConfigError, ConfigProblem};
+pub use crate::guest::GuestError;
 use crate::libvirt::xml::XmlError;
-use crate::transport::libvirt_error::SYSTEM_ERROR;
+pub use crate::transport::error::TransportError;
 pub use crate::transport::libvirt_error::{
     LibvirtFailure, classify_libvirt, classify_libvirt_parts,
 };
+pub use classification::Classification;
 
-/// What a caller should do about an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// Retry with backoff: the host, network or daemon may recover.
-    Transient,
-    /// Retrying the same request cannot succeed until configuration or input changes.
-    Permanent,
-    /// The object does not exist.
-    NotFound,
-    /// The caller's deadline passed; the operation's outcome is unknown.
-    DeadlineExceeded,
-    /// Something else holds the name the request needs; retrying cannot help until it is
-    /// removed or the request changes.
-    Conflict,
-}
-
-/// One problem in the configuration file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// The field's path, e.g. `hosts[0].ssh.privateKey` (or a line/column for syntax errors).
-    pub field: String,
-    /// What is wrong and what to do.
-    pub message: String,
-}
-
-impl ConfigProblem {
-    /// A problem with `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
-    }
-}
+mod classification;
 
 /// Errors of the kvm-agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The configuration file is unreadable or invalid; all problems are listed.
-    #[error("invalid configuration:\n{}", list(.problems))]
-    Config {
-        /// Each problem with its field.
-        problems: Vec<ConfigProblem>,
-    },
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 
-    /// A request named a host that is not configured.
-    #[error("host {host:?} is not in the configuration")]
-    UnknownHost {
-        /// The requested host name.
-        host: String,
-    },
+    /// Reaching a host or calling its libvirt failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
 
-    /// TCP connect to the SSH server failed.
-    #[error("host {host}: cannot connect to SSH server {address}")]
-    SshConnect {
-        /// Host name from the configuration.
-        host: String,
-        /// `host:port` dialled.
-        address: String,
-        /// The socket error.
-        #[source]
-        source: std::io::Error,
-    },
-
-    /// TCP connect, key exchange and authentication did not finish in time.
-    #[error("host {host}: SSH handshake did not finish within {after:?}")]
-    SshHandshakeTimeout {
-        /// Host name from the configuration.
-        host: String,
-        /// The handshake deadline.
-        after: Duration,
-    },
-
-    /// The SSH protocol failed or the session closed.
-    #[error("host {host}: SSH session failed")]
-    Ssh {
-        /// Host name from the configuration.
-        host: String,
-        /// russh's error.
-        #[source]
-        source: russh::Error,
-    },
-
-    /// The server's host key is not in `known_hosts`.
-    #[error(
-        "host {host}: unknown SSH host key {fingerprint} (not in {}); verify the fingerprint on \
-         the hypervisor (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`) and add the key",
-        known_hosts.display()
-    )]
-    HostKeyUnknown {
-        /// Host name from the configuration.
-        host: String,
-        /// `SHA256:...` fingerprint of the key the server presented.
-        fingerprint: String,
-        /// The `known_hosts` file consulted.
-        known_hosts: PathBuf,
-    },
-
-    /// The server's host key differs from the one in `known_hosts`.
-    #[error(
-        "host {host}: SSH host key CHANGED: server presented {fingerprint}, {} line {line} \
-         records another key; possible man-in-the-middle. If the hypervisor was reinstalled, \
-         replace that line",
-        known_hosts.display()
-    )]
-    HostKeyChanged {
-        /// Host name from the configuration.
-        host: String,
-        /// `SHA256:...` fingerprint of the key the server presented.
-        fingerprint: String,
-        /// The `known_hosts` file consulted.
-        known_hosts: PathBuf,
-        /// The line that records the other key.
-        line: usize,
-    },
-
-    /// The server rejected public-key authentication.
-    #[error(
-        "host {host}: SSH server rejected public key {key_fingerprint} for user {user:?}; add \
-         it to that user's authorized_keys"
-    )]
-    SshAuthRejected {
-        /// Host name from the configuration.
-        host: String,
-        /// Remote user.
-        user: String,
-        /// Fingerprint of the client's public key (never the private key).
-        key_fingerprint: String,
-    },
-
-    /// Recent SSH connects to the host failed; the next attempt is not due before the
-    /// caller's deadline.
-    #[error(
-        "host {host}: not reconnecting for another {retry_in:?} after SSH failures (last: {last_error})"
-    )]
-    SshBackingOff {
-        /// Host name from the configuration.
-        host: String,
-        /// Time until the next attempt.
-        retry_in: Duration,
-        /// The last failure, as text.
-        last_error: String,
-        /// The last failure's class (a rejected host key stays permanent).
-        last_class: ErrorClass,
-    },
-
-    /// The SSH session closed under an open connection: the peer went away or stopped
-    /// answering keepalives.
-    #[error("host {host}: SSH session closed (hypervisor unreachable or not answering keepalives)")]
-    SshSessionClosed {
-        /// Host name from the configuration.
-        host: String,
-    },
-
-    /// The SSH server refused to forward the libvirt socket, or the socket does not exist.
-    #[error(
-        "host {host}: SSH server refused to forward {}: {reason}; check that libvirtd runs and \
-         listens there, that the SSH user may use it, and that sshd has \
-         `AllowTcpForwarding local` (or `yes`)",
-        socket.display()
-    )]
-    ForwardRefused {
-        /// Host name from the configuration.
-        host: String,
-        /// Remote libvirt socket.
-        socket: PathBuf,
-        /// The channel-open failure.
-        reason: String,
-    },
-
-    /// The local libvirt socket (local mode) cannot be connected.
-    #[error("host {host}: cannot connect to libvirt socket {}", socket.display())]
-    LocalSocket {
-        /// Host name from the configuration.
-        host: String,
-        /// Local libvirt socket.
-        socket: PathBuf,
-        /// The socket error.
-        #[source]
-        source: std::io::Error,
-    },
-
-    /// A libvirt API call failed.
-    #[error("host {host}: {op} failed: {} ({})", failure.message, failure.code_name)]
-    Libvirt {
-        /// Host name from the configuration.
-        host: String,
-        /// libvirt API name, e.g. `virDomainDefineXML`.
-        op: &'static str,
-        /// The classified libvirt error.
-        failure: LibvirtFailure,
-    },
-
-    /// The caller's deadline passed; the connection under the call was dropped.
-    #[error("host {host}: {op} did not finish within {after:?}")]
-    DeadlineExceeded {
-        /// Host name from the configuration.
-        host: String,
-        /// libvirt API name (or `connect`).
-        op: &'static str,
-        /// The time the call was given.
-        after: Duration,
-    },
-
-    /// The connection under the call was cut because another call on it ran past its
-    /// deadline (the host stopped answering); the call's outcome is unknown.
-    #[error("host {host}: {op} aborted: its connection was cut after {cause}")]
-    ConnectionCut {
-        /// Host name from the configuration.
-        host: String,
-        /// libvirt API name.
-        op: &'static str,
-        /// Why the connection was cut.
-        cause: String,
-    },
+    /// A request's cloud-init documents cannot be used.
+    #[error(transparent)]
+    Guest(#[from] GuestError),
 
     /// An image server answered with an HTTP error.
     #[error("image {url}: the server answered HTTP {status}")]
@@ -327,7 +124,7 @@ pub enum Error {
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
 
-    /// Local I/O of the agent itself failed (private socket directory, relay).
+    /// Local I/O of the agent itself failed (spooling an image download).
     #[error("{context}")]
     Io {
         /// What the agent was doing.
@@ -424,6 +221,14 @@ pub enum Error {
         domain: String,
     },
 
+    /// Request fields this provider cannot use, each with what is wrong (the message shows
+    /// the first; the contract's field violations list them all).
+    #[error("{}", violations.first().map(|(f, d)| format!("{f}: {d}")).unwrap_or_default())]
+    InvalidFields {
+        /// Each field with what is wrong with it.
+        violations: Vec<(String, String)>,
+    },
+
     /// A request field this provider cannot use.
     #[error("{field}: {reason}")]
     InvalidArgument {
@@ -452,83 +257,73 @@ pub enum Error {
         /// Panic or cancellation message.
         reason: String,
     },
-
-    /// A blocking libvirt task panicked or was cancelled.
-    #[error("host {host}: {op} worker ended abnormally: {reason}")]
-    Worker {
-        /// Host name from the configuration.
-        host: String,
-        /// libvirt API name.
-        op: &'static str,
-        /// Panic or cancellation message.
-        reason: String,
-    },
 }
 
 /// 5xx, 429 (too many requests) and 408 (timeout) may pass; other statuses will not.
-fn http_status_class(status: u16) -> ErrorClass {
-    match status {
-        500..=599 | 429 | 408 => ErrorClass::Transient,
-        _ => ErrorClass::Permanent,
-    }
-}
-
-fn list(problems: &[ConfigProblem]) -> String {
-    problems
-        .iter()
-        .map(|p| format!("  - {p}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+fn http_status_is_transient(status: u16) -> bool {
+    matches!(status, 500..=599 | 429 | 408)
 }
 
 impl Error {
     /// A configuration error with `problems`.
     pub fn config(problems: Vec<ConfigProblem>) -> Self {
-        Self::Config { problems }
+        Self::Config(ConfigError { problems })
     }
 
-    /// What a caller should do about this error.
-    pub fn class(&self) -> ErrorClass {
+    /// The verdict of the layer the error comes from: class, reason and retry hint.
+    pub fn classify(&self) -> Classification {
+        use ErrorClass as C;
+        let of = Classification::new;
         match self {
-            Error::Config { .. }
-            | Error::UnknownHost { .. }
-            | Error::HostKeyUnknown { .. }
-            | Error::HostKeyChanged { .. }
-            | Error::SshAuthRejected { .. }
-            | Error::DomainXmlInvalid { .. }
-            | Error::InvalidArgument { .. }
-            | Error::Xml { .. }
-            | Error::HostNotReady { .. } => ErrorClass::Permanent,
-            Error::DomainNameTaken { .. } | Error::SpecMismatch { .. } => ErrorClass::Conflict,
-            Error::InstanceNotFound { .. } => ErrorClass::NotFound,
-            Error::InstanceVanished { .. } | Error::CreateTaskFailed { .. } => {
-                ErrorClass::Transient
+            Error::Config(e) => e.classify(),
+            Error::Transport(e) => e.classify(),
+            Error::Guest(e) => e.classify(),
+            Error::Xml { error, .. } => error.classify(),
+            Error::Shared(error) => error.classify(),
+            // The image cache.
+            Error::ImageHttp {
+                status: 404 | 410, ..
+            } => of(C::Permanent, "IMAGE_NOT_FOUND"),
+            Error::ImageHttp {
+                status: 401 | 403, ..
+            } => of(C::Permanent, "IMAGE_FORBIDDEN"),
+            Error::ImageHttp { status, .. } if http_status_is_transient(*status) => {
+                of(C::Transient, "IMAGE_SERVER_ERROR")
             }
-            Error::CreateInProgress { .. } | Error::KvmProbeRunning { .. } => ErrorClass::Transient,
-            Error::SshConnect { .. }
-            | Error::SshHandshakeTimeout { .. }
-            | Error::Ssh { .. }
-            | Error::SshSessionClosed { .. }
-            | Error::ForwardRefused { .. }
-            | Error::LocalSocket { .. }
-            | Error::ConnectionCut { .. }
-            | Error::Io { .. }
-            | Error::Worker { .. } => ErrorClass::Transient,
-            Error::Libvirt { failure, .. } => failure.class,
-            Error::SshBackingOff { last_class, .. } => *last_class,
-            Error::DeadlineExceeded { .. } => ErrorClass::DeadlineExceeded,
-            Error::ImageHttp { status, .. } => http_status_class(*status),
-            Error::ImageFetch { permanent, .. } => {
-                if *permanent {
-                    ErrorClass::Permanent
-                } else {
-                    ErrorClass::Transient
-                }
+            Error::ImageHttp { .. } => of(C::Permanent, "IMAGE_HTTP_ERROR"),
+            Error::ImageFetch {
+                permanent: true, ..
+            } => of(C::Permanent, "IMAGE_URL_INVALID"),
+            Error::ImageFetch { .. } => of(C::Transient, "IMAGE_UNREACHABLE"),
+            Error::ImageTruncated { .. } => of(C::Transient, "IMAGE_TRUNCATED"),
+            Error::ImageChecksum { .. } => of(C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
+            Error::ImageDownloading { retry_in, .. } => {
+                of(C::Transient, "IMAGE_DOWNLOADING").retry_after(*retry_in)
             }
-            Error::ImageTruncated { .. } | Error::ImageDownloading { .. } => ErrorClass::Transient,
-            Error::ImageChecksum { .. } | Error::ImageFormat { .. } => ErrorClass::Permanent,
-            Error::Shared(error) => error.class(),
+            Error::ImageFormat { .. } => of(C::Permanent, "IMAGE_FORMAT_MISMATCH"),
+            Error::Io { .. } => of(C::Transient, "AGENT_IO_FAILED"),
+            // The provider's own.
+            Error::DomainNameTaken { .. } => of(C::AlreadyExists, "DOMAIN_NAME_TAKEN"),
+            Error::DomainXmlInvalid { .. } => of(C::Permanent, "DOMAIN_XML_INVALID"),
+            Error::HostNotReady { .. } => of(C::Permanent, "HOST_NOT_READY"),
+            Error::CreateInProgress { .. } => of(C::Transient, "CREATE_IN_PROGRESS"),
+            Error::KvmProbeRunning { retry_in, .. } => {
+                of(C::Transient, "KVM_PROBE_RUNNING").retry_after(*retry_in)
+            }
+            Error::SpecMismatch { .. } => of(C::AlreadyExists, "SPEC_MISMATCH"),
+            Error::InstanceNotFound { .. } => of(C::NotFound, "INSTANCE_NOT_FOUND"),
+            Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
+            Error::InvalidArgument { .. } | Error::InvalidFields { .. } => {
+                of(C::InvalidArgument, "INVALID_ARGUMENT")
+            }
+            Error::CreateTaskFailed { .. } => of(C::Transient, "AGENT_WORKER_FAILED"),
         }
+    }
+
+    /// What a caller should do about this error, as the layer it comes from sees it
+    /// (`NotFound`: the object the error is about is missing).
+    pub fn class(&self) -> ErrorClass {
+        self.classify().class
     }
 
     /// Whether the libvirt connection the error happened on must be discarded.
@@ -536,13 +331,16 @@ impl Error {
     /// Errors libvirt reports about the operation keep a healthy connection; transport
     /// failures, deadline expiry and worker panics drop it.
     pub fn drops_connection(&self) -> bool {
-        !matches!(self, Error::Libvirt { failure, .. } if !failure.transport)
+        match self {
+            Error::Transport(e) => e.drops_connection(),
+            _ => true,
+        }
     }
 
     /// The libvirt error code, when libvirt reported the error.
     pub fn libvirt_code(&self) -> Option<i32> {
         match self {
-            Error::Libvirt { failure, .. } => Some(failure.code),
+            Error::Transport(e) => e.libvirt_code(),
             Error::Shared(error) => error.libvirt_code(),
             _ => None,
         }
@@ -556,99 +354,62 @@ impl Error {
         }
     }
 
+    pub(crate) fn transport_io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Transport(TransportError::Io {
+            context: context.into(),
+            source,
+        })
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
             source,
         }
     }
-}
 
-impl Error {
-    /// The error as the Provider contract carries it: class, a stable reason, the message,
-    /// and a retry hint when the agent knows one. The table test below lists every case.
+    fn is_instance_missing(&self) -> bool {
+        match self {
+            Error::InstanceNotFound { .. } => true,
+            Error::Shared(error) => error.is_instance_missing(),
+            _ => false,
+        }
+    }
+
+    /// The request fields at fault, for an invalid argument.
+    fn field_violations(&self) -> Vec<(String, String)> {
+        match self {
+            Error::InvalidArgument { field, reason } => vec![((*field).to_owned(), reason.clone())],
+            Error::InvalidFields { violations } => violations.clone(),
+            Error::Guest(e) => e.field_violations(),
+            Error::Shared(error) => error.field_violations(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The error as the Provider contract carries it: the layer's class and reason, the
+    /// message, the retry hint and the fields at fault. The table test lists every case.
     ///
-    /// A libvirt object that does not exist (pool, network, volume) maps to
-    /// FAILED_PRECONDITION, not NOT_FOUND: the contract's NOT_FOUND means *the instance*
-    /// is gone (the operator then forgets it), which only Get and Delete decide, from the
-    /// domain lookup. A host missing from the configuration is permanent: an endless retry
-    /// would pin the operator's finalizer.
+    /// The contract's NOT_FOUND means *the instance* is gone (the operator then forgets
+    /// it), which only Get and Delete decide, from the domain lookup. Any other object
+    /// that is missing (pool, network, volume) is therefore FAILED_PRECONDITION here.
     pub fn to_provider_error(&self) -> ProviderError {
-        use egressproxy_provider::ErrorClass as C;
-        let (class, reason) = match self {
-            Error::Shared(error) => return error.to_provider_error(),
-            Error::Config { .. } => (C::Permanent, "AGENT_CONFIG_INVALID"),
-            Error::UnknownHost { .. } => (C::Permanent, "HOST_NOT_CONFIGURED"),
-            Error::SshConnect { .. }
-            | Error::SshHandshakeTimeout { .. }
-            | Error::SshSessionClosed { .. }
-            | Error::LocalSocket { .. } => (C::Transient, "HOST_UNREACHABLE"),
-            Error::Ssh { .. } => (C::Transient, "SSH_FAILED"),
-            Error::HostKeyUnknown { .. } => (C::Permanent, "SSH_HOST_KEY_UNKNOWN"),
-            Error::HostKeyChanged { .. } => (C::Permanent, "SSH_HOST_KEY_CHANGED"),
-            Error::SshAuthRejected { .. } => (C::Permanent, "SSH_AUTH_REJECTED"),
-            Error::SshBackingOff { last_class, .. } => match last_class {
-                ErrorClass::Permanent => (C::Permanent, "SSH_BACKING_OFF"),
-                _ => (C::Transient, "SSH_BACKING_OFF"),
-            },
-            Error::ForwardRefused { .. } => (C::Transient, "LIBVIRT_FORWARD_REFUSED"),
-            Error::Libvirt { failure, .. } => match failure.class {
-                _ if failure.transport => (C::Transient, "LIBVIRT_CONNECTION_FAILED"),
-                ErrorClass::NotFound => (C::Permanent, "LIBVIRT_OBJECT_MISSING"),
-                ErrorClass::Permanent | ErrorClass::Conflict => (C::Permanent, "LIBVIRT_REJECTED"),
-                ErrorClass::DeadlineExceeded => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
-                ErrorClass::Transient if failure.code == SYSTEM_ERROR => {
-                    (C::Transient, "LIBVIRT_HOST_ERROR")
-                }
-                ErrorClass::Transient => (C::Transient, "LIBVIRT_FAILED"),
-            },
-            Error::DomainNameTaken { .. } => (C::AlreadyExists, "DOMAIN_NAME_TAKEN"),
-            Error::DomainXmlInvalid { .. } => (C::Permanent, "DOMAIN_XML_INVALID"),
-            Error::HostNotReady { .. } => (C::Permanent, "HOST_NOT_READY"),
-            Error::CreateInProgress { .. } => (C::Transient, "CREATE_IN_PROGRESS"),
-            Error::KvmProbeRunning { .. } => (C::Transient, "KVM_PROBE_RUNNING"),
-            Error::DeadlineExceeded { .. } => (C::DeadlineExceeded, "LIBVIRT_DEADLINE"),
-            Error::ConnectionCut { .. } => (C::Transient, "LIBVIRT_CONNECTION_CUT"),
-            Error::Io { .. } => (C::Transient, "AGENT_IO_FAILED"),
-            Error::Worker { .. } | Error::CreateTaskFailed { .. } => {
-                (C::Transient, "AGENT_WORKER_FAILED")
-            }
-            Error::SpecMismatch { .. } => (C::AlreadyExists, "SPEC_MISMATCH"),
-            Error::Xml {
-                error: XmlError::Parse { .. },
-                ..
-            } => (C::Permanent, "LIBVIRT_XML_UNREADABLE"),
-            Error::Xml { .. } => (C::Permanent, "LIBVIRT_XML_UNBUILDABLE"),
-            Error::InstanceNotFound { .. } => (C::NotFound, "INSTANCE_NOT_FOUND"),
-            Error::InstanceVanished { .. } => (C::Transient, "INSTANCE_VANISHED"),
-            Error::InvalidArgument { field, reason } => {
-                return ProviderError::invalid_argument(*field, reason.clone());
-            }
-            Error::ImageHttp { status, .. } => match (status, http_status_class(*status)) {
-                (404 | 410, _) => (C::Permanent, "IMAGE_NOT_FOUND"),
-                (401 | 403, _) => (C::Permanent, "IMAGE_FORBIDDEN"),
-                (_, ErrorClass::Transient) => (C::Transient, "IMAGE_SERVER_ERROR"),
-                _ => (C::Permanent, "IMAGE_HTTP_ERROR"),
-            },
-            Error::ImageFetch {
-                permanent: true, ..
-            } => (C::Permanent, "IMAGE_URL_INVALID"),
-            Error::ImageFetch { .. } => (C::Transient, "IMAGE_UNREACHABLE"),
-            Error::ImageTruncated { .. } => (C::Transient, "IMAGE_TRUNCATED"),
-            Error::ImageChecksum { .. } => (C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
-            Error::ImageDownloading { .. } => (C::Transient, "IMAGE_DOWNLOADING"),
-            Error::ImageFormat { .. } => (C::Permanent, "IMAGE_FORMAT_MISMATCH"),
+        let Classification {
+            class,
+            reason,
+            retry_after,
+        } = self.classify();
+        let class = match class {
+            ErrorClass::NotFound if !self.is_instance_missing() => ErrorClass::Permanent,
+            class => class,
         };
-        let retry_after = match self {
-            Error::SshBackingOff { retry_in, .. } if class == C::Transient => Some(*retry_in),
-            Error::ImageDownloading { retry_in, .. } | Error::KvmProbeRunning { retry_in, .. } => {
-                Some(*retry_in)
-            }
-            _ => None,
-        };
-        ProviderError::new(class, self.to_string())
-            .with_reason(reason)
-            .with_retry_after(retry_after)
+        let retry_after = retry_after.filter(|_| class == ErrorClass::Transient);
+        self.field_violations().into_iter().fold(
+            ProviderError::new(class, self.to_string())
+                .with_reason(reason)
+                .with_retry_after(retry_after),
+            |error, (field, description)| error.with_violation(field, description),
+        )
     }
 }
 

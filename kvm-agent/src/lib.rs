@@ -21,7 +21,8 @@
 //! - [`transport`]: `transport::ssh` sessions, the [`transport::relay`] under each
 //!   libvirt connection, `transport::connection`, the per-host [`transport::pool`],
 //!   [`transport::call`] (the one traced, deadline-bounded wrapper of every libvirt
-//!   call), [`transport::libvirt_error`] (libvirt's errors classified once), libvirt's
+//!   call), [`transport::libvirt_error`] (libvirt's errors classified once),
+//!   [`transport::error`] (the layer's error type), libvirt's
 //!   [`transport::event_loop`], and [`transport::bulk`] uploads.
 //! - [`libvirt`]: [`libvirt::xml`] (domain, metadata, volume, capabilities),
 //!   [`libvirt::naming`], [`libvirt::domains`], [`libvirt::addresses`],
@@ -31,8 +32,16 @@
 //!   [`images::fetch`] and `images::eviction`.
 //! - [`provider`]: the gRPC [`provider::service`] over [`provider::instances`], with
 //!   [`provider::plan`], [`provider::create`], [`provider::state`] and `provider::sync`.
-//! - [`config`]: the YAML configuration, validated at start-up.
-//! - [`error`]: the crate's error type and THE mapping of every error to the contract.
+//! - `single_flight`: one detached task per key that callers wait on up to their own
+//!   deadline (the base image download, the KVM probe); shared by the layers, depends on
+//!   none of them.
+//! - [`config`]: the YAML configuration, validated at start-up (each duration within its
+//!   range), with its own [`config::error::ConfigError`].
+//! - [`error`]: the top-level [`Error`], which wraps each layer's error
+//!   ([`TransportError`], [`config::error::ConfigError`], [`guest::GuestError`],
+//!   [`libvirt::xml::XmlError`]) with `#[from]`, and THE mapping of every error to the
+//!   contract ([`Error::to_provider_error`]). Each layer classifies its own errors once
+//!   ([`error::Classification`]: the contract's class, the reason, a retry hint).
 //!
 //! A Create, top to bottom: [`provider::service`] checks the request and calls
 //! [`provider::instances::Instances::create`]; [`provider::plan`] resolves it against the
@@ -48,6 +57,7 @@ pub mod guest;
 pub mod images;
 pub mod libvirt;
 pub mod provider;
+pub(crate) mod single_flight;
 pub mod transport;
 
-pub use error::{Error, ErrorClass};
+pub use error::{Error, ErrorClass, TransportError};

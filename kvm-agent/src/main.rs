@@ -210,14 +210,11 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
     let needs_uefi = config.images.values().any(|i| i.firmware == Firmware::Uefi);
     let hosts: Vec<_> = match only {
         Some(name) => {
-            vec![
-                config
-                    .host(name)
-                    .cloned()
-                    .ok_or_else(|| kvm_agent::Error::UnknownHost {
-                        host: name.to_owned(),
-                    })?,
-            ]
+            vec![config.host(name).cloned().ok_or_else(|| {
+                kvm_agent::TransportError::UnknownHost {
+                    host: name.to_owned(),
+                }
+            })?]
         }
         None => config.hosts.clone(),
     };

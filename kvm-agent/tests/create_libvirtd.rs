@@ -17,7 +17,7 @@ use common::{caller_trace, deadline_in, spans_of};
 use egressproxy_provider::{ErrorClass, pb};
 use guest_env::{FileServer, GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
 use kvm_agent::config::Config;
-use kvm_agent::error::Error;
+use kvm_agent::error::{Error, TransportError};
 use kvm_agent::images::cache::marker_volume;
 use kvm_agent::libvirt::naming::{InstanceNames, base_volume};
 use kvm_agent::provider::create::{CreateStep, FaultHook};
@@ -304,11 +304,11 @@ async fn create_is_idempotent_after_a_failure_at_every_step() {
         FaultHook::new(move |step| {
             if armed.load(Ordering::SeqCst) && *failing.lock().unwrap() == Some(step) {
                 armed.store(false, Ordering::SeqCst);
-                return Err(Error::Worker {
+                return Err(Error::Transport(TransportError::Worker {
                     host: "hv1".into(),
                     op: "injected fault",
                     reason: format!("after {step:?}"),
-                });
+                }));
             }
             Ok(())
         })
@@ -441,11 +441,11 @@ fn fail_after(step: CreateStep) -> (FaultHook, Arc<AtomicBool>) {
         let armed = armed.clone();
         FaultHook::new(move |reached| {
             if reached == step && armed.swap(false, Ordering::SeqCst) {
-                return Err(Error::Worker {
+                return Err(Error::Transport(TransportError::Worker {
                     host: "hv1".into(),
                     op: "injected fault",
                     reason: format!("after {reached:?}"),
-                });
+                }));
             }
             Ok(())
         })

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::*;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::Config;
-use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::error::{Error, ErrorClass, TransportError};
 use kvm_agent::transport::pool::Pool;
 
 /// A config as a user would write it, with no word about host keys.
@@ -62,7 +62,13 @@ async fn host_keys_are_verified_unless_turned_off_by_name() {
         .lib_version(deadline_in(Duration::from_secs(20)))
         .await;
     let error = refused.expect_err("connected to a host whose key was never checked");
-    assert!(matches!(error, Error::HostKeyUnknown { .. }), "{error:?}");
+    assert!(
+        matches!(
+            error,
+            Error::Transport(TransportError::HostKeyUnknown { .. })
+        ),
+        "{error:?}"
+    );
     assert_eq!(error.class(), ErrorClass::Permanent);
     assert!(error.to_string().contains("hv-default"), "{error}");
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::{config, deadline_in, kvm_agent, ssh_host};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::{Sshd, SshdOptions};
-use kvm_agent::error::Error;
+use kvm_agent::error::{Error, TransportError};
 use kvm_agent::transport::pool::Pool;
 
 /// The user the documentation creates.
@@ -283,7 +283,10 @@ fn documented_user_and_sshd_match_block_let_the_agent_reach_libvirt() {
             .await
             .expect_err("root is not in the Match block: its forward is refused");
         assert!(
-            matches!(refused, Error::ForwardRefused { .. }),
+            matches!(
+                refused,
+                Error::Transport(TransportError::ForwardRefused { .. })
+            ),
             "root's forward is refused, not another failure: {refused:?}"
         );
     });

@@ -635,13 +635,18 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
             && text.ends_with(&format!(" of {} bytes", qcow2_image().len())),
         "{text}"
     );
-    // The download finishes without any caller waiting.
+    // The download finishes without any caller waiting: the server sends the last byte,
+    // then the agent uploads it and writes the marker last.
     let started = std::time::Instant::now();
     while fixture.server.completed("/slow.qcow2") == 0 {
         assert!(started.elapsed() < GENEROUS, "the download stalled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let marker = marker_volume(&base_volume(&sha256_hex(qcow2_image())).unwrap());
+    while !fixture.files().contains(&marker) {
+        assert!(started.elapsed() < GENEROUS, "the upload stalled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let started = std::time::Instant::now();
     let base = fixture
         .ensure(&cache, &image, Duration::from_secs(10))

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::error::{Error, ErrorClass, TransportError};
 use kvm_agent::transport::call::LibvirtOp;
 use kvm_agent::transport::pool::Pool;
 use opentelemetry::trace::Status;
@@ -134,7 +134,10 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::HostKeyUnknown { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Transport(TransportError::HostKeyUnknown { .. })),
+        "{err:?}"
+    );
     assert_eq!(err.class(), ErrorClass::Permanent);
     let message = err.to_string();
     assert!(
@@ -148,7 +151,13 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .lib_version(deadline_in(Duration::from_millis(50)))
         .await
         .unwrap_err();
-    assert!(matches!(again, Error::SshBackingOff { .. }), "{again:?}");
+    assert!(
+        matches!(
+            again,
+            Error::Transport(TransportError::SshBackingOff { .. })
+        ),
+        "{again:?}"
+    );
     assert_eq!(again.class(), ErrorClass::Permanent);
     assert!(again.to_string().contains(&fingerprint), "{again}");
 
@@ -159,7 +168,10 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::HostKeyChanged { line: 1, .. }),
+        matches!(
+            err,
+            Error::Transport(TransportError::HostKeyChanged { line: 1, .. })
+        ),
         "{err:?}"
     );
     let message = err.to_string();
@@ -189,7 +201,13 @@ async fn wrong_client_key_is_rejected() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::SshAuthRejected { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::Transport(TransportError::SshAuthRejected { .. })
+        ),
+        "{err:?}"
+    );
     assert_eq!(err.class(), ErrorClass::Permanent);
     assert!(err.to_string().contains("\"root\""), "{err}");
 }
@@ -207,7 +225,10 @@ async fn refused_forward_reports_the_socket_not_a_reset() {
         .lib_version(deadline_in(GENEROUS))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::ForwardRefused { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Transport(TransportError::ForwardRefused { .. })),
+        "{err:?}"
+    );
     let message = err.to_string();
     assert!(message.contains("/nonexistent/libvirt-sock"), "{message}");
     assert!(message.contains("AllowTcpForwarding"), "{message}");
@@ -294,7 +315,10 @@ async fn hung_sshd_fails_within_deadline_keepalive_closes_the_session_and_resume
         assert_eq!(err.class(), ErrorClass::DeadlineExceeded, "{err}");
         assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
         // SSH keepalive (500 ms x 3 unanswered) closes the dead session meanwhile.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        until("keepalive closes the SSH session to the hung sshd", || {
+            client_sockets_to(&sshd.address()).is_empty()
+        })
+        .await;
         sshd.resume().unwrap();
         host.lib_version(deadline_in(GENEROUS)).await.unwrap();
     }
@@ -360,7 +384,12 @@ async fn a_hung_host_does_not_delay_another() {
         let hung = hung.clone();
         tokio::spawn(async move { hung.lib_version(deadline_in(Duration::from_secs(3))).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The hung host's kernel queues what its stopped sshd does not read: the calls are
+    // on their way and stuck.
+    until("the hung host's calls reach its stopped sshd", || {
+        server_unread_bytes(&hung_sshd.address()) > 0
+    })
+    .await;
     let mut slowest = Duration::ZERO;
     for _ in 0..50 {
         let started = Instant::now();
@@ -381,7 +410,8 @@ async fn a_hung_host_does_not_delay_another() {
         assert!(
             matches!(
                 err,
-                Error::DeadlineExceeded { .. } | Error::ConnectionCut { .. }
+                Error::Transport(TransportError::DeadlineExceeded { .. })
+                    | Error::Transport(TransportError::ConnectionCut { .. })
             ),
             "{err:?}"
         );
@@ -434,4 +464,60 @@ async fn hung_call_on_a_current_thread_runtime_fails_within_deadline() {
 
     libvirtd.resume().unwrap();
     host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+}
+
+/// Polls `ready` until it holds; panics after a minute.
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One IPv4 TCP socket of this network namespace: (local, remote, state, unread bytes).
+fn tcp_sockets() -> Vec<(String, String, u8, u64)> {
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let address = |hex: &str| {
+        let (ip, port) = hex.split_once(':').unwrap();
+        let ip = u32::from_str_radix(ip, 16).unwrap().to_le_bytes();
+        let port = u16::from_str_radix(port, 16).unwrap();
+        format!("{}.{}.{}.{}:{port}", ip[0], ip[1], ip[2], ip[3])
+    };
+    text.lines()
+        .skip(1)
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let rx_queue = fields[4].split_once(':').unwrap().1;
+            (
+                address(fields[1]),
+                address(fields[2]),
+                u8::from_str_radix(fields[3], 16).unwrap(),
+                u64::from_str_radix(rx_queue, 16).unwrap(),
+            )
+        })
+        .collect()
+}
+
+const TCP_ESTABLISHED: u8 = 1;
+
+/// The agent's established connections to `server` (`ip:port`).
+fn client_sockets_to(server: &str) -> Vec<String> {
+    tcp_sockets()
+        .into_iter()
+        .filter(|(_, remote, state, _)| remote == server && *state == TCP_ESTABLISHED)
+        .map(|(local, ..)| local)
+        .collect()
+}
+
+/// Bytes the kernel holds for `server`'s accepted connections that it has not read.
+fn server_unread_bytes(server: &str) -> u64 {
+    tcp_sockets()
+        .into_iter()
+        .filter(|(local, _, state, _)| local == server && *state == TCP_ESTABLISHED)
+        .map(|(.., unread)| unread)
+        .sum()
 }

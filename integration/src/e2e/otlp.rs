@@ -78,9 +78,9 @@ impl TraceService for Store {
                 for span in scope.spans {
                     received.push(ReceivedSpan {
                         service: service.clone(),
-                        trace_id: hex(&span.trace_id),
-                        span_id: hex(&span.span_id),
-                        parent_span_id: hex(&span.parent_span_id),
+                        trace_id: hex::encode(&span.trace_id),
+                        span_id: hex::encode(&span.span_id),
+                        parent_span_id: hex::encode(&span.parent_span_id),
                         name: span.name,
                         start_unix_nano: span.start_time_unix_nano,
                         end_unix_nano: span.end_time_unix_nano,
@@ -135,10 +135,6 @@ fn value_text(value: &AnyValue) -> String {
         Some(any_value::Value::DoubleValue(d)) => d.to_string(),
         _ => String::new(),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A running receiver on a loopback port; stops when dropped.

@@ -13,7 +13,7 @@ fn config_error_lists_every_problem_with_its_field() {
 }
 
 fn libvirt(class: ErrorClass, transport: bool) -> Error {
-    Error::Libvirt {
+    Error::Transport(TransportError::Libvirt {
         host: "hv".into(),
         op: "virStoragePoolLookupByName",
         failure: LibvirtFailure {
@@ -23,7 +23,7 @@ fn libvirt(class: ErrorClass, transport: bool) -> Error {
             transport,
             class,
         },
-    }
+    })
 }
 
 fn image_http(status: u16) -> Error {
@@ -38,85 +38,87 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
     use egressproxy_provider::ErrorClass as C;
     use virt::error::{ErrorDomain as D, ErrorNumber as N};
     let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-    let backing_off = |last_class| Error::SshBackingOff {
-        host: "hv".into(),
-        retry_in: Duration::from_secs(3),
-        last_error: "refused".into(),
-        last_class,
+    let backing_off = |last_class| {
+        Error::Transport(TransportError::SshBackingOff {
+            host: "hv".into(),
+            retry_in: Duration::from_secs(3),
+            last_error: "refused".into(),
+            last_class,
+        })
     };
     let table: Vec<(Error, C, &str)> = vec![
         (Error::config(vec![]), C::Permanent, "AGENT_CONFIG_INVALID"),
         (
-            Error::UnknownHost {
+            Error::Transport(TransportError::UnknownHost {
                 host: "gone".into(),
-            },
+            }),
             C::Permanent,
             "HOST_NOT_CONFIGURED",
         ),
         (
-            Error::SshConnect {
+            Error::Transport(TransportError::SshConnect {
                 host: "hv".into(),
                 address: "hv:22".into(),
                 source: io(),
-            },
+            }),
             C::Transient,
             "HOST_UNREACHABLE",
         ),
         (
-            Error::SshHandshakeTimeout {
+            Error::Transport(TransportError::SshHandshakeTimeout {
                 host: "hv".into(),
                 after: Duration::from_secs(10),
-            },
+            }),
             C::Transient,
             "HOST_UNREACHABLE",
         ),
         (
-            Error::SshSessionClosed { host: "hv".into() },
+            Error::Transport(TransportError::SshSessionClosed { host: "hv".into() }),
             C::Transient,
             "HOST_UNREACHABLE",
         ),
         (
-            Error::LocalSocket {
+            Error::Transport(TransportError::LocalSocket {
                 host: "hv".into(),
                 socket: "/s".into(),
                 source: io(),
-            },
+            }),
             C::Transient,
             "HOST_UNREACHABLE",
         ),
         (
-            Error::Ssh {
+            Error::Transport(TransportError::Ssh {
                 host: "hv".into(),
                 source: russh::Error::Disconnect,
-            },
+            }),
             C::Transient,
             "SSH_FAILED",
         ),
         (
-            Error::HostKeyUnknown {
+            Error::Transport(TransportError::HostKeyUnknown {
                 host: "hv".into(),
                 fingerprint: "SHA256:x".into(),
                 known_hosts: "/kh".into(),
-            },
+            }),
             C::Permanent,
             "SSH_HOST_KEY_UNKNOWN",
         ),
         (
-            Error::HostKeyChanged {
+            Error::Transport(TransportError::HostKeyChanged {
                 host: "hv".into(),
                 fingerprint: "SHA256:x".into(),
                 known_hosts: "/kh".into(),
                 line: 3,
-            },
+            }),
             C::Permanent,
             "SSH_HOST_KEY_CHANGED",
         ),
         (
-            Error::SshAuthRejected {
+            Error::Transport(TransportError::SshAuthRejected {
                 host: "hv".into(),
                 user: "u".into(),
                 key_fingerprint: "SHA256:k".into(),
-            },
+            }),
             C::Permanent,
             "SSH_AUTH_REJECTED",
         ),
@@ -131,11 +133,11 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             "SSH_BACKING_OFF",
         ),
         (
-            Error::ForwardRefused {
+            Error::Transport(TransportError::ForwardRefused {
                 host: "hv".into(),
                 socket: "/s".into(),
                 reason: "denied".into(),
-            },
+            }),
             C::Transient,
             "LIBVIRT_FORWARD_REFUSED",
         ),
@@ -160,30 +162,30 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             "LIBVIRT_FAILED",
         ),
         (
-            Error::DeadlineExceeded {
+            Error::Transport(TransportError::DeadlineExceeded {
                 host: "hv".into(),
                 op: "virDomainCreate",
                 after: Duration::from_secs(1),
-            },
+            }),
             C::DeadlineExceeded,
             "LIBVIRT_DEADLINE",
         ),
         (
-            Error::ConnectionCut {
+            Error::Transport(TransportError::ConnectionCut {
                 host: "hv".into(),
                 op: "virDomainCreate",
                 cause: "x".into(),
-            },
+            }),
             C::Transient,
             "LIBVIRT_CONNECTION_CUT",
         ),
         (Error::io("relay", io()), C::Transient, "AGENT_IO_FAILED"),
         (
-            Error::Worker {
+            Error::Transport(TransportError::Worker {
                 host: "hv".into(),
                 op: "virDomainCreate",
                 reason: "panic".into(),
-            },
+            }),
             C::Transient,
             "AGENT_WORKER_FAILED",
         ),
@@ -254,7 +256,7 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             "IMAGE_FORMAT_MISMATCH",
         ),
         (
-            Error::Libvirt {
+            Error::Transport(TransportError::Libvirt {
                 host: "hv".into(),
                 op: "virStorageVolCreateXML",
                 failure: classify_libvirt_parts(
@@ -263,7 +265,7 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
                     "cannot create file: Read-only file system",
                     true,
                 ),
-            },
+            }),
             C::Transient,
             "LIBVIRT_HOST_ERROR",
         ),
@@ -326,11 +328,13 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
 #[test]
 fn every_error_maps_to_one_contract_class_and_reason() {
     use egressproxy_provider::ErrorClass as C;
-    let backing_off = |last_class| Error::SshBackingOff {
-        host: "hv".into(),
-        retry_in: Duration::from_secs(3),
-        last_error: "refused".into(),
-        last_class,
+    let backing_off = |last_class| {
+        Error::Transport(TransportError::SshBackingOff {
+            host: "hv".into(),
+            retry_in: Duration::from_secs(3),
+            last_error: "refused".into(),
+            last_class,
+        })
     };
     let table = mapping_table();
     for (error, class, reason) in table {
@@ -341,14 +345,11 @@ fn every_error_maps_to_one_contract_class_and_reason() {
             "{error}"
         );
         assert_eq!(mapped.message, error.to_string());
-        // The agent's own class agrees wherever the contract has the same notion.
+        // The layer's own class is the contract's, except that a missing libvirt object
+        // is not a missing instance.
         match error.class() {
-            ErrorClass::Transient => assert_eq!(class, C::Transient, "{error}"),
-            ErrorClass::Permanent | ErrorClass::NotFound => {
-                assert_eq!(class, C::Permanent, "{error}")
-            }
-            ErrorClass::DeadlineExceeded => assert_eq!(class, C::DeadlineExceeded),
-            ErrorClass::Conflict => assert_eq!(class, C::AlreadyExists, "{error}"),
+            ErrorClass::NotFound => assert_eq!(class, C::Permanent, "{error}"),
+            own => assert_eq!(class, own, "{error}"),
         }
         // Round trip through the wire mapping.
         let status = mapped.to_status();
@@ -489,11 +490,11 @@ fn libvirt_errors_classify_by_code_domain_and_liveness() {
             (transport, class),
             "{case}"
         );
-        let error = Error::Libvirt {
+        let error = Error::Transport(TransportError::Libvirt {
             host: "hv".into(),
             op: "virStorageVolCreateXML",
             failure,
-        };
+        });
         assert_eq!(error.drops_connection(), transport, "{case}");
         assert_eq!(error.to_provider_error().reason, reason, "{case}");
     }
@@ -523,7 +524,7 @@ async fn a_busy_key_is_create_in_progress() {
 
 #[test]
 fn reported_libvirt_error_keeps_the_connection() {
-    let err = Error::Libvirt {
+    let err = Error::Transport(TransportError::Libvirt {
         host: "hv".into(),
         op: "virDomainLookupByName",
         failure: LibvirtFailure {
@@ -533,7 +534,7 @@ fn reported_libvirt_error_keeps_the_connection() {
             transport: false,
             class: ErrorClass::NotFound,
         },
-    };
+    });
     assert!(!err.drops_connection());
     assert_eq!(err.class(), ErrorClass::NotFound);
     assert_eq!(err.libvirt_code(), Some(42));
@@ -596,7 +597,57 @@ fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'stat
             C::Permanent,
             "LIBVIRT_XML_UNBUILDABLE",
         ),
+        (
+            Error::InvalidFields {
+                violations: vec![
+                    ("placement.image".into(), "unknown".into()),
+                    ("name".into(), "not XML-safe".into()),
+                ],
+            },
+            C::InvalidArgument,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            GuestError::InvalidCloudConfig {
+                field: "cloud_init.user_data".into(),
+                description: "line 2 column 1: not YAML".into(),
+            }
+            .into(),
+            C::InvalidArgument,
+            "INVALID_CLOUD_CONFIG",
+        ),
+        (
+            GuestError::TooLarge {
+                field: "cloud_init.user_data".into(),
+                description: "too large".into(),
+            }
+            .into(),
+            C::InvalidArgument,
+            "INVALID_ARGUMENT",
+        ),
     ]
+}
+
+/// Invalid arguments carry every field at fault, from whichever layer found them.
+#[test]
+fn invalid_arguments_name_each_field() {
+    let error = Error::InvalidFields {
+        violations: vec![
+            ("placement.image".into(), "unknown".into()),
+            ("name".into(), "not XML-safe".into()),
+        ],
+    }
+    .to_provider_error();
+    assert_eq!(error.message, "placement.image: unknown");
+    let fields: Vec<_> = error.field_violations.iter().map(|v| &v.field).collect();
+    assert_eq!(fields, ["placement.image", "name"]);
+    let error = Error::from(GuestError::InvalidCloudConfig {
+        field: "cloud_init.user_data".into(),
+        description: "bad".into(),
+    })
+    .to_provider_error();
+    assert_eq!(error.field_violations.len(), 1);
+    assert_eq!(error.field_violations[0].field, "cloud_init.user_data");
 }
 
 #[test]
@@ -642,15 +693,49 @@ fn the_documented_error_table_lists_every_reason_and_no_other() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    let mut produced: std::collections::BTreeSet<String> = mapping_table()
+    let produced: std::collections::BTreeSet<String> = mapping_table()
         .into_iter()
         .chain(contract_only_table())
         .map(|(_, _, reason)| reason.to_owned())
         .collect();
-    // Answered by the guest layer's cloud-config check, not through this mapping.
-    produced.insert("INVALID_CLOUD_CONFIG".to_owned());
     assert_eq!(
         documented, produced,
         "the error table of docs/kvm-agent.md and the code disagree"
     );
+    assert_eq!(
+        documented,
+        reasons_in_the_classifications(),
+        "a layer's classification answers with a reason the error table does not list \
+         (or the table lists one no classification gives)"
+    );
+}
+
+/// Every reason a layer's `classify` can give, read from the source: the string after
+/// each `C::Class, ` or `ErrorClass::Class, ` in the files that classify.
+fn reasons_in_the_classifications() -> std::collections::BTreeSet<String> {
+    let sources = [
+        include_str!("../error.rs"),
+        include_str!("../transport/error.rs"),
+        include_str!("../config/error.rs"),
+        include_str!("../guest/error.rs"),
+        include_str!("../libvirt/xml/mod.rs"),
+    ];
+    let mut reasons = std::collections::BTreeSet::new();
+    for source in sources {
+        let mut rest = source;
+        while let Some(at) = rest.find(", \"") {
+            let before = &rest[..at];
+            let after = &rest[at + 3..];
+            let class = before
+                .rsplit(|c: char| !(c.is_alphanumeric() || c == ':' || c == '_'))
+                .next()
+                .unwrap_or_default();
+            if class.starts_with("C::") || class.starts_with("ErrorClass::") {
+                let reason = &after[..after.find('"').unwrap()];
+                reasons.insert(reason.to_owned());
+            }
+            rest = after;
+        }
+    }
+    reasons
 }

@@ -43,6 +43,8 @@ use bootstrap::Bootstrap;
 pub use bootstrap::{GUEST_AGENT_PACKAGE, GUEST_AGENT_RUNCMD, MERGE_TYPE};
 use user_document::UserDocument;
 
+use crate::guest::GuestError;
+
 const USER_DATA_FIELD: &str = "cloud_init.user_data";
 const VENDOR_DATA_FIELD: &str = "cloud_init.vendor_data";
 
@@ -110,20 +112,26 @@ pub fn seed_documents(
 
 fn check_size(field: &str, data: &[u8]) -> Result<(), ProviderError> {
     if data.len() > MAX_USER_DATA_BYTES {
-        return Err(ProviderError::invalid_argument(
-            field,
-            format!(
+        return Err(crate::Error::from(GuestError::TooLarge {
+            field: field.to_owned(),
+            description: format!(
                 "{} bytes is over the {MAX_USER_DATA_BYTES}-byte limit",
                 data.len()
             ),
-        ));
+        })
+        .to_provider_error());
     }
     Ok(())
 }
 
-/// An INVALID_ARGUMENT on `field` with the reason documented for a bad cloud-config.
+/// An INVALID_ARGUMENT on `field` with the reason documented for a bad cloud-config, as
+/// the crate's one mapping builds it.
 fn invalid(field: &str, description: impl Into<String>) -> ProviderError {
-    ProviderError::invalid_argument(field, description).with_reason("INVALID_CLOUD_CONFIG")
+    crate::Error::from(GuestError::InvalidCloudConfig {
+        field: field.to_owned(),
+        description: description.into(),
+    })
+    .to_provider_error()
 }
 
 #[cfg(test)]

@@ -46,21 +46,21 @@
 //! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
 //! single flight is per process, so one agent (one replica) serves a host.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::download::{Job, Progress};
 pub use super::eviction::{EvictionReport, KeptBecause};
 use crate::config::{ImageConfig, ImageFormat, TransportConfig};
-use crate::error::{ConfigProblem, Error};
+use crate::error::{ConfigProblem, Error, TransportError};
 use crate::libvirt::naming;
+use crate::single_flight::{Flight, SingleFlight, Waited};
 use crate::transport::pool::HostPool;
 
 /// Suffix of a base volume's completion marker.
@@ -90,12 +90,8 @@ pub fn marker_volume(base: &str) -> String {
 pub(crate) fn image_digest(image: &ImageConfig) -> String {
     match &image.sha256 {
         Some(sum) => sum.to_ascii_lowercase(),
-        None => hex(&Sha256::digest(image.url.as_bytes())),
+        None => hex::encode(Sha256::digest(image.url.as_bytes())),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Settings of an [`ImageCache`].
@@ -147,23 +143,18 @@ impl Default for ImageCacheOptions {
     }
 }
 
-/// Bytes of a download so far.
-type FlightResult = Option<Result<BaseImage, Arc<Error>>>;
 /// (host name, digest).
 type FlightKey = (String, String);
 
-/// A download in progress that callers wait for.
-#[derive(Debug, Clone)]
-struct Flight {
-    progress: Arc<Progress>,
-    done: watch::Receiver<FlightResult>,
-}
+/// The downloads in progress: each shows its progress, and ends in the base or an error
+/// that every waiting caller shares.
+type Downloads = SingleFlight<FlightKey, Arc<Progress>, Result<BaseImage, Arc<Error>>>;
 
 /// The base image cache of every host. See the module docs.
 #[derive(Debug, Default)]
 pub struct ImageCache {
     options: ImageCacheOptions,
-    flights: Arc<Mutex<HashMap<FlightKey, Flight>>>,
+    flights: Downloads,
 }
 
 /// Names of one image's volumes.
@@ -196,7 +187,7 @@ impl ImageCache {
     pub fn new(options: ImageCacheOptions) -> Self {
         Self {
             options,
-            flights: Arc::default(),
+            flights: Downloads::default(),
         }
     }
 
@@ -212,22 +203,17 @@ impl ImageCache {
     ) -> Result<BaseImage, Error> {
         let names = BaseNames::for_image(image_name, image)?;
         let flight = self.join_or_start(host, image_name, image, names);
-        let mut done = flight.done.clone();
-        let waited = tokio::time::timeout_at(deadline, done.wait_for(Option::is_some)).await;
-        match waited {
-            Err(_) => Err(Error::ImageDownloading {
+        match flight.wait(deadline).await {
+            Waited::DeadlinePassed => Err(Error::ImageDownloading {
                 image: image_name.to_owned(),
                 host: host.name().to_owned(),
-                received: flight.progress.received(),
-                expected: flight.progress.expected(),
-                retry_in: flight.progress.retry_hint(),
+                received: flight.meta.received(),
+                expected: flight.meta.expected(),
+                retry_in: flight.meta.retry_hint(),
             }),
-            Ok(Err(_)) => Err(abnormal_end(host.name())),
-            Ok(Ok(result)) => match &*result {
-                Some(Ok(base)) => Ok(base.clone()),
-                Some(Err(error)) => Err(Error::Shared(error.clone())),
-                None => Err(abnormal_end(host.name())),
-            },
+            Waited::Lost => Err(abnormal_end(host.name())),
+            Waited::Done(Ok(base)) => Ok(base),
+            Waited::Done(Err(error)) => Err(Error::Shared(error)),
         }
     }
 
@@ -238,54 +224,37 @@ impl ImageCache {
         image_name: &str,
         image: &ImageConfig,
         names: BaseNames,
-    ) -> Flight {
+    ) -> Flight<Arc<Progress>, Result<BaseImage, Arc<Error>>> {
         let key = (host.name().to_owned(), names.digest.clone());
-        let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(flight) = flights.get(&key) {
-            return flight.clone();
-        }
-        let (done_tx, done_rx) = watch::channel(None);
-        let flight = Flight {
-            progress: Arc::default(),
-            done: done_rx,
-        };
-        flights.insert(key.clone(), flight.clone());
-        drop(flights);
-        let landing = Landing {
-            flights: self.flights.clone(),
-            key,
-        };
-        let span = tracing::info_span!(
-            "image download",
-            otel.name = "image download",
-            image.name = image_name,
-            image.volume = %names.base,
-            host = host.name(),
-        );
-        let job = Job {
-            host: host.clone(),
-            pool: host.config().storage_pool.clone(),
-            image: image.clone(),
-            names,
-            options: self.options.clone(),
-            progress: flight.progress.clone(),
-            deadline: Instant::now() + self.options.download_timeout,
-            uploading: Arc::default(),
-        };
-        tokio::spawn(
-            async move {
+        self.flights.join_or_start(key, || {
+            let progress = Arc::<Progress>::default();
+            let span = tracing::info_span!(
+                "image download",
+                otel.name = "image download",
+                image.name = image_name,
+                image.volume = %names.base,
+                host = host.name(),
+            );
+            let job = Job {
+                host: host.clone(),
+                pool: host.config().storage_pool.clone(),
+                image: image.clone(),
+                names,
+                options: self.options.clone(),
+                progress: progress.clone(),
+                deadline: Instant::now() + self.options.download_timeout,
+                uploading: Arc::default(),
+            };
+            let work = async move {
                 let result = job.run().await;
                 if let Err(e) = &result {
                     tracing::warn!(error = %e, "image download failed");
                 }
-                // Leave the map first: a caller arriving now starts afresh instead of
-                // receiving this (possibly failed) result.
-                drop(landing);
-                done_tx.send_replace(Some(result.map_err(Arc::new)));
+                result.map_err(Arc::new)
             }
-            .instrument(span),
-        );
-        flight
+            .instrument(span);
+            (progress, work)
+        })
     }
 
     /// Deletes the base volumes on `host` that no volume of its pool uses as backing file
@@ -299,11 +268,10 @@ impl ImageCache {
     ) -> Result<EvictionReport, Error> {
         let in_flight: BTreeSet<String> = self
             .flights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .keys()
+            .into_iter()
             .filter(|(h, _)| h == host.name())
-            .filter_map(|(_, digest)| naming::base_volume(digest).ok())
+            .filter_map(|(_, digest)| naming::base_volume(&digest).ok())
             .collect();
         let min_age = self.options.eviction_min_age;
         super::eviction::evict(host, in_flight, min_age, deadline).await
@@ -311,26 +279,11 @@ impl ImageCache {
 }
 
 fn abnormal_end(host: &str) -> Error {
-    Error::Worker {
+    Error::Transport(TransportError::Worker {
         host: host.to_owned(),
         op: "image download",
         reason: "the download task ended without a result".into(),
-    }
-}
-
-/// Removes a flight from the map when its task ends, normally or by panic.
-struct Landing {
-    flights: Arc<Mutex<HashMap<FlightKey, Flight>>>,
-    key: FlightKey,
-}
-
-impl Drop for Landing {
-    fn drop(&mut self) {
-        self.flights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
-    }
+    })
 }
 
 #[cfg(test)]
@@ -351,7 +304,7 @@ mod tests {
         // printf %s http://127.0.0.1/i.qcow2 | sha256sum
         assert_eq!(
             image_digest(&image),
-            hex(&Sha256::digest(b"http://127.0.0.1/i.qcow2"))
+            "07773b3835d5fa1ab34335a91d3e8085b01e8f4e3a212d164018bc402b90e77a"
         );
         let names = BaseNames::for_image("i", &image).unwrap();
         assert_eq!(names.marker, format!("{}.complete", names.base));

@@ -17,7 +17,7 @@ use super::host_volumes::{
     delete_half_written, inspect,
 };
 use crate::config::ImageConfig;
-use crate::error::{Error, ErrorClass};
+use crate::error::{Error, ErrorClass, TransportError};
 use crate::images::fetch::{self, Download};
 use crate::transport::bulk::upload_volume;
 use crate::transport::pool::HostPool;
@@ -213,11 +213,11 @@ impl Job {
         upload
             .await
             .unwrap_or_else(|join| {
-                Err(Error::Worker {
+                Err(Error::Transport(TransportError::Worker {
                     host: host.name().to_owned(),
                     op: "virStorageVolUpload",
                     reason: join.to_string(),
-                })
+                }))
             })
             .map_err(|e| take_failure().unwrap_or(e))?;
         let inspected = inspect(host, pool, &names.base, self.call_deadline()).await?;

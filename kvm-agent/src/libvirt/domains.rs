@@ -34,6 +34,7 @@ use virt::sys;
 use crate::config::Attachment;
 use crate::libvirt::addresses::{ADDRESS_SOURCES, AddressSource, usable_addresses};
 use crate::libvirt::naming::InstanceNames;
+use crate::libvirt::volumes::lookup_volume;
 use crate::libvirt::xml::domain::DomainFacts;
 use crate::libvirt::xml::metadata::{InstanceMetadata, METADATA_NAMESPACE};
 use crate::transport::call::CallFailure;
@@ -320,12 +321,11 @@ fn pipelined<T: Sync, R: Send>(
             .collect();
         let mut all = Vec::with_capacity(items.len());
         for reader in readers {
-            let read = reader.join().map_err(|_| {
-                CallFailure::Agent(crate::Error::io(
-                    "a metadata reader thread panicked",
-                    std::io::Error::other("panic"),
-                ))
-            })?;
+            // A reader's panic is the call's: the call wrapper reports it as its worker
+            // ending abnormally, with the panic's message.
+            let read = reader
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             all.extend(read?);
         }
         Ok(all)
@@ -394,10 +394,8 @@ pub fn delete_instance(
         Err(e) => return Err(e.into()),
     };
     for volume in [&names.overlay_volume, &names.seed_volume] {
-        let vol = match pool.lookup_storage_vol_by_name(volume) {
-            Ok(vol) => vol,
-            Err(e) if is(&e, ErrorNumber::NoStorageVolume) => continue,
-            Err(e) => return Err(e.into()),
+        let Some(vol) = lookup_volume(&pool, volume)? else {
+            continue;
         };
         match vol.delete(0) {
             Ok(()) => deleted.volumes.push(volume.clone()),

@@ -15,6 +15,7 @@ use egressproxy_provider::{ProviderError, pb, validation};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, HostConfig, ImageConfig, MachineType};
+use crate::error::{ConfigProblem, Error};
 use crate::guest::cloud_init::{SeedDocuments, seed_documents};
 use crate::libvirt::naming::{InstanceNames, hostname_for_key};
 use crate::libvirt::xml::metadata::check_xml_safe;
@@ -81,22 +82,18 @@ pub fn plan_create(
             None
         }
     };
-    let mut violations = violations.into_iter();
-    if let Some((field, description)) = violations.next() {
-        return Err(violations.fold(
-            ProviderError::invalid_argument(field, description),
-            |error, (field, description)| error.with_violation(field, description),
-        ));
+    if !violations.is_empty() {
+        return Err(Error::InvalidFields { violations }.into());
     }
     let (Some(host), Some(machine), Some(image), Some(documents)) =
         (host, machine, image, documents)
     else {
-        return Err(ProviderError::permanent(
-            "the agent has no hosts configured",
-        ));
+        return Err(no_hosts().into());
     };
-    let names = InstanceNames::for_key(&request.key)
-        .map_err(|e| ProviderError::invalid_argument("key", e.to_string()))?;
+    let names = InstanceNames::for_key(&request.key).map_err(|e| Error::InvalidArgument {
+        field: "key",
+        reason: e.to_string(),
+    })?;
     Ok(CreatePlan {
         host,
         machine_type: (placement.machine_type.clone(), machine),
@@ -106,6 +103,15 @@ pub fn plan_create(
         documents,
         spec_sha256: spec_sha256(request),
     })
+}
+
+/// Unreachable while `Config::validate` rejects an empty host list; kept so that a
+/// configuration built in code answers with the configuration's own error.
+fn no_hosts() -> Error {
+    Error::config(vec![ConfigProblem::new(
+        "hosts",
+        "no hosts configured; add at least one hypervisor",
+    )])
 }
 
 /// A placement resolved against the configuration (ValidatePlacement's answer).
@@ -144,17 +150,11 @@ pub fn resolve_placement(
         image,
         violations,
     } = resolve_parts(config, placement);
-    let mut violations = violations.into_iter();
-    if let Some((field, description)) = violations.next() {
-        return Err(violations.fold(
-            ProviderError::invalid_argument(field, description),
-            |error, (field, description)| error.with_violation(field, description),
-        ));
+    if !violations.is_empty() {
+        return Err(Error::InvalidFields { violations }.into());
     }
     let (Some(host), Some(machine), Some(image)) = (host, machine, image) else {
-        return Err(ProviderError::permanent(
-            "the agent has no hosts configured",
-        ));
+        return Err(no_hosts().into());
     };
     Ok(ResolvedPlacement {
         host,
@@ -260,7 +260,7 @@ pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
         None => field(b"no_vendor_data", b""),
     }
     field(b"proxy_port", &request.proxy_port.to_be_bytes());
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(hash.finalize())
 }
 
 #[cfg(test)]

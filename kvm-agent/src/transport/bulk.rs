@@ -88,7 +88,7 @@ pub async fn upload_volume(
             let read = match source.read(&mut buf[..want]) {
                 Ok(0) => {
                     let _ = stream.abort();
-                    return Err(CallFailure::Agent(Error::io(
+                    return Err(CallFailure::Agent(Error::transport_io(
                         format!(
                             "host {host_name}: upload source ended after {sent} of {length} bytes"
                         ),
@@ -99,7 +99,7 @@ pub async fn upload_volume(
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     let _ = stream.abort();
-                    return Err(CallFailure::Agent(Error::io(
+                    return Err(CallFailure::Agent(Error::transport_io(
                         format!("host {host_name}: read upload source"),
                         e,
                     )));

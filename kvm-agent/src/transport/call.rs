@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::transport::connection::Connection;
 use crate::transport::libvirt_error::classify_libvirt;
 
@@ -162,20 +162,20 @@ where
             let after = round_ms(deadline.saturating_duration_since(started));
             connection.cut(format!("{api} exceeded its {after:?} deadline"));
             Outcome {
-                result: Err(Error::DeadlineExceeded {
+                result: Err(Error::Transport(TransportError::DeadlineExceeded {
                     host,
                     op: api,
                     after,
-                }),
+                })),
                 discard: true,
             }
         }
         Err(Joined::Panicked(reason)) => Outcome {
-            result: Err(Error::Worker {
+            result: Err(Error::Transport(TransportError::Worker {
                 host,
                 op: api,
                 reason,
-            }),
+            })),
             discard: true,
         },
         Ok((Ok(value), _)) => Outcome {
@@ -195,22 +195,22 @@ where
             }
             if let Some(cause) = connection.cut_because() {
                 return Outcome {
-                    result: Err(Error::ConnectionCut {
+                    result: Err(Error::Transport(TransportError::ConnectionCut {
                         host,
                         op: api,
                         cause,
-                    }),
+                    })),
                     discard: true,
                 };
             }
             let failure = classify_libvirt(&e, alive);
             Outcome {
                 discard: failure.transport,
-                result: Err(Error::Libvirt {
+                result: Err(Error::Transport(TransportError::Libvirt {
                     host,
                     op: api,
                     failure,
-                }),
+                })),
             }
         }
     }

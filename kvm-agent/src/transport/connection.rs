@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::config::TransportConfig;
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::transport::event_loop;
 use crate::transport::libvirt_error::classify_libvirt;
 use crate::transport::relay::{Forward, Upstream};
@@ -40,10 +40,12 @@ impl Connection {
         transport: &TransportConfig,
         deadline: Instant,
     ) -> Result<Self, Error> {
-        event_loop::ensure_started().map_err(|reason| Error::Worker {
-            host: host.to_owned(),
-            op: "virEventRegisterDefaultImpl",
-            reason,
+        event_loop::ensure_started().map_err(|reason| {
+            Error::Transport(TransportError::Worker {
+                host: host.to_owned(),
+                op: "virEventRegisterDefaultImpl",
+                reason,
+            })
         })?;
         let started = Instant::now();
         let forward = Forward::listen(socket, upstream)?;
@@ -61,23 +63,25 @@ impl Connection {
                 // The open returns once its relay is gone; its result is dropped on the
                 // blocking thread, never here.
                 forward.abort();
-                Err(Error::DeadlineExceeded {
+                Err(Error::Transport(TransportError::DeadlineExceeded {
                     host: host.to_owned(),
                     op: "virConnectOpen",
                     after: deadline.saturating_duration_since(started),
-                })
+                }))
             }
-            Ok(Err(join)) => Err(Error::Worker {
+            Ok(Err(join)) => Err(Error::Transport(TransportError::Worker {
                 host: host.to_owned(),
                 op: "virConnectOpen",
                 reason: join.to_string(),
-            }),
+            })),
             Ok(Ok(Err(e))) => {
                 forward.abort();
-                Err(forward.upstream_error().unwrap_or_else(|| Error::Libvirt {
-                    host: host.to_owned(),
-                    op: "virConnectOpen",
-                    failure: classify_libvirt(&e, false),
+                Err(forward.upstream_error().unwrap_or_else(|| {
+                    Error::Transport(TransportError::Libvirt {
+                        host: host.to_owned(),
+                        op: "virConnectOpen",
+                        failure: classify_libvirt(&e, false),
+                    })
                 }))
             }
             Ok(Ok(Ok(connect))) => Ok(Self {

@@ -19,6 +19,7 @@
 pub mod bulk;
 pub mod call;
 pub(crate) mod connection;
+pub mod error;
 pub mod event_loop;
 pub mod libvirt_error;
 pub mod pool;

@@ -29,11 +29,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::{Config, HostConfig, TransportConfig};
-use crate::error::{Error, ErrorClass};
+use crate::error::{Error, ErrorClass, TransportError};
 use crate::transport::bulk;
 use crate::transport::call::{self, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
@@ -42,8 +43,12 @@ use crate::transport::ssh::SshSession;
 
 /// Unix socket paths are limited to 108 bytes including the terminator.
 const MAX_SOCKET_PATH: usize = 100;
-const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// 100 ms after the first failed dial, doubling up to 10 s, for as long as dials fail.
+const REDIAL_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(BACKOFF_MAX)
+    .without_max_times();
 
 /// Connections to every configured host.
 #[derive(Debug)]
@@ -62,12 +67,14 @@ impl Pool {
         let dir = tempfile::Builder::new()
             .prefix("kvm-agent-")
             .tempdir_in(&base)
-            .map_err(|e| Error::io(format!("create private directory in {}", base.display()), e))?;
+            .map_err(|e| {
+                Error::transport_io(format!("create private directory in {}", base.display()), e)
+            })?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::io(format!("chmod 0700 {}", dir.path().display()), e))?;
+            .map_err(|e| Error::transport_io(format!("chmod 0700 {}", dir.path().display()), e))?;
         let longest = dir.path().join(format!("c{}.sock", u64::MAX));
         if longest.as_os_str().len() > MAX_SOCKET_PATH {
-            return Err(Error::io(
+            return Err(Error::transport_io(
                 format!(
                     "private directory {} is too long for unix sockets; set KVM_AGENT_RUNTIME_DIR to a short path",
                     dir.path().display()
@@ -93,12 +100,11 @@ impl Pool {
 
     /// The pool of host `name`.
     pub fn host(&self, name: &str) -> Result<Arc<HostPool>, Error> {
-        self.hosts
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownHost {
+        self.hosts.get(name).cloned().ok_or_else(|| {
+            Error::Transport(TransportError::UnknownHost {
                 host: name.to_owned(),
             })
+        })
     }
 
     /// Names of all configured hosts.
@@ -115,7 +121,8 @@ impl Pool {
 #[derive(Debug, Default)]
 struct SessionSlot {
     session: Option<Arc<SshSession>>,
-    failures: u32,
+    /// The delays before the next dials, while they fail; `None` after a success.
+    backoff: Option<ExponentialBackoff>,
     retry_at: Option<Instant>,
     last_error: Option<(String, ErrorClass)>,
 }
@@ -212,11 +219,11 @@ impl HostPool {
             };
             let mut task = AbortOnDrop(runtime.spawn(work));
             (&mut task.0).await.unwrap_or_else(|join| {
-                Err(Error::Worker {
+                Err(Error::Transport(TransportError::Worker {
                     host,
                     op: api,
                     reason: join.to_string(),
-                })
+                }))
             })
         })
         .await
@@ -268,10 +275,12 @@ impl HostPool {
         let waited_from = Instant::now();
         tokio::time::timeout_at(deadline, self.dial.lock())
             .await
-            .map_err(|_| Error::DeadlineExceeded {
-                host: self.name().to_owned(),
-                op: "virConnectOpen",
-                after: deadline.saturating_duration_since(waited_from),
+            .map_err(|_| {
+                Error::Transport(TransportError::DeadlineExceeded {
+                    host: self.name().to_owned(),
+                    op: "virConnectOpen",
+                    after: deadline.saturating_duration_since(waited_from),
+                })
             })
     }
 
@@ -323,8 +332,10 @@ impl HostPool {
             return Ok(session.clone());
         }
         state.session = None;
-        let ssh = self.config.ssh.as_ref().ok_or_else(|| Error::UnknownHost {
-            host: self.name().to_owned(),
+        let ssh = self.config.ssh.as_ref().ok_or_else(|| {
+            Error::Transport(TransportError::UnknownHost {
+                host: self.name().to_owned(),
+            })
         })?;
         let started = Instant::now();
         if let Some(retry_at) = state.retry_at {
@@ -334,12 +345,12 @@ impl HostPool {
                     .last_error
                     .clone()
                     .unwrap_or((String::new(), ErrorClass::Transient));
-                return Err(Error::SshBackingOff {
+                return Err(Error::Transport(TransportError::SshBackingOff {
                     host: self.name().to_owned(),
                     retry_in: retry_at.saturating_duration_since(started),
                     last_error: last.0,
                     last_class: last.1,
-                });
+                }));
             }
             tokio::time::sleep_until(retry_at).await;
         }
@@ -357,28 +368,29 @@ impl HostPool {
         let connect = SshSession::connect(self.name(), ssh, &self.transport).instrument(span);
         let result = match tokio::time::timeout_at(deadline, connect).await {
             Ok(result) => result,
-            Err(_) => Err(Error::DeadlineExceeded {
+            Err(_) => Err(Error::Transport(TransportError::DeadlineExceeded {
                 host: self.name().to_owned(),
                 op: "ssh connect",
                 after: deadline.saturating_duration_since(started),
-            }),
+            })),
         };
         match result {
             Ok(session) => {
                 let session = Arc::new(session);
                 *state = SessionSlot {
                     session: Some(session.clone()),
-                    failures: 0,
+                    backoff: None,
                     retry_at: None,
                     last_error: None,
                 };
                 Ok(session)
             }
             Err(e) => {
-                state.failures += 1;
-                let backoff = BACKOFF_START
-                    .saturating_mul(1 << state.failures.min(16).saturating_sub(1))
-                    .min(BACKOFF_MAX);
+                let backoff = state
+                    .backoff
+                    .get_or_insert_with(|| REDIAL_BACKOFF.build())
+                    .next()
+                    .unwrap_or(BACKOFF_MAX);
                 state.retry_at = Some(Instant::now() + backoff);
                 state.last_error = Some((e.to_string(), e.class()));
                 tracing::warn!(host = self.name(), error = %e, retry_in = ?backoff, "SSH connect failed");

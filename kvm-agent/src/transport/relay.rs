@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::transport::ssh::SshSession;
 
 /// 256 KiB: the relay's copy buffer in each direction (fastest for volume uploads).
@@ -62,8 +62,9 @@ impl Forward {
     /// Binds `socket` and starts the pump that serves its first connection.
     pub fn listen(socket: PathBuf, upstream: Upstream) -> Result<Self, Error> {
         let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket)
-            .map_err(|e| Error::io(format!("bind relay socket {}", socket.display()), e))?;
+        let listener = UnixListener::bind(&socket).map_err(|e| {
+            Error::transport_io(format!("bind relay socket {}", socket.display()), e)
+        })?;
         let upstream_error = Arc::new(Mutex::new(None));
         let pump = tokio::spawn(pump(
             listener,
@@ -132,9 +133,9 @@ async fn pump(
             Ok(channel) => {
                 relay(&mut local, &mut channel.into_stream()).await;
                 if session.is_closed() {
-                    Err(Error::SshSessionClosed {
+                    Err(Error::Transport(TransportError::SshSessionClosed {
                         host: session.host().to_owned(),
-                    })
+                    }))
                 } else {
                     Ok(())
                 }
@@ -146,11 +147,11 @@ async fn pump(
                 relay(&mut local, &mut stream).await;
                 Ok(())
             }
-            Err(source) => Err(Error::LocalSocket {
+            Err(source) => Err(Error::Transport(TransportError::LocalSocket {
                 host: host.clone(),
                 socket: socket.clone(),
                 source,
-            }),
+            })),
         },
     };
     if let Err(e) = result {

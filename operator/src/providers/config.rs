@@ -65,19 +65,6 @@ fn default_call_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
-mod humantime_serde {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
-
 impl ProvidersConfig {
     /// Parses and checks a config file's text; errors name the field.
     pub fn parse(text: &str) -> anyhow::Result<Self> {

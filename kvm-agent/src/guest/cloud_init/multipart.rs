@@ -115,7 +115,7 @@ fn boundary(parts: &[Part<'_>]) -> String {
     }
     let mut digest = hash.finalize();
     loop {
-        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&digest[..12]);
         let boundary = format!("==egressproxy-{hex}==");
         let occurs = parts.iter().any(|part| {
             part.bytes()

@@ -25,17 +25,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::watch;
 use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
 use crate::config::DomainType;
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::XmlError;
 use crate::libvirt::xml::capabilities::DomainCapabilities;
 use crate::libvirt::xml::domain::VirtType;
+use crate::single_flight::{SingleFlight, Waited};
 use crate::transport::call::{CallFailure, LibvirtOp};
 use crate::transport::pool::HostPool;
 
@@ -47,22 +47,16 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(45);
 
 /// A probe's outcome as the waiting callers see it.
-type Answer = Option<Result<VirtTypeChoice, Arc<Error>>>;
-
-#[derive(Debug)]
-enum Slot {
-    Known(VirtTypeChoice),
-    Probing {
-        answer: watch::Receiver<Answer>,
-        until: tokio::time::Instant,
-    },
-}
+type Answer = Result<VirtTypeChoice, Arc<Error>>;
 
 /// The domain type of each host with `domainType: auto`, probed once per agent run (a
-/// failed detection is retried by the next caller); one probe per host at a time. See
-/// the module docs.
+/// failed detection is retried by the next caller); one probe per host at a time, whose
+/// flight shows when it ends at the latest. See the module docs.
 #[derive(Debug, Default, Clone)]
-pub struct VirtTypes(Arc<Mutex<HashMap<String, Slot>>>);
+pub struct VirtTypes {
+    known: Arc<Mutex<HashMap<String, VirtTypeChoice>>>,
+    probes: Arc<SingleFlight<String, tokio::time::Instant, Answer>>,
+}
 
 impl VirtTypes {
     /// The domain type new domains on `host` get.
@@ -85,71 +79,74 @@ impl VirtTypes {
         host: &Arc<HostPool>,
         deadline: tokio::time::Instant,
     ) -> Result<VirtTypeChoice, Error> {
-        let (mut answer, until) = {
-            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(host.name()) {
-                Some(Slot::Known(choice)) => return Ok(choice.clone()),
-                Some(Slot::Probing { answer, until }) => (answer.clone(), *until),
-                None => {
-                    let until = tokio::time::Instant::now() + PROBE_DEADLINE;
-                    let answer = self.start_probe(host.clone(), until);
-                    map.insert(
-                        host.name().to_owned(),
-                        Slot::Probing {
-                            answer: answer.clone(),
-                            until,
-                        },
-                    );
-                    (answer, until)
-                }
-            }
-        };
-        let done = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await;
-        match done {
-            Err(_) => Err(Error::KvmProbeRunning {
+        if let Some(choice) = self
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(host.name())
+        {
+            return Ok(choice.clone());
+        }
+        let probe = self.probes.join_or_start(host.name().to_owned(), || {
+            let until = tokio::time::Instant::now() + PROBE_DEADLINE;
+            (until, self.probe_task(host.clone(), until))
+        });
+        match probe.wait(deadline).await {
+            Waited::DeadlinePassed => Err(Error::KvmProbeRunning {
                 host: host.name().to_owned(),
-                retry_in: until.saturating_duration_since(tokio::time::Instant::now()),
+                retry_in: probe
+                    .meta
+                    .saturating_duration_since(tokio::time::Instant::now()),
             }),
-            Ok(Err(_)) => Err(Error::Worker {
+            Waited::Lost => Err(Error::Transport(TransportError::Worker {
                 host: host.name().to_owned(),
                 op: "virDomainCreateXML",
                 reason: "the KVM probe task ended without an answer".into(),
-            }),
-            Ok(Ok(answer)) => match answer.as_ref().expect("waited for Some") {
-                Ok(choice) => Ok(choice.clone()),
-                Err(error) => Err(Error::Shared(error.clone())),
-            },
+            })),
+            Waited::Done(Ok(choice)) => Ok(choice),
+            Waited::Done(Err(error)) => Err(Error::Shared(error)),
         }
     }
 
-    fn start_probe(
+    /// Detects the type of `host` under `until`; a success is remembered before the
+    /// flight ends, so no caller starts a second probe.
+    fn probe_task(
         &self,
         host: Arc<HostPool>,
         until: tokio::time::Instant,
-    ) -> watch::Receiver<Answer> {
-        let (tx, rx) = watch::channel(None);
-        let map = self.0.clone();
-        tokio::spawn(async move {
+    ) -> impl std::future::Future<Output = Answer> + Send + 'static {
+        let known = self.known.clone();
+        async move {
+            // A probe that ended between the caller's look at `known` and this flight's
+            // start has left its answer there.
+            let remembered = known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(host.name())
+                .cloned();
+            if let Some(choice) = remembered {
+                return Ok(choice);
+            }
             let probe = probe_domain_name();
             let result = host
                 .call(LibvirtOp::new("virDomainCreateXML"), until, move |conn| {
                     detect_virt_type(conn, &probe)
                 })
                 .await;
-            let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
             match &result {
                 Ok(choice) => {
                     tracing::info!(host = host.name(), virt_type = ?choice.virt_type, reason = %choice.reason, "domainType auto");
-                    map.insert(host.name().to_owned(), Slot::Known(choice.clone()));
+                    known
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(host.name().to_owned(), choice.clone());
                 }
                 Err(error) => {
                     tracing::warn!(host = host.name(), %error, "domainType auto: detection failed");
-                    map.remove(host.name());
                 }
             }
-            let _ = tx.send(Some(result.map_err(Arc::new)));
-        });
-        rx
+            result.map_err(Arc::new)
+        }
     }
 }
 

@@ -11,6 +11,22 @@ pub mod domain;
 pub mod metadata;
 pub mod volume;
 
+impl XmlError {
+    /// The layer's verdict. Either way retrying gets the same XML, so both are permanent:
+    /// XML libvirt returned that the agent cannot read is not a transient I/O failure.
+    pub fn classify(&self) -> crate::error::Classification {
+        use egressproxy_provider::ErrorClass;
+        match self {
+            XmlError::Parse { .. } => {
+                crate::error::Classification::new(ErrorClass::Permanent, "LIBVIRT_XML_UNREADABLE")
+            }
+            XmlError::Serialize(_) => {
+                crate::error::Classification::new(ErrorClass::Permanent, "LIBVIRT_XML_UNBUILDABLE")
+            }
+        }
+    }
+}
+
 /// XML (de)serialization failed.
 #[derive(Debug, thiserror::Error)]
 pub enum XmlError {

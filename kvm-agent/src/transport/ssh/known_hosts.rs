@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use russh::keys::{HashAlg, PublicKey};
 
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 
 /// How a host's SSH key is verified.
 #[derive(Debug, Clone)]
@@ -47,24 +47,24 @@ pub(crate) fn verify(
     };
     match russh::keys::check_known_hosts_path(host, port, key, path) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(Error::HostKeyUnknown {
+        Ok(false) => Err(Error::Transport(TransportError::HostKeyUnknown {
             host: host_name.to_owned(),
             fingerprint: fingerprint(key),
             known_hosts: path.clone(),
-        }),
-        Err(russh::keys::Error::KeyChanged { line }) => Err(Error::HostKeyChanged {
+        })),
+        Err(russh::keys::Error::KeyChanged { line }) => {
+            Err(Error::Transport(TransportError::HostKeyChanged {
+                host: host_name.to_owned(),
+                fingerprint: fingerprint(key),
+                known_hosts: path.clone(),
+                line,
+            }))
+        }
+        Err(source) => Err(Error::Transport(TransportError::KnownHostsUnreadable {
             host: host_name.to_owned(),
-            fingerprint: fingerprint(key),
             known_hosts: path.clone(),
-            line,
-        }),
-        Err(e) => Err(Error::io(
-            format!(
-                "host {host_name}: cannot read known_hosts {}",
-                path.display()
-            ),
-            std::io::Error::other(e.to_string()),
-        )),
+            source: Box::new(source),
+        })),
     }
 }
 

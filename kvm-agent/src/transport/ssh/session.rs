@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use super::keys::{fingerprint, load_private_key};
 use super::known_hosts::{self, HostKeyPolicy};
 use crate::config::{SshConfig, TransportConfig};
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 
 /// An authenticated SSH session; channels are opened on it concurrently.
 pub struct SshSession {
@@ -80,10 +80,10 @@ impl SshSession {
         tokio::time::timeout(after, Self::handshake(host_name, ssh, transport))
             .await
             .unwrap_or_else(|_| {
-                Err(Error::SshHandshakeTimeout {
+                Err(Error::Transport(TransportError::SshHandshakeTimeout {
                     host: host_name.to_owned(),
                     after,
-                })
+                }))
             })
     }
 
@@ -113,10 +113,12 @@ impl SshSession {
 
         let tcp = TcpStream::connect((host.as_str(), port))
             .await
-            .map_err(|source| Error::SshConnect {
-                host: host_name.to_owned(),
-                address: ssh.address.clone(),
-                source,
+            .map_err(|source| {
+                Error::Transport(TransportError::SshConnect {
+                    host: host_name.to_owned(),
+                    address: ssh.address.clone(),
+                    source,
+                })
             })?;
         let _ = tcp.set_nodelay(true);
 
@@ -139,16 +141,18 @@ impl SshSession {
             Ok(handle) => handle,
             Err(source) => {
                 let detailed = rejection.lock().unwrap_or_else(|p| p.into_inner()).take();
-                return Err(detailed.unwrap_or(Error::Ssh {
+                return Err(detailed.unwrap_or(Error::Transport(TransportError::Ssh {
                     host: host_name.to_owned(),
                     source,
-                }));
+                })));
             }
         };
 
-        let ssh_err = |source| Error::Ssh {
-            host: host_name.to_owned(),
-            source,
+        let ssh_err = |source| {
+            Error::Transport(TransportError::Ssh {
+                host: host_name.to_owned(),
+                source,
+            })
         };
         let hash = if key.algorithm().is_rsa() {
             let offered = handle.best_supported_rsa_hash().await.map_err(ssh_err)?;
@@ -164,11 +168,11 @@ impl SshSession {
             .await
             .map_err(ssh_err)?;
         if !auth.success() {
-            return Err(Error::SshAuthRejected {
+            return Err(Error::Transport(TransportError::SshAuthRejected {
                 host: host_name.to_owned(),
                 user: ssh.user.clone(),
                 key_fingerprint: fingerprint(&key),
-            });
+            }));
         }
         tracing::debug!(host = host_name, address = %ssh.address, user = %ssh.user, "SSH session established");
         Ok(Self {
@@ -196,15 +200,17 @@ impl SshSession {
             .channel_open_direct_streamlocal(socket.to_string_lossy())
             .await
             .map_err(|e| match e {
-                russh::Error::ChannelOpenFailure(reason) => Error::ForwardRefused {
-                    host: self.host.clone(),
-                    socket: socket.to_owned(),
-                    reason: format!("{reason:?}"),
-                },
-                source => Error::Ssh {
+                russh::Error::ChannelOpenFailure(reason) => {
+                    Error::Transport(TransportError::ForwardRefused {
+                        host: self.host.clone(),
+                        socket: socket.to_owned(),
+                        reason: format!("{reason:?}"),
+                    })
+                }
+                source => Error::Transport(TransportError::Ssh {
                     host: self.host.clone(),
                     source,
-                },
+                }),
             })
     }
 }

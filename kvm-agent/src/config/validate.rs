@@ -1,0 +1,222 @@
+//! [`Config::validate`]: every semantic check of a parsed configuration, collected, each
+//! naming its field and what to do.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{Config, HostConfig, duration};
+use crate::error::{ConfigProblem, Error};
+
+impl Config {
+    /// Every semantic check; all problems are reported together.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut problems = Vec::new();
+        let mut p =
+            |field: String, message: String| problems.push(ConfigProblem::new(field, message));
+        if self.hosts.is_empty() {
+            p(
+                "hosts".into(),
+                "no hosts configured; add at least one hypervisor".into(),
+            );
+        }
+        let mut seen = BTreeMap::new();
+        for (i, host) in self.hosts.iter().enumerate() {
+            let at = format!("hosts[{i}]");
+            if host.name.trim().is_empty() {
+                p(
+                    format!("{at}.name"),
+                    "is empty; give every host a unique name".into(),
+                );
+            } else if let Some(first) = seen.insert(host.name.clone(), i) {
+                p(
+                    format!("{at}.name"),
+                    format!(
+                        "{:?} is also the name of hosts[{first}]; names must be unique",
+                        host.name
+                    ),
+                );
+            }
+            validate_host(host, &at, &mut p);
+        }
+        for (name, machine) in &self.machine_types {
+            let at = format!("machineTypes.{name}");
+            if machine.vcpus == 0 {
+                p(format!("{at}.vcpus"), "must be at least 1".into());
+            }
+            if machine.memory_mib < 128 {
+                p(
+                    format!("{at}.memoryMiB"),
+                    "must be at least 128 (MiB)".into(),
+                );
+            }
+            if machine.disk_gib == 0 {
+                p(format!("{at}.diskGiB"), "must be at least 1 (GiB)".into());
+            }
+        }
+        for (name, image) in &self.images {
+            let at = format!("images.{name}");
+            if !["http://", "https://", "file://"]
+                .iter()
+                .any(|s| image.url.starts_with(s))
+            {
+                p(
+                    format!("{at}.url"),
+                    format!(
+                        "{:?} is not an http://, https:// or file:// URL",
+                        crate::images::fetch::redact_url(&image.url)
+                    ),
+                );
+            }
+            if let Some(sum) = &image.sha256
+                && (sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()))
+            {
+                p(
+                    format!("{at}.sha256"),
+                    "must be 64 hexadecimal digits (the output of sha256sum)".into(),
+                );
+            }
+        }
+        let t = &self.transport;
+        for (field, value, bounds) in [
+            (
+                "transport.sshHandshakeTimeout",
+                t.ssh_handshake_timeout,
+                duration::SSH_HANDSHAKE_TIMEOUT,
+            ),
+            (
+                "transport.sshKeepaliveInterval",
+                t.ssh_keepalive_interval,
+                duration::SSH_KEEPALIVE_INTERVAL,
+            ),
+            (
+                "transport.libvirtKeepaliveInterval",
+                t.libvirt_keepalive_interval,
+                duration::LIBVIRT_KEEPALIVE_INTERVAL,
+            ),
+            (
+                "transport.defaultCallTimeout",
+                t.default_call_timeout,
+                duration::DEFAULT_CALL_TIMEOUT,
+            ),
+            (
+                "transport.imageDownloadTimeout",
+                t.image_download_timeout,
+                duration::IMAGE_DOWNLOAD_TIMEOUT,
+            ),
+        ] {
+            if let Err(message) = bounds.check(value) {
+                p(field.into(), message);
+            }
+        }
+        if let Err(message) = check_spool_dir(t.image_spool_dir.as_deref()) {
+            p("transport.imageSpoolDir".into(), message);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::config(problems))
+        }
+    }
+}
+
+fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)) {
+    match (&host.ssh, host.local) {
+        (Some(_), true) => p(
+            format!("{at}.local"),
+            "set either `ssh` (remote hypervisor) or `local: true` (agent on the hypervisor), not both"
+                .into(),
+        ),
+        (None, false) => p(
+            format!("{at}.ssh"),
+            "missing: add an `ssh` block (address, user, privateKey, knownHosts) or set `local: true`"
+                .into(),
+        ),
+        _ => {}
+    }
+    if host.bridge.is_some() && host.network.is_some() {
+        p(
+            format!("{at}.bridge"),
+            "set either `network` (a libvirt network) or `bridge` (a host bridge), not both".into(),
+        );
+    }
+    if !host.libvirt_socket.is_absolute() {
+        p(
+            format!("{at}.libvirtSocket"),
+            format!("{} is not an absolute path", host.libvirt_socket.display()),
+        );
+    }
+    if host.storage_pool.trim().is_empty() {
+        p(
+            format!("{at}.storagePool"),
+            "is empty; name a libvirt storage pool".into(),
+        );
+    }
+    let Some(ssh) = &host.ssh else {
+        return;
+    };
+    let at = format!("{at}.ssh");
+    let host_port = match ssh.host_and_port() {
+        Ok(hp) => Some(hp),
+        Err(e) => {
+            p(format!("{at}.address"), format!("{:?}: {e}", ssh.address));
+            None
+        }
+    };
+    if ssh.user.trim().is_empty() {
+        p(
+            format!("{at}.user"),
+            "is empty; name the remote SSH user".into(),
+        );
+    }
+    if let Err(e) = crate::transport::ssh::keys::load_private_key(&ssh.private_key) {
+        p(format!("{at}.privateKey"), e);
+    }
+    match (&ssh.known_hosts, ssh.insecure_skip_host_key_verification) {
+        (Some(_), true) => p(
+            format!("{at}.insecureSkipHostKeyVerification"),
+            "set together with knownHosts; remove one (verification is either on or off)".into(),
+        ),
+        (None, false) => p(
+            format!("{at}.knownHosts"),
+            "missing: point it to a known_hosts file with the hypervisor's host key \
+             (e.g. from `ssh-keyscan`, checked against the host's fingerprint)"
+                .into(),
+        ),
+        (Some(path), false) => {
+            let checked = match host_port {
+                Some((h, port)) => {
+                    crate::transport::ssh::known_hosts::check_file_lists_host(path, &h, port)
+                }
+                None => std::fs::read(path)
+                    .map(drop)
+                    .map_err(|e| format!("cannot read known_hosts {}: {e}", path.display())),
+            };
+            if let Err(e) = checked {
+                p(format!("{at}.knownHosts"), e);
+            }
+        }
+        (None, true) => {}
+    }
+}
+
+/// The spool directory (`configured`, else the system temp dir) must take a file: an image
+/// served without `Content-Length` is staged there, and on a read-only root filesystem
+/// without a writable `TMPDIR` every such download would fail.
+pub(super) fn check_spool_dir(configured: Option<&Path>) -> Result<(), String> {
+    let (dir, what) = match configured {
+        Some(dir) => (dir.to_owned(), String::new()),
+        None => (
+            std::env::temp_dir(),
+            " (the default: the system temp dir, TMPDIR)".to_owned(),
+        ),
+    };
+    // The same unnamed file a download spools to; gone when closed.
+    tempfile::tempfile_in(&dir).map(drop).map_err(|e| {
+        format!(
+            "cannot create a file in {}{what}: {e}; images served without Content-Length are \
+             staged there: point transport.imageSpoolDir at a writable directory (e.g. a \
+             mounted scratch volume) with room for one image",
+            dir.display()
+        )
+    })
+}
