@@ -5,6 +5,7 @@
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
+//! - [`http_server`]: an image server on loopback that answers as a test needs.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
@@ -15,6 +16,7 @@
 pub mod chart_pod;
 pub mod e2e;
 pub mod helm;
+pub mod http_server;
 pub mod kube_apiserver;
 pub mod kube_env;
 pub mod libvirtd;
