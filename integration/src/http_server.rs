@@ -285,9 +285,6 @@ fn body(
     let state = (source, 0u64, Some(done));
     let stream = futures::stream::unfold(state, move |(mut source, sent, mut done)| async move {
         if sent >= limit {
-            if let Some(done) = done.take().filter(|_| limit == length) {
-                done();
-            }
             if delivery == Delivery::Stall {
                 std::future::pending::<()>().await;
             }
@@ -310,6 +307,13 @@ fn body(
             tokio::time::sleep(pause).await;
         }
         let sent = sent + chunk.len() as u64;
+        // Counted as the last byte is handed over: with a `Content-Length`, hyper does
+        // not poll the body again once that many bytes have gone.
+        if sent == length
+            && let Some(done) = done.take()
+        {
+            done();
+        }
         Some((Ok::<_, std::io::Error>(chunk), (source, sent, done)))
     });
     let mut response = Response::builder().status(StatusCode::OK);
