@@ -3,6 +3,7 @@
 //! every form, credentials, silence.
 
 use std::io::Read;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -491,4 +492,75 @@ async fn a_slow_reader_is_not_the_servers_silence() {
     .unwrap();
     assert_eq!(read.unwrap(), body());
     assert!(failure.lock().unwrap().is_none());
+}
+
+/// Everything logged at any level in this test binary from the moment of the first
+/// call, the libraries' `log` records (reqwest's) included, for the test that looks for
+/// secrets in it.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::<Mutex<Vec<u8>>>::default();
+        let sink = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || Capture(sink.clone()))
+            .try_init()
+            .expect("the only subscriber of this test binary");
+        logs
+    })
+    .clone()
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_reach_no_log_and_no_error() {
+    let logs = captured_logs();
+    let server = serve();
+    server.route_with("/loop", |_, n| {
+        Reply::Redirect(302, format!("/loop?hop={n}"))
+    });
+    let password = "pw-7f3a9c";
+    // base64 of "agent:pw-7f3a9c", as an Authorization header would carry it.
+    let encoded = "YWdlbnQ6cHctN2YzYTlj";
+    let base = server
+        .base_url()
+        .replace("http://", &format!("http://agent:{password}@"));
+    let mut messages = Vec::new();
+    let (read, _) = read_all(fetch(&format!("{base}/ok"), None, IDLE).await.unwrap()).await;
+    assert_eq!(read.unwrap().len(), SIZE);
+    for path in ["/private-elsewhere", "/loop", "/404", "/silent"] {
+        let idle = Duration::from_millis(300);
+        let error = fetch(&format!("{base}{path}"), None, idle)
+            .await
+            .unwrap_err();
+        // As the cache reports a failed download.
+        tracing::warn!(error = %error, "image download failed");
+        messages.push(error.to_string());
+        messages.push(format!("{error:?}"));
+    }
+    let logged = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        logged.contains("starting new connection"),
+        "reqwest's own records are captured too: {logged}"
+    );
+    for text in messages.iter().chain([&logged]) {
+        assert!(
+            !text.contains(password) && !text.contains(encoded),
+            "a credential leaked: {text}"
+        );
+    }
 }
