@@ -564,3 +564,50 @@ async fn url_credentials_reach_no_log_and_no_error() {
         );
     }
 }
+
+/// A TLS endpoint on 127.0.0.1 with a self-signed certificate for `localhost` that no
+/// system store holds: it completes handshakes only, which is all the test needs.
+fn untrusted_tls_endpoint() -> u16 {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let key =
+        rustls::pki_types::PrivateKeyDer::try_from(certified.signing_key.serialize_der()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut socket in listener.incoming().flatten() {
+            let mut tls = rustls::ServerConnection::new(config.clone()).unwrap();
+            // The client refuses the certificate and closes; nothing to do with that.
+            let _ = tls.complete_io(&mut socket);
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_checks_the_servers_certificate_against_the_system_store() {
+    let port = untrusted_tls_endpoint();
+    let url = format!("https://user:secret@localhost:{port}/image.qcow2?sig=secret");
+    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::ImageFetch {
+                permanent: false,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.to_provider_error().reason, "IMAGE_UNREACHABLE");
+    let text = error.to_string();
+    assert!(text.contains("certificate"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+}
