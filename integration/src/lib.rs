@@ -6,6 +6,7 @@
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
 //! - [`certificates`]: a test CA with server and client certificates (openssl).
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
+//! - [`http_server`]: an image server on loopback that answers as a test needs.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
@@ -17,6 +18,7 @@ pub mod certificates;
 pub mod chart_pod;
 pub mod e2e;
 pub mod helm;
+pub mod http_server;
 pub mod kube_apiserver;
 pub mod kube_env;
 pub mod libvirtd;

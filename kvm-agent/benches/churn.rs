@@ -20,12 +20,13 @@ mod guest_env;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::http_server::HttpServer;
 use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_integration::sshd::free_port;
 use egressproxy_provider::client::{Client, ClientOptions, connect_lazy};
 use egressproxy_provider::pb;
-use guest_env::{FileServer, GuestHost, ipxe_qcow2, sha256_file};
+use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
 
 const RSS_WITHIN: f64 = 0.25;
 const FDS_WITHIN: usize = 2;
@@ -188,11 +189,11 @@ async fn main() -> anyhow::Result<()> {
     let work = tempfile::Builder::new().prefix("bench-churn-").tempdir()?;
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
-    let server = FileServer::start(work.path());
+    let server = HttpServer::serving_dir(work.path());
     let config = work.path().join("agent.yaml");
     std::fs::write(
         &config,
-        host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha),
+        host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha),
     )?;
     let port = free_port()?;
     let mut agent = Agent::start(&config, port)?;

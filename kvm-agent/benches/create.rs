@@ -25,8 +25,9 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::http_server::HttpServer;
 use egressproxy_provider::pb;
-use guest_env::{FileServer, GuestHost, ipxe_qcow2, sha256_file};
+use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
 use kvm_agent::config::{Attachment, Config, Firmware, ImageFormat};
 use kvm_agent::guest::cloud_init::{GuestAgent, seed_documents};
 use kvm_agent::guest::seed::build_seed;
@@ -55,9 +56,9 @@ fn main() -> anyhow::Result<()> {
     let work = tempfile::Builder::new().prefix("bench-create-").tempdir()?;
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
-    let server = FileServer::start(work.path());
+    let server = HttpServer::serving_dir(work.path());
     let config =
-        Config::parse(&host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha))?;
+        Config::parse(&host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha))?;
     config.validate()?;
     let config = Arc::new(config);
     let pool = Arc::new(Pool::new(&config)?);

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{caller_trace, deadline_in, spans_of};
+use egressproxy_integration::http_server::HttpServer;
 use egressproxy_provider::{ErrorClass, pb};
-use guest_env::{FileServer, GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
+use guest_env::{GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
 use kvm_agent::config::Config;
 use kvm_agent::error::{Error, TransportError};
 use kvm_agent::images::cache::marker_volume;
@@ -33,7 +34,7 @@ struct Agent {
     /// The image's base volume and its completion marker.
     base: (String, String),
     /// The loopback server of the images.
-    server: FileServer,
+    server: HttpServer,
     _work: tempfile::TempDir,
 }
 
@@ -58,11 +59,11 @@ async fn agent_in(
     let work = tempfile::tempdir().unwrap();
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
-    let server = FileServer::start(work.path());
+    let server = HttpServer::serving_dir(work.path());
     let yaml = edit(
         work.path(),
-        &server.base_url,
-        guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha),
+        &server.base_url(),
+        guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha),
     );
     let config = Config::parse(&yaml).unwrap();
     config.validate().unwrap();
@@ -635,7 +636,7 @@ async fn concurrent_creates_of_different_keys_share_one_download() {
         ids.push(create.await.unwrap().unwrap().id);
     }
     assert_eq!(ids, keys.map(|k| format!("hv1/{k}")));
-    assert_eq!(agent.server.gets("ipxe.qcow2"), 1, "one download");
+    assert_eq!(agent.server.requests("/ipxe.qcow2"), 1, "one download");
     agent.assert_pool_holds(&keys);
     for id in &ids {
         agent

@@ -1,15 +1,17 @@
 //! The base image cache against a real private libvirtd reached through a real sshd, with
-//! a qcow2 image (made by `qemu-img`) served over HTTP on 127.0.0.1 by a server that counts
-//! its requests and misbehaves on request (no Content-Length, a cut body, a slow body).
+//! a qcow2 image (made by `qemu-img`) served over HTTP on 127.0.0.1 by the shared test server,
+//! which counts its requests and misbehaves on request (no Content-Length, a cut body, a
+//! slow body).
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::*;
+use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{ImageConfig, ImageFormat};
@@ -21,8 +23,6 @@ use kvm_agent::libvirt::naming::base_volume;
 use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
 use kvm_agent::transport::call::LibvirtOp;
 use kvm_agent::transport::pool::{HostPool, Pool};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const GENEROUS: Duration = Duration::from_secs(120);
 /// The test image's virtual size; its file is a few MiB.
@@ -116,109 +116,48 @@ enum Mode {
     Stall,
 }
 
-#[derive(Default)]
-struct Routes {
-    bodies: HashMap<String, (Arc<Vec<u8>>, Mode)>,
-    requests: HashMap<String, usize>,
-    completed: HashMap<String, usize>,
-}
-
-/// An HTTP/1.1 server on 127.0.0.1 that serves configured bodies and counts requests.
-#[derive(Clone)]
+/// The shared test HTTP server on 127.0.0.1, with this test's modes.
 struct Server {
     base: String,
-    routes: Arc<Mutex<Routes>>,
+    http: HttpServer,
 }
 
 impl Server {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let routes: Arc<Mutex<Routes>> = Arc::default();
-        let shared = routes.clone();
-        tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                tokio::spawn(answer(socket, shared.clone()));
-            }
-        });
-        Self { base, routes }
+    fn start() -> Self {
+        let http = HttpServer::start();
+        Self {
+            base: http.base_url(),
+            http,
+        }
     }
 
     fn serve(&self, path: &str, body: Vec<u8>, mode: Mode) -> String {
-        self.routes
-            .lock()
-            .unwrap()
-            .bodies
-            .insert(path.to_owned(), (Arc::new(body), mode));
-        format!("{}{path}", self.base)
+        let body = Bytes::from(body);
+        let delivery = match mode {
+            Mode::Normal | Mode::ShortOnce => Delivery::Whole,
+            Mode::NoLength => Delivery::NoLength,
+            Mode::Slow => Delivery::Slow {
+                chunk: 64 * 1024,
+                pause: Duration::from_millis(40),
+            },
+            Mode::Stall => Delivery::Stall,
+        };
+        self.http.route_with(path, move |_, nth| {
+            let delivery = if mode == Mode::ShortOnce && nth == 1 {
+                Delivery::Short
+            } else {
+                delivery
+            };
+            Reply::Body(body.clone(), delivery)
+        })
     }
 
     fn requests(&self, path: &str) -> usize {
-        let routes = self.routes.lock().unwrap();
-        routes.requests.get(path).copied().unwrap_or(0)
+        self.http.requests(path)
     }
 
     fn completed(&self, path: &str) -> usize {
-        let routes = self.routes.lock().unwrap();
-        routes.completed.get(path).copied().unwrap_or(0)
-    }
-}
-
-async fn answer(mut socket: tokio::net::TcpStream, routes: Arc<Mutex<Routes>>) {
-    let mut request = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        match socket.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => request.extend_from_slice(&buf[..n]),
-        }
-    }
-    let text = String::from_utf8_lossy(&request);
-    let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
-    let (route, nth) = {
-        let mut routes = routes.lock().unwrap();
-        let count = routes.requests.entry(path.clone()).or_default();
-        *count += 1;
-        let nth = *count;
-        (routes.bodies.get(&path).cloned(), nth)
-    };
-    let Some((body, mode)) = route else {
-        let _ = socket
-            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .await;
-        return;
-    };
-    let length = match mode {
-        Mode::NoLength => String::new(),
-        _ => format!("Content-Length: {}\r\n", body.len()),
-    };
-    let head = format!("HTTP/1.1 200 OK\r\n{length}Connection: close\r\n\r\n");
-    if socket.write_all(head.as_bytes()).await.is_err() {
-        return;
-    }
-    let sent = match mode {
-        Mode::ShortOnce if nth == 1 => socket.write_all(&body[..body.len() / 2]).await,
-        Mode::Stall => {
-            let _ = socket.write_all(&body[..body.len() / 2]).await;
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            return;
-        }
-        Mode::Slow => {
-            let mut result = Ok(());
-            for chunk in body.chunks(64 * 1024) {
-                result = socket.write_all(chunk).await;
-                if result.is_err() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-            result
-        }
-        _ => socket.write_all(&body).await,
-    };
-    let _ = socket.shutdown().await;
-    if sent.is_ok() {
-        *routes.lock().unwrap().completed.entry(path).or_default() += 1;
+        self.http.completed(path)
     }
 }
 
@@ -262,7 +201,7 @@ impl Fixture {
             _pool: pool,
             host,
             images,
-            server: Server::start().await,
+            server: Server::start(),
             spool: tempfile::tempdir().unwrap(),
         }
     }
@@ -658,7 +597,12 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
         started.elapsed()
     );
     assert_complete(&fixture, &base, qcow2_image());
-    assert_eq!(fixture.server.requests("/slow.qcow2"), 1);
+    assert_eq!(
+        fixture.server.requests("/slow.qcow2"),
+        1,
+        "{:?}",
+        fixture.server.http.seen("/slow.qcow2")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,14 +1,16 @@
 //! Image downloads from a local HTTP server (127.0.0.1) that misbehaves on request:
-//! wrong content, no Content-Length, a connection cut short, error statuses, a redirect.
+//! wrong content, no Content-Length, a connection cut short, error statuses, redirects of
+//! every form, credentials, silence.
 
 use std::io::Read;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
+use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
 use kvm_agent::error::{Error, ErrorClass};
 use kvm_agent::images::fetch::{Download, fetch};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const SIZE: usize = 3 * 1024 * 1024 + 17;
 /// Silence allowed from the server, where a test does not exercise it.
@@ -28,77 +30,30 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 /// Serves one scenario per path until the test ends.
-async fn serve() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match socket.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&request);
-                let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                let body = body();
-                let head = |status: &str, extra: &str| {
-                    format!("HTTP/1.1 {status}\r\n{extra}Connection: close\r\n\r\n")
-                };
-                let length = format!("Content-Length: {SIZE}\r\n");
-                if path == "/silent" {
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    return;
-                }
-                if path == "/stall" {
-                    let _ = socket.write_all(head("200 OK", &length).as_bytes()).await;
-                    let _ = socket.write_all(&body[..SIZE / 2]).await;
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                    return;
-                }
-                // user "user", password "p@ss:w" (RFC 7617 basic).
-                let authorized = text
-                    .lines()
-                    .any(|l| l.eq_ignore_ascii_case("authorization: Basic dXNlcjpwQHNzOnc="));
-                let to_other_origin = format!(
-                    "Location: http://localhost:{}/private\r\nContent-Length: 0\r\n",
-                    address.port()
-                );
-                let (head, payload): (String, &[u8]) = match path.as_str() {
-                    "/private" if authorized => (head("200 OK", &length), &body),
-                    "/private" => (head("401 Unauthorized", "Content-Length: 0\r\n"), b""),
-                    "/private-moved" => (
-                        head("302 Found", "Location: /private\r\nContent-Length: 0\r\n"),
-                        b"",
-                    ),
-                    "/private-elsewhere" => (head("302 Found", &to_other_origin), b""),
-                    "/ok" => (head("200 OK", &length), &body),
-                    "/no-length" => (head("200 OK", ""), &body),
-                    "/short" => (head("200 OK", &length), &body[..SIZE / 2]),
-                    "/redirect" => (
-                        head("302 Found", "Location: /ok\r\nContent-Length: 0\r\n"),
-                        b"",
-                    ),
-                    "/404" => (head("404 Not Found", "Content-Length: 0\r\n"), b""),
-                    "/403" => (head("403 Forbidden", "Content-Length: 0\r\n"), b""),
-                    _ => (
-                        head("503 Service Unavailable", "Content-Length: 0\r\n"),
-                        b"",
-                    ),
-                };
-                let _ = socket.write_all(head.as_bytes()).await;
-                let _ = socket.write_all(payload).await;
-                let _ = socket.shutdown().await;
-            });
+fn serve() -> HttpServer {
+    let server = HttpServer::start();
+    let body = Bytes::from(body());
+    let whole = Reply::Body(body.clone(), Delivery::Whole);
+    server.route("/ok", whole.clone());
+    server.route("/no-length", Reply::Body(body.clone(), Delivery::NoLength));
+    server.route("/short", Reply::Body(body.clone(), Delivery::Short));
+    server.route("/stall", Reply::Body(body.clone(), Delivery::Stall));
+    server.route("/silent", Reply::Silent);
+    server.route("/redirect", Reply::Redirect(302, "/ok".into()));
+    server.route("/404", Reply::Status(404));
+    server.route("/403", Reply::Status(403));
+    server.route("/503", Reply::Status(503));
+    // user "user", password "p@ss:w" (RFC 7617 basic).
+    server.route_with("/private", move |seen, _| {
+        match seen.authorization.as_deref() {
+            Some("Basic dXNlcjpwQHNzOnc=") => whole.clone(),
+            _ => Reply::Status(401),
         }
     });
-    format!("http://{address}")
+    server.route("/private-moved", Reply::Redirect(302, "/private".into()));
+    let elsewhere = format!("http://localhost:{}/private", server.port());
+    server.route("/private-elsewhere", Reply::Redirect(302, elsewhere));
+    server
 }
 
 /// Reads the download to its end on a blocking thread, as a volume upload does.
@@ -119,7 +74,8 @@ async fn read_all(mut download: Download) -> (Result<Vec<u8>, String>, Option<Er
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verified_download_streams_every_byte() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let digest = sha256_hex(&body());
     for path in ["/ok", "/no-length", "/redirect"] {
         let download = fetch(&format!("{base}{path}"), Some(&digest), IDLE)
@@ -142,7 +98,8 @@ async fn a_verified_download_streams_every_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_the_url_are_sent_as_basic_auth_to_its_origin_only() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let digest = sha256_hex(&body());
     let with_credentials = base.replace("http://", "http://user:p%40ss%3Aw@");
     for path in ["/private", "/private-moved"] {
@@ -170,7 +127,8 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_to_its_origin_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_checksum_is_permanent_and_the_last_bytes_are_withheld() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let wrong = "00".repeat(32);
     for path in ["/ok", "/no-length"] {
         let download = fetch(&format!("{base}{path}"), Some(&wrong), IDLE)
@@ -207,7 +165,8 @@ async fn a_wrong_checksum_is_permanent_and_the_last_bytes_are_withheld() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_transient() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let digest = sha256_hex(&body());
     let (read, failure) = read_all(
         fetch(&format!("{base}/short"), Some(&digest), IDLE)
@@ -224,7 +183,8 @@ async fn a_cut_connection_is_transient() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_errors_and_unreachable_servers_are_classified() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     for (path, class) in [
         ("/404", ErrorClass::Permanent),
         ("/403", ErrorClass::Permanent),
@@ -245,7 +205,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
     assert!(matches!(error, Error::ImageHttp { .. }), "{error}");
     assert!(!error.to_string().contains("secret"), "{error}");
     // A port nobody listens on.
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = closed.local_addr().unwrap();
     drop(closed);
     let error = tokio::time::timeout(
@@ -278,7 +238,8 @@ async fn http_errors_and_unreachable_servers_are_classified() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let download = fetch(&format!("{base}/stall"), None, IDLE).await.unwrap();
     let canceller = download.canceller();
     let reader = tokio::spawn(read_all(download));
@@ -301,7 +262,8 @@ async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_server_fails_after_the_idle_time_as_transient() {
-    let base = serve().await;
+    let server = serve();
+    let base = server.base_url();
     let idle = Duration::from_millis(500);
     // No response headers.
     let error = fetch(&format!("{base}/silent"), None, idle)
@@ -365,4 +327,287 @@ async fn a_file_url_reads_a_file_of_the_agent_through_the_same_checks() {
         let error = fetch(&url, None, IDLE).await.unwrap_err();
         assert_eq!(error.class(), ErrorClass::Permanent, "{url}: {error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_of_every_form_lead_to_the_image() {
+    let server = serve();
+    let port = server.port();
+    let image = Bytes::from(body());
+    server.route(
+        "/dir/image.qcow2",
+        Reply::Body(image.clone(), Delivery::Whole),
+    );
+    // Only the host the redirect names serves this path: a request that went to
+    // 127.0.0.1 instead is refused.
+    server.route_with("/on-localhost", move |seen, _| {
+        if seen.host.as_deref() == Some(format!("localhost:{port}").as_str()) {
+            Reply::Body(image.clone(), Delivery::Whole)
+        } else {
+            Reply::Status(421)
+        }
+    });
+    let redirects = [
+        ("/dir/relative", "image.qcow2".to_owned()),
+        ("/dir/dot-relative", "./image.qcow2".to_owned()),
+        ("/absolute-path", "/dir/image.qcow2".to_owned()),
+        (
+            "/protocol-relative",
+            format!("//localhost:{port}/on-localhost"),
+        ),
+        ("/absolute", format!("http://localhost:{port}/on-localhost")),
+    ];
+    let digest = sha256_hex(&body());
+    for (path, location) in redirects {
+        server.route(path, Reply::Redirect(301, location.clone()));
+        let url = format!("{}{path}", server.base_url());
+        let download = fetch(&url, Some(&digest), IDLE)
+            .await
+            .unwrap_or_else(|e| panic!("{path} -> {location}: {e}"));
+        let (read, failure) = read_all(download).await;
+        assert_eq!(read.unwrap(), body(), "{path} -> {location}");
+        assert!(failure.is_none(), "{path}: {failure:?}");
+    }
+    assert_eq!(server.requests("/dir/image.qcow2"), 3);
+    assert_eq!(server.requests("/on-localhost"), 2);
+    assert!(
+        server
+            .seen("/on-localhost")
+            .iter()
+            .all(|s| s.host == Some(format!("localhost:{port}"))),
+        "{:?}",
+        server.seen("/on-localhost")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_reach_the_urls_origin_and_no_other() {
+    let server = serve();
+    let port = server.port();
+    let with_credentials = |path: &str| format!("http://user:p%40ss%3Aw@127.0.0.1:{port}{path}");
+    let basic = Some("Basic dXNlcjpwQHNzOnc=".to_owned());
+    let digest = sha256_hex(&body());
+
+    // The same origin, after a redirect too: the credentials go along.
+    let (read, _) = read_all(
+        fetch(&with_credentials("/private-moved"), Some(&digest), IDLE)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(read.unwrap(), body());
+    let seen = server.seen("/private-moved");
+    assert_eq!(seen[0].authorization, basic);
+    assert_eq!(server.seen("/private")[0].authorization, basic);
+
+    // Another origin (localhost is not 127.0.0.1): not a trace of them.
+    let error = fetch(&with_credentials("/private-elsewhere"), None, IDLE)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_provider_error().reason,
+        "IMAGE_FORBIDDEN",
+        "{error}"
+    );
+    assert_eq!(server.seen("/private-elsewhere")[0].authorization, basic);
+    let followed = server.seen("/private").pop().unwrap();
+    assert_eq!(followed.host, Some(format!("localhost:{port}")));
+    assert_eq!(followed.authorization, None, "sent to another origin");
+
+    // RFC 7617's example, %-escapes decoded before encoding.
+    let aladdin = server.route_with("/aladdin", |_, _| Reply::Status(204));
+    let url = aladdin.replace("http://", "http://Aladdin:open%20sesame@");
+    fetch(&url, None, IDLE).await.unwrap();
+    assert_eq!(
+        server.seen("/aladdin")[0].authorization.as_deref(),
+        Some("Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")
+    );
+    // A broken %-escape is the URL's fault: permanent, and nothing is sent.
+    let error = fetch(
+        &with_credentials("/ok").replace("p%40ss", "p%zzss"),
+        None,
+        IDLE,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
+    assert!(error.to_string().contains("%-escape"), "{error}");
+    assert!(!error.to_string().contains("zzss"), "{error}");
+    assert_eq!(server.requests("/ok"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_redirects_stop_at_the_limit_with_a_permanent_error() {
+    let server = serve();
+    server.route_with("/loop", |_, n| {
+        Reply::Redirect(302, format!("/loop?hop={n}"))
+    });
+    let url = format!(
+        "{}/loop?sig=secret",
+        server.base_url().replace("http://", "http://user:secret@")
+    );
+    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::ImageFetch {
+                permanent: true,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.to_provider_error().reason, "IMAGE_URL_INVALID");
+    let text = error.to_string();
+    assert!(
+        text.contains("more than 5 redirects; set the image's url to where the redirects end"),
+        "{text}"
+    );
+    assert!(!text.contains("secret") && !text.contains("hop="), "{text}");
+    assert_eq!(
+        server.requests("/loop"),
+        6,
+        "the first request and 5 redirects"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_is_not_the_servers_silence() {
+    let server = serve();
+    let idle = Duration::from_millis(300);
+    let digest = sha256_hex(&body());
+    let mut download = fetch(&format!("{}/ok", server.base_url()), Some(&digest), idle)
+        .await
+        .unwrap();
+    let failure = download.failure();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut out = vec![0u8; 4096];
+        let first = download.read(&mut out)?;
+        out.truncate(first);
+        // An upload that pauses longer than the server may stay silent.
+        std::thread::sleep(idle * 4);
+        download.read_to_end(&mut out).map(|_| out)
+    })
+    .await
+    .unwrap();
+    assert_eq!(read.unwrap(), body());
+    assert!(failure.lock().unwrap().is_none());
+}
+
+/// Everything logged at any level in this test binary from the moment of the first
+/// call, the libraries' `log` records (reqwest's) included, for the test that looks for
+/// secrets in it.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::<Mutex<Vec<u8>>>::default();
+        let sink = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || Capture(sink.clone()))
+            .try_init()
+            .expect("the only subscriber of this test binary");
+        logs
+    })
+    .clone()
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_reach_no_log_and_no_error() {
+    let logs = captured_logs();
+    let server = serve();
+    server.route_with("/loop", |_, n| {
+        Reply::Redirect(302, format!("/loop?hop={n}"))
+    });
+    let password = "pw-7f3a9c";
+    // base64 of "agent:pw-7f3a9c", as an Authorization header would carry it.
+    let encoded = "YWdlbnQ6cHctN2YzYTlj";
+    let base = server
+        .base_url()
+        .replace("http://", &format!("http://agent:{password}@"));
+    let mut messages = Vec::new();
+    let (read, _) = read_all(fetch(&format!("{base}/ok"), None, IDLE).await.unwrap()).await;
+    assert_eq!(read.unwrap().len(), SIZE);
+    for path in ["/private-elsewhere", "/loop", "/404", "/silent"] {
+        let idle = Duration::from_millis(300);
+        let error = fetch(&format!("{base}{path}"), None, idle)
+            .await
+            .unwrap_err();
+        // As the cache reports a failed download.
+        tracing::warn!(error = %error, "image download failed");
+        messages.push(error.to_string());
+        messages.push(format!("{error:?}"));
+    }
+    let logged = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        logged.contains("starting new connection"),
+        "reqwest's own records are captured too: {logged}"
+    );
+    for text in messages.iter().chain([&logged]) {
+        assert!(
+            !text.contains(password) && !text.contains(encoded),
+            "a credential leaked: {text}"
+        );
+    }
+}
+
+/// A TLS endpoint on 127.0.0.1 with a self-signed certificate for `localhost` that no
+/// system store holds: it completes handshakes only, which is all the test needs.
+fn untrusted_tls_endpoint() -> u16 {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let key =
+        rustls::pki_types::PrivateKeyDer::try_from(certified.signing_key.serialize_der()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut socket in listener.incoming().flatten() {
+            let mut tls = rustls::ServerConnection::new(config.clone()).unwrap();
+            // The client refuses the certificate and closes; nothing to do with that.
+            let _ = tls.complete_io(&mut socket);
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_checks_the_servers_certificate_against_the_system_store() {
+    let port = untrusted_tls_endpoint();
+    let url = format!("https://user:secret@localhost:{port}/image.qcow2?sig=secret");
+    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::ImageFetch {
+                permanent: false,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.to_provider_error().reason, "IMAGE_UNREACHABLE");
+    let text = error.to_string();
+    assert!(text.contains("certificate"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
 }

@@ -11,12 +11,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use egressproxy_integration::http_server::HttpServer;
 use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_provider::client::{ClientOptions, connect_lazy};
 use egressproxy_provider::conformance::{self, Target};
 use egressproxy_provider::{ErrorClass, ProviderError, pb};
-use guest_env::{FileServer, GuestHost, ipxe_qcow2, sha256_file};
+use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
 
 /// A running `kvm-agent serve`, killed on drop.
 struct Served {
@@ -79,11 +80,11 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     let work = tempfile::tempdir().unwrap();
     let image = ipxe_qcow2(work.path());
     let sha = sha256_file(&image);
-    let server = FileServer::start(work.path());
+    let server = HttpServer::serving_dir(work.path());
     let config = work.path().join("config.yaml");
     std::fs::write(
         &config,
-        guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url), &sha),
+        guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha),
     )
     .unwrap();
     let mut served = Served::start(&config);

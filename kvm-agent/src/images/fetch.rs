@@ -1,11 +1,12 @@
 //! Downloading a base image over HTTP(S) (or reading a `file://` image on the agent's own
 //! filesystem), streamed through SHA-256, never held in memory.
 //!
-//! [`fetch`] sends the GET (following up to 5 redirects) and classifies the answer: 404,
-//! 410, 403 and 401 are permanent
-//! (the URL is wrong or forbidden: fix the image's configuration), 5xx, 429 and 408
-//! transient, as are network errors. On success it returns a [`Download`]: a blocking
-//! [`Read`] over the body, fed by a task through a bounded channel (at most
+//! [`fetch`] sends the GET through the `http` module (reqwest: redirects, basic
+//! authentication from the URL's `user:password@`, TLS) and classifies the answer: 404,
+//! 410, 403 and 401 are permanent (the URL is wrong or forbidden: fix the image's
+//! configuration), 5xx, 429 and 408 transient, as are network errors; more than
+//! `MAX_REDIRECTS` redirects are permanent. On success it returns a [`Download`]: a
+//! blocking [`Read`] over the body, fed by a task through a bounded channel (at most
 //! [`BUFFERED_CHUNKS`] chunks in flight), so it can be the source of a libvirt volume
 //! upload on a blocking thread while memory stays bounded whatever the image's size.
 //!
@@ -30,10 +31,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::http::{self, Chunk};
 use crate::error::Error;
 
 /// Body chunks buffered between the network and the reader.
@@ -45,7 +46,7 @@ pub struct Download {
     url: String,
     length: Option<u64>,
     expected_sha256: Option<String>,
-    body: mpsc::Receiver<Result<Bytes, String>>,
+    body: mpsc::Receiver<Chunk>,
     pending: Bytes,
     hasher: Sha256,
     received: u64,
@@ -76,7 +77,7 @@ impl Download {
         url: String,
         length: Option<u64>,
         expected_sha256: Option<&str>,
-        body: mpsc::Receiver<Result<Bytes, String>>,
+        body: mpsc::Receiver<Chunk>,
         body_task: tokio::task::AbortHandle,
     ) -> Self {
         Self {
@@ -231,122 +232,10 @@ pub async fn fetch(
     if let Some(path) = url.strip_prefix("file://") {
         return open_file(shown, path, expected_sha256).await;
     }
-    let uri: hyper::Uri = url.parse().map_err(|e| Error::ImageFetch {
-        url: shown.clone(),
-        reason: format!("not a valid URL: {e}"),
-        permanent: true,
-    })?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(Error::ImageFetch {
-            url: shown.clone(),
-            reason: "only http://, https:// and file:// URLs are fetched".into(),
-            permanent: true,
-        });
-    }
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()
-        .map_err(|e| Error::ImageFetch {
-            url: shown.clone(),
-            reason: format!("cannot load the system's CA certificates: {e}"),
-            permanent: true,
-        })?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, http_body_util::Empty<Bytes>>(connector);
-    let (mut uri, credentials) = take_credentials(uri).map_err(|reason| Error::ImageFetch {
-        url: shown.clone(),
-        reason,
-        permanent: true,
-    })?;
-    let origin = (uri.scheme().cloned(), uri.authority().cloned());
-    let mut redirects = 0;
-    let response = loop {
-        let mut request = hyper::Request::get(uri.clone());
-        // Credentials go only to the URL's own origin, never to a redirect elsewhere.
-        if let Some(credentials) = &credentials
-            && (uri.scheme().cloned(), uri.authority().cloned()) == origin
-        {
-            request = request.header(hyper::header::AUTHORIZATION, credentials.clone());
-        }
-        let request =
-            request
-                .body(http_body_util::Empty::new())
-                .map_err(|e| Error::ImageFetch {
-                    url: shown.clone(),
-                    reason: format!("not a valid request: {e}"),
-                    permanent: true,
-                })?;
-        let response = tokio::time::timeout(idle, client.request(request))
-            .await
-            .map_err(|_| Error::ImageFetch {
-                url: shown.clone(),
-                reason: format!("no response within {}", humantime::format_duration(idle)),
-                permanent: false,
-            })?
-            .map_err(|e| Error::ImageFetch {
-                url: shown.clone(),
-                reason: error_chain(&e),
-                permanent: false,
-            })?;
-        if !response.status().is_redirection() || redirects == MAX_REDIRECTS {
-            break response;
-        }
-        let location = response
-            .headers()
-            .get(hyper::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| resolve_location(&uri, v))
-            .ok_or_else(|| Error::ImageFetch {
-                url: shown.clone(),
-                reason: format!("{} without a usable Location", response.status()),
-                permanent: true,
-            })?;
-        uri = location;
-        redirects += 1;
-    };
-    let status = response.status();
-    if !status.is_success() {
-        return Err(Error::ImageHttp {
-            url: shown.clone(),
-            status: status.as_u16(),
-        });
-    }
-    let length = response
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let response = http::get(url, &shown, idle).await?;
+    let length = response.content_length();
     let (tx, rx) = mpsc::channel(BUFFERED_CHUNKS);
-    let mut body = response.into_body();
-    let body_task = tokio::spawn(async move {
-        loop {
-            // Only the wait for the server is bounded; `send` below waits for the reader.
-            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
-                let silence = humantime::format_duration(idle);
-                let _ = tx
-                    .send(Err(format!("the server sent nothing for {silence}")))
-                    .await;
-                break;
-            };
-            match frame {
-                None => break,
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data()
-                        && tx.send(Ok(data)).await.is_err()
-                    {
-                        // The reader is gone: stop downloading.
-                        break;
-                    }
-                }
-                Some(Err(e)) => {
-                    let _ = tx.send(Err(error_chain(&e))).await;
-                    break;
-                }
-            }
-        }
-    });
+    let body_task = tokio::spawn(http::forward_body(response, idle, tx));
     Ok(Download::new(
         shown,
         length,
@@ -439,122 +328,9 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Splits `user:password@` off `uri`: the URI without it, and the `Authorization` header
-/// (HTTP basic, RFC 7617) it stands for. hyper sends no credentials of its own.
-fn take_credentials(
-    uri: hyper::Uri,
-) -> Result<(hyper::Uri, Option<hyper::header::HeaderValue>), String> {
-    let Some((userinfo, host)) = uri.authority().and_then(|a| a.as_str().rsplit_once('@')) else {
-        return Ok((uri, None));
-    };
-    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let pair = [
-        percent_decode(user)?,
-        b":".to_vec(),
-        percent_decode(password)?,
-    ]
-    .concat();
-    let mut value = hyper::header::HeaderValue::try_from(format!("Basic {}", base64(&pair)))
-        .map_err(|e| format!("unusable credentials in the URL: {e}"))?;
-    value.set_sensitive(true);
-    let host: hyper::http::uri::Authority = host
-        .parse()
-        .map_err(|e| format!("not a valid host after the credentials: {e}"))?;
-    let mut parts = uri.into_parts();
-    parts.authority = Some(host);
-    let uri = hyper::Uri::from_parts(parts).map_err(|e| format!("not a valid URL: {e}"))?;
-    Ok((uri, Some(value)))
-}
-
-fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let byte = text
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or("a bad %-escape in the URL's credentials")?;
-            out.push(byte);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
-}
-
-/// Standard base64 with padding.
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// Redirects followed before the answer counts as an error.
-const MAX_REDIRECTS: usize = 5;
-
-/// The target of a `Location` header, absolute or relative to `base`.
-fn resolve_location(base: &hyper::Uri, location: &str) -> Option<hyper::Uri> {
-    let target: hyper::Uri = location.parse().ok()?;
-    if target.scheme().is_some() {
-        return Some(target);
-    }
-    let mut parts = base.clone().into_parts();
-    parts.path_and_query = target.path_and_query().cloned();
-    hyper::Uri::from_parts(parts).ok()
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn credentials_in_a_url_become_basic_authentication() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(
-            base64(b"Aladdin:open sesame"),
-            "QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
-        );
-        let (uri, auth) =
-            take_credentials("http://Aladdin:open%20sesame@h:8080/i?x".parse().unwrap()).unwrap();
-        assert_eq!(uri.to_string(), "http://h:8080/i?x");
-        let auth = auth.unwrap();
-        assert_eq!(auth, "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
-        assert!(auth.is_sensitive());
-        let (uri, auth) = take_credentials("https://h/i".parse().unwrap()).unwrap();
-        assert_eq!((uri.to_string(), auth), ("https://h/i".to_owned(), None));
-        assert!(take_credentials("http://u:%zz@h/".parse().unwrap()).is_err());
-    }
 
     #[test]
     fn shown_urls_keep_no_credentials_or_query() {

@@ -2,6 +2,7 @@
 //!
 //! - [`cache`]: the per-host cache of base volumes, one download per base at a time.
 //! - [`fetch`]: an image's HTTP(S) or `file://` body, streamed through SHA-256.
+//! - `http`: the HTTP(S) side of a fetch (reqwest), its answer classified.
 //! - `download`: one download of a base, the detached work the cache waits on.
 //! - `host_volumes`: the cache's libvirt steps (look up, create, inspect, delete).
 //! - `eviction`: deleting base volumes no domain uses any more.
@@ -11,3 +12,4 @@ mod download;
 pub(crate) mod eviction;
 pub mod fetch;
 mod host_volumes;
+mod http;

@@ -1,7 +1,8 @@
 //! A hypervisor that can run the agent's guests, for Create tests: a private libvirtd in
 //! a network namespace of its own, with a `default` dir pool and an isolated `default`
 //! network whose dnsmasq hands out leases (inside that namespace only), reached through
-//! a private sshd; and a loopback HTTP server for images.
+//! a private sshd. Images are served by the shared test
+//! [`HttpServer`](egressproxy_integration::http_server::HttpServer).
 //!
 //! The test image is Debian's iPXE boot image (`ipxe` package) converted to qcow2
 //! (2 MiB): booted by SeaBIOS from the virtio disk, iPXE asks the network for a DHCP
@@ -10,8 +11,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -176,75 +175,4 @@ pub fn qemu_img_info(path: &Path) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A minimal HTTP/1.1 server on 127.0.0.1 serving the files of one directory, one
-/// connection at a time on a thread; it lives as long as the process.
-pub struct FileServer {
-    pub base_url: String,
-    /// The request line of every request received, in order.
-    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl FileServer {
-    /// Serves `dir` at `http://127.0.0.1:PORT/NAME`.
-    pub fn start(dir: &Path) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base_url = format!("http://{}", listener.local_addr().unwrap());
-        let dir = dir.to_owned();
-        let requests = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
-        let log = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let dir = dir.clone();
-                let log = log.clone();
-                std::thread::spawn(move || {
-                    let mut reader = BufReader::new(stream.try_clone().unwrap());
-                    let mut request_line = String::new();
-                    if reader.read_line(&mut request_line).is_err() {
-                        return;
-                    }
-                    log.lock().unwrap().push(request_line.trim_end().to_owned());
-                    loop {
-                        let mut line = String::new();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => break,
-                            Ok(_) if line == "\r\n" => break,
-                            Ok(_) => {}
-                        }
-                    }
-                    let path = request_line.split_whitespace().nth(1).unwrap_or("/");
-                    let file = dir.join(path.trim_start_matches('/'));
-                    match std::fs::read(&file) {
-                        Ok(body) => {
-                            let _ = write!(
-                                stream,
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            );
-                            let _ = stream.write_all(&body);
-                        }
-                        Err(_) => {
-                            let _ = stream.write_all(
-                                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                            );
-                        }
-                    }
-                });
-            }
-        });
-        Self { base_url, requests }
-    }
-
-    /// How many `GET` requests for `/NAME` the server received.
-    pub fn gets(&self, name: &str) -> usize {
-        let wanted = format!("GET /{name} ");
-        self.requests
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| line.starts_with(&wanted))
-            .count()
-    }
 }
