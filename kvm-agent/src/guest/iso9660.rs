@@ -262,6 +262,9 @@ fn write_descriptor(
 }
 
 #[cfg(test)]
+mod properties;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
