@@ -83,7 +83,7 @@ FUZZ_CASES ?= 100000
 fuzz:
 	cargo build --workspace --bins --locked
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p egressproxy-provider --test hostile_requests
-	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p kvm-agent --lib guest::iso9660::properties
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p kvm-agent --lib -- guest::iso9660::properties libvirt::xml::volume
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p kvm-agent \
 		--test hostile_libvirt_xml --test hostile_user_data --test hostile_config
 
