@@ -385,9 +385,21 @@ impl Config {
                 );
             }
             validate_host(host, &at, &mut p);
+            for (field, name) in [
+                ("name", Some(&host.name)),
+                ("network", host.network.as_ref()),
+                ("bridge", host.bridge.as_ref()),
+            ] {
+                if let Some(message) = name.and_then(|n| not_xml_safe(n)) {
+                    p(format!("{at}.{field}"), message);
+                }
+            }
         }
         for (name, machine) in &self.machine_types {
-            let at = format!("machineTypes.{name}");
+            let at = format!("machineTypes.{}", name.escape_debug());
+            if let Some(message) = not_xml_safe(name) {
+                p(at.clone(), message);
+            }
             if machine.vcpus == 0 {
                 p(format!("{at}.vcpus"), "must be at least 1".into());
             }
@@ -402,7 +414,10 @@ impl Config {
             }
         }
         for (name, image) in &self.images {
-            let at = format!("images.{name}");
+            let at = format!("images.{}", name.escape_debug());
+            if let Some(message) = not_xml_safe(name) {
+                p(at.clone(), message);
+            }
             if !["http://", "https://", "file://"]
                 .iter()
                 .any(|s| image.url.starts_with(s))
@@ -541,6 +556,24 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
     }
 }
 
+/// Why `name` cannot go into a domain's XML unchanged, if it cannot. Host, network,
+/// bridge, machine type and image names are written into every domain the agent
+/// defines (the NIC and the placement record); XML normalises tabs and line breaks in
+/// attributes and cannot carry most other control characters, so such a name would
+/// come back different (or the definition would fail) at the first Create. The rule
+/// is the one the agent applies to a request's name and tags.
+fn not_xml_safe(name: &str) -> Option<String> {
+    name.chars()
+        .find(|c| c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'))
+        .map(|c| {
+            format!(
+                "contains the control character U+{:04X}, which libvirt's XML cannot keep; \
+                 remove it",
+                u32::from(c)
+            )
+        })
+}
+
 /// The spool directory (`configured`, else the system temp dir) must take a file: an image
 /// served without `Content-Length` is staged there, and on a read-only root filesystem
 /// without a writable `TMPDIR` every such download would fail.
@@ -656,6 +689,37 @@ mod tests {
             assert!(err.contains(field), "{field} missing from:\n{err}");
         }
         assert!(err.contains("/nonexistent/key"), "{err}");
+    }
+
+    #[test]
+    fn names_that_xml_cannot_keep_are_refused_with_their_field() {
+        let config = Config::parse(
+            "hosts:\n\
+             - {name: \"hv\\n1\", local: true, network: \"net\\x7f\"}\n\
+             - {name: hv2, local: true, bridge: \"br\\t0\"}\n\
+             machineTypes: {\"small\\r\": {vcpus: 1, memoryMiB: 512, diskGiB: 1}}\n\
+             images: {\"deb\\0\": {url: 'https://example.org/d.qcow2'}}\n",
+        )
+        .unwrap();
+        let Error::Config { problems } = config.validate().unwrap_err() else {
+            panic!("not a config error");
+        };
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "hosts[0].name",
+                "hosts[0].network",
+                "hosts[1].bridge",
+                "machineTypes.small\\r",
+                "images.deb\\0"
+            ]
+        );
+        assert!(
+            problems[0].message.contains("U+000A"),
+            "{}",
+            problems[0].message
+        );
     }
 
     #[test]

@@ -9,8 +9,10 @@
 
 mod hostile;
 
+use kvm_agent::config::Attachment;
 use kvm_agent::config::Config;
 use kvm_agent::error::Error;
+use kvm_agent::libvirt::xml::metadata::check_xml_safe;
 use proptest::prelude::*;
 use serde_norway::{Mapping, Value};
 
@@ -142,6 +144,24 @@ fn document() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The names a valid configuration puts into a domain's XML (the placement record and
+/// the NIC) all survive the XML unchanged.
+fn assert_xml_safe_names(config: &Config) -> Result<(), TestCaseError> {
+    let hosts = config.hosts.iter().map(|h| &h.name);
+    let devices = config.hosts.iter().map(|h| match h.attachment() {
+        Attachment::Network(n) | Attachment::Bridge(n) => n,
+    });
+    for name in hosts
+        .cloned()
+        .chain(devices)
+        .chain(config.machine_types.keys().cloned())
+        .chain(config.images.keys().cloned())
+    {
+        prop_assert!(check_xml_safe(&name).is_ok(), "accepted {:?}", name);
+    }
+    Ok(())
+}
+
 fn assert_names_where(error: Error) -> Result<(), TestCaseError> {
     let Error::Config { problems } = &error else {
         return Err(TestCaseError::fail(format!("not a config error: {error}")));
@@ -165,11 +185,10 @@ proptest! {
     fn any_document_parses_or_is_refused_naming_where(text in document()) {
         match Config::parse(&text) {
             Err(error) => assert_names_where(error)?,
-            Ok(config) => {
-                if let Err(error) = config.validate() {
-                    assert_names_where(error)?;
-                }
-            }
+            Ok(config) => match config.validate() {
+                Err(error) => assert_names_where(error)?,
+                Ok(()) => assert_xml_safe_names(&config)?,
+            },
         }
     }
 
@@ -181,6 +200,7 @@ proptest! {
         machine in hostile_text(12),
         image in hostile_text(12),
         pool in hostile_text(12),
+        network in hostile_text(12),
     ) {
         let mut doc: Value = serde_norway::from_str(
             "hosts: [{name: hv1, local: true}]\n\
@@ -190,6 +210,7 @@ proptest! {
         .unwrap();
         doc["hosts"][0]["name"] = Value::String(host);
         doc["hosts"][0]["storagePool"] = Value::String(pool);
+        doc["hosts"][0]["network"] = Value::String(network);
         let small = doc["machineTypes"]["small"].clone();
         doc["machineTypes"] = Value::Mapping([(Value::String(machine), small)].into_iter().collect());
         let debian = doc["images"]["debian"].clone();
@@ -197,11 +218,10 @@ proptest! {
         let text = serde_norway::to_string(&doc).unwrap();
         match Config::parse(&text) {
             Err(error) => assert_names_where(error)?,
-            Ok(config) => {
-                if let Err(error) = config.validate() {
-                    assert_names_where(error)?;
-                }
-            }
+            Ok(config) => match config.validate() {
+                Err(error) => assert_names_where(error)?,
+                Ok(()) => assert_xml_safe_names(&config)?,
+            },
         }
     }
 }
