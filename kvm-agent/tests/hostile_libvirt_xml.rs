@@ -294,7 +294,8 @@ proptest! {
         let names = InstanceNames::for_key(&key).unwrap();
         let raw = raw_volume(&names.seed_volume, capacity).unwrap();
         virt_xml_validate(&raw, "storagevol");
-        let base = PathBuf::from("/p").join(&path);
+        // Under the pool's directory, as libvirt reports a base volume's path.
+        let base = PathBuf::from(format!("/p/{path}"));
         let overlay = overlay_volume(&names.overlay_volume, capacity, &base, ImageFormat::Qcow2).unwrap();
         virt_xml_validate(&overlay, "storagevol");
 
