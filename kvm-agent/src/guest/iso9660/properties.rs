@@ -51,7 +51,8 @@ fn label() -> impl Strategy<Value = String> {
 }
 
 fn valid_name(name: &str) -> bool {
-    (1..=MAX_NAME_LEN).contains(&name.len())
+    !matches!(name, "." | "..")
+        && (1..=MAX_NAME_LEN).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
@@ -114,7 +115,11 @@ proptest! {
     #[test]
     fn an_image_reads_back_with_isoinfo(
         label in "[A-Za-z0-9_]{1,32}",
-        files in proptest::collection::btree_map("[a-z0-9._-]{1,30}", proptest::collection::vec(any::<u8>(), 0..5000), 0..=MAX_FILES),
+        files in proptest::collection::btree_map(
+            "[a-z0-9._-]{1,30}".prop_filter("a valid name", |n| valid_name(n)),
+            proptest::collection::vec(any::<u8>(), 0..5000),
+            0..=MAX_FILES,
+        ),
     ) {
         let files: Vec<(String, Vec<u8>)> = files.into_iter().collect();
         let image = build_owned(&label, &files).unwrap();
