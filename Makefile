@@ -9,7 +9,7 @@ HELM := $(TOOLS_BIN)/helm
 HADOLINT := $(TOOLS_BIN)/hadolint
 CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e faults guest-image bench
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e faults guest-image bench fuzz
 
 ## ci: set up the machine, then every check and test (what .ci/run runs)
 ci: setup fmt-check lint breaking generate-check test
@@ -76,6 +76,16 @@ generate-check: generate
 test:
 	cargo build --workspace --bins --locked
 	cargo test --workspace --locked --no-fail-fast
+
+## fuzz: the hostile-input property tests, run long (FUZZ_CASES cases each; `make test`
+## runs the same tests with a small default, about a minute in all)
+FUZZ_CASES ?= 100000
+fuzz:
+	cargo build --workspace --bins --locked
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p egressproxy-provider --test hostile_requests
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p kvm-agent --lib -- guest::iso9660::properties libvirt::xml::volume
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --locked -p kvm-agent \
+		--test hostile_libvirt_xml --test hostile_user_data --test hostile_config
 
 ## demo: the real path left running: a Proxy becomes a VM that proxies (see README)
 demo: setup

@@ -208,3 +208,35 @@ fn durations_at_their_limits_are_accepted() {
     .unwrap();
     config.validate().unwrap();
 }
+
+#[test]
+fn names_that_xml_cannot_keep_are_refused_with_their_field() {
+    let config = Config::parse(
+        "hosts:\n\
+         - {name: \"hv\\n1\", local: true, network: \"net\\x7f\"}\n\
+         - {name: hv2, local: true, bridge: \"br\\t0\"}\n\
+         machineTypes: {\"small\\r\": {vcpus: 1, memoryMiB: 512, diskGiB: 1}}\n\
+         images: {\"deb\\0\": {url: 'https://example.org/d.qcow2'}}\n",
+    )
+    .unwrap();
+    let Error::Config(crate::error::ConfigError { problems }) = config.validate().unwrap_err()
+    else {
+        panic!("not a config error");
+    };
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "hosts[0].name",
+            "hosts[0].network",
+            "hosts[1].bridge",
+            "machineTypes.small\\r",
+            "images.deb\\0"
+        ]
+    );
+    assert!(
+        problems[0].message.contains("U+000A"),
+        "{}",
+        problems[0].message
+    );
+}

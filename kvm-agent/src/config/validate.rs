@@ -37,9 +37,21 @@ impl Config {
                 );
             }
             validate_host(host, &at, &mut p);
+            for (field, name) in [
+                ("name", Some(&host.name)),
+                ("network", host.network.as_ref()),
+                ("bridge", host.bridge.as_ref()),
+            ] {
+                if let Some(message) = name.and_then(|n| not_xml_safe(n)) {
+                    p(format!("{at}.{field}"), message);
+                }
+            }
         }
         for (name, machine) in &self.machine_types {
-            let at = format!("machineTypes.{name}");
+            let at = format!("machineTypes.{}", name.escape_debug());
+            if let Some(message) = not_xml_safe(name) {
+                p(at.clone(), message);
+            }
             if machine.vcpus == 0 {
                 p(format!("{at}.vcpus"), "must be at least 1".into());
             }
@@ -54,7 +66,10 @@ impl Config {
             }
         }
         for (name, image) in &self.images {
-            let at = format!("images.{name}");
+            let at = format!("images.{}", name.escape_debug());
+            if let Some(message) = not_xml_safe(name) {
+                p(at.clone(), message);
+            }
             if !["http://", "https://", "file://"]
                 .iter()
                 .any(|s| image.url.starts_with(s))
@@ -117,6 +132,24 @@ impl Config {
             Err(Error::config(problems))
         }
     }
+}
+
+/// Why `name` cannot go into a domain's XML unchanged, if it cannot. Host, network,
+/// bridge, machine type and image names are written into every domain the agent
+/// defines (the NIC and the placement record); XML normalises tabs and line breaks in
+/// attributes and cannot carry most other control characters, so such a name would
+/// come back different (or the definition would fail) at the first Create. The rule
+/// is the one the agent applies to a request's name and tags.
+fn not_xml_safe(name: &str) -> Option<String> {
+    name.chars()
+        .find(|c| c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}'))
+        .map(|c| {
+            format!(
+                "contains the control character U+{:04X}, which libvirt's XML cannot keep; \
+                 remove it",
+                u32::from(c)
+            )
+        })
 }
 
 fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)) {

@@ -28,7 +28,8 @@ const PATH_TABLE_LEN: u32 = 10;
 /// A file of the image.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct IsoFile<'a> {
-    /// The file's name: 1 to [`MAX_NAME_LEN`] characters of `[a-z0-9._-]`.
+    /// The file's name: 1 to [`MAX_NAME_LEN`] characters of `[a-z0-9._-]`, not `.` or
+    /// `..`.
     pub name: &'a str,
     /// The file's content.
     pub data: &'a [u8],
@@ -50,8 +51,9 @@ pub(crate) enum IsoError {
     /// A volume label must be 1 to 32 characters of `[a-z0-9_]` (any case).
     #[error("volume label {0:?} must be 1 to 32 characters of [A-Za-z0-9_]")]
     Label(String),
-    /// A file name is empty, too long, or has characters other than `[a-z0-9._-]`.
-    #[error("file name {0:?} must be 1 to {MAX_NAME_LEN} characters of [a-z0-9._-]")]
+    /// A file name is empty, `.` or `..`, too long, or has characters other than
+    /// `[a-z0-9._-]`.
+    #[error("file name {0:?} must be 1 to {MAX_NAME_LEN} characters of [a-z0-9._-], not . or ..")]
     Name(String),
     /// Two files have the same name.
     #[error("file name {0:?} given twice")]
@@ -80,7 +82,9 @@ pub(crate) fn build(label: &str, files: &[IsoFile<'_>]) -> Result<Vec<u8>, IsoEr
     let mut sorted: Vec<&IsoFile<'_>> = files.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(b.name));
     for (i, file) in sorted.iter().enumerate() {
-        let valid = !file.name.is_empty()
+        // `.` and `..` would name the directory itself or its parent in the Joliet tree:
+        // readers return the directory, not the file.
+        let valid = !matches!(file.name, "" | "." | "..")
             && file.name.len() <= MAX_NAME_LEN
             && file
                 .name
@@ -262,6 +266,9 @@ fn write_descriptor(
 }
 
 #[cfg(test)]
+mod properties;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -306,6 +313,24 @@ mod tests {
             names.contains("META-DATA.;1") && names.contains("USER-DATA.;1"),
             "{names}"
         );
+    }
+
+    #[test]
+    fn dot_and_dot_dot_are_not_file_names() {
+        for name in [".", ".."] {
+            assert_eq!(
+                build("x", &[IsoFile { name, data: b"" }]),
+                Err(IsoError::Name(name.to_owned()))
+            );
+        }
+        build(
+            "x",
+            &[IsoFile {
+                name: "...",
+                data: b"",
+            }],
+        )
+        .unwrap();
     }
 
     #[test]

@@ -249,7 +249,25 @@ fn parse_timestamp(text: &str) -> Option<SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Whatever libvirt (or a hostile hypervisor) answers, reading it never panics.
+        #[test]
+        fn volume_facts_never_panic(text in prop_oneof![
+            ".{0,64}",
+            "<volume>(<|>|/|capacity|unit='[a-zA-Z]{0,4}'|[0-9]{0,22}|target|format|type='x'|timestamps|mtime|[0-9.é]{0,24}|backingStore|path| ){0,40}",
+        ]) {
+            let _ = VolumeFacts::parse(&text);
+        }
+
+        #[test]
+        fn timestamps_never_panic(text in "[0-9.é -]{0,40}") {
+            let _ = parse_timestamp(&text);
+        }
+    }
 
     fn validate(xml: &str) {
         let dir = tempfile::tempdir().unwrap();
