@@ -5,6 +5,7 @@
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
 //! - [`certificates`]: a test CA with server and client certificates (openssl).
+//! - [`chaos`]: a seeded random sequence for fault injection.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
 //! - [`http_server`]: an image server on loopback that answers as a test needs.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
@@ -12,15 +13,18 @@
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
 //! - [`reference_provider`]: the reference provider binary as a separate process.
+//! - [`kvm_agent`]: `kvm-agent serve` as a separate process.
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
 pub mod certificates;
+pub mod chaos;
 pub mod chart_pod;
 pub mod e2e;
 pub mod helm;
 pub mod http_server;
 pub mod kube_apiserver;
 pub mod kube_env;
+pub mod kvm_agent;
 pub mod libvirtd;
 pub mod process;
 pub mod reference_provider;

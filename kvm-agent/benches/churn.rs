@@ -17,12 +17,11 @@
 #[path = "../tests/guest_env/mod.rs"]
 mod guest_env;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::chaos::Xorshift;
 use egressproxy_integration::http_server::HttpServer;
-use egressproxy_integration::process::spawn_listening;
-use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_integration::sshd::free_port;
 use egressproxy_provider::client::{Client, ClientOptions, connect_lazy};
 use egressproxy_provider::pb;
@@ -31,18 +30,6 @@ use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
 const RSS_WITHIN: f64 = 0.25;
 const FDS_WITHIN: usize = 2;
 const CALL: Duration = Duration::from_secs(120);
-
-/// xorshift64: enough to spread restarts, and repeatable from the printed seed.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below.max(1)
-    }
-}
 
 /// Where in a cycle the agent is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,56 +40,30 @@ enum Kill {
     AfterDelete,
 }
 
-/// `kvm-agent serve` on a fixed loopback port, SIGKILLed on drop.
-struct Agent {
-    child: Child,
+/// The RSS of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or("0")
+        .parse()?;
+    Ok(kib / 1024.0)
 }
 
-impl Agent {
-    fn start(config: &std::path::Path, port: u16) -> anyhow::Result<Self> {
-        let (child, _) = spawn_listening(
-            Command::new(workspace_binary("kvm-agent")?)
-                .args([
-                    "serve",
-                    "--listen",
-                    &format!("127.0.0.1:{port}"),
-                    "--config",
-                ])
-                .arg(config)
-                .env("RUST_LOG", "warn")
-                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit()),
-            "kvm-agent serve",
-        )?;
-        Ok(Self { child })
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn rss_mib(&self) -> anyhow::Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .unwrap_or("0")
-            .parse()?;
-        Ok(kib / 1024.0)
-    }
-
-    fn open_fds(&self) -> anyhow::Result<usize> {
-        Ok(std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))?.count())
-    }
+/// How many descriptors process `pid` holds open.
+fn open_fds(pid: u32) -> anyhow::Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// `kvm-agent serve` on `port`, logging warnings only.
+fn serve(config: &std::path::Path, port: u16) -> anyhow::Result<ServedAgent> {
+    ServedAgent::start_with(config, &format!("127.0.0.1:{port}"), |command| {
+        command
+            .env("RUST_LOG", "warn")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+    })
 }
 
 fn request(key: &str) -> pb::CreateInstanceRequest {
@@ -174,17 +135,8 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let seed: u64 = std::env::var("CHURN_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-                | 1
-        });
-    let mut random = Random(seed);
+    let mut random = Xorshift::from_env("CHURN_SEED");
+    let seed = random.seed();
     let host = GuestHost::start();
     let work = tempfile::Builder::new().prefix("bench-churn-").tempdir()?;
     let image = ipxe_qcow2(work.path());
@@ -196,7 +148,7 @@ async fn main() -> anyhow::Result<()> {
         host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha),
     )?;
     let port = free_port()?;
-    let mut agent = Agent::start(&config, port)?;
+    let mut agent = serve(&config, port)?;
     let client = connect_lazy(&ClientOptions::new(format!("http://127.0.0.1:{port}")))?;
     let nvram = host.libvirtd.dir().join("lib/qemu/nvram");
 
@@ -206,16 +158,16 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     for cycle in 0..cycles {
         // About one cycle in five kills the agent somewhere.
-        let kill = match random.next(15) {
+        let kill = match random.below(15) {
             0 => Kill::DuringCreate,
             1 => Kill::WhileBooting,
             2 => Kill::AfterDelete,
             _ => Kill::Never,
         };
         let key = format!("churn-{cycle}");
-        let mut restart = |agent: &mut Agent| -> anyhow::Result<()> {
+        let mut restart = |agent: &mut ServedAgent| -> anyhow::Result<()> {
             agent.kill();
-            *agent = Agent::start(&config, port)?;
+            *agent = serve(&config, port)?;
             restarts += 1;
             first_cycle_of_process = None;
             Ok(())
@@ -225,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
             let mut racing = client.clone();
             let racing_request = request(&key);
             let create = tokio::spawn(async move { racing.create_instance(racing_request).await });
-            tokio::time::sleep(Duration::from_millis(random.next(1500))).await;
+            tokio::time::sleep(Duration::from_millis(random.below(1500))).await;
             restart(&mut agent)?;
             let _ = create.await;
         }
@@ -256,7 +208,7 @@ async fn main() -> anyhow::Result<()> {
         if kill == Kill::AfterDelete {
             restart(&mut agent)?;
         }
-        let sample = (agent.rss_mib()?, agent.open_fds()?);
+        let sample = (rss_mib(agent.pid())?, open_fds(agent.pid())?);
         // The baseline is a process's first whole cycle (Create, Get, Delete): one
         // restarted while the guest booted or after the Delete has not opened all its
         // connections yet (the bulk one comes with a Create).
@@ -273,7 +225,7 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    let (rss_end, fds_end) = (agent.rss_mib()?, agent.open_fds()?);
+    let (rss_end, fds_end) = (rss_mib(agent.pid())?, open_fds(agent.pid())?);
     let (rss_first, fds_first) = first_cycle_of_process.unwrap_or((rss_end, fds_end));
     let domains = host.domains();
     let volumes: Vec<String> = host

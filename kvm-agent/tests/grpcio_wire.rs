@@ -3,35 +3,11 @@
 //! ErrorInfo, never as RESOURCE_EXHAUSTED from an oversized status. No hypervisor is
 //! needed: ids that cannot name an instance are answered before libvirt is reached.
 
-use std::process::{Child, Command, Stdio};
-
-use egressproxy_integration::process::spawn_listening;
-use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_integration::tools::run_python_json;
 
-struct Served {
-    child: Child,
-    address: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(config: &std::path::Path) -> Served {
-    let (child, address) = spawn_listening(
-        Command::new(workspace_binary("kvm-agent").unwrap())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit()),
-        "kvm-agent serve",
-    )
-    .unwrap();
-    Served { child, address }
+fn serve(config: &std::path::Path) -> ServedAgent {
+    ServedAgent::start(config).unwrap()
 }
 
 #[test]
@@ -61,13 +37,13 @@ fn a_four_thousand_character_id_keeps_its_code_and_error_info() {
     let long = "k".repeat(4000);
     // No host part: cannot be an instance of this provider.
     let unknown =
-        run_python_json("wire_client.py", &[&served.address, "GetInstance", &long]).unwrap();
+        run_python_json("wire_client.py", &[served.address(), "GetInstance", &long]).unwrap();
     assert_eq!(unknown["code"], "NOT_FOUND", "{unknown}");
     // A known host with a key no instance can have: not found, or named invalid.
     let bad_key = format!("hv1/{long}");
     let on_host = run_python_json(
         "wire_client.py",
-        &[&served.address, "GetInstance", &bad_key],
+        &[served.address(), "GetInstance", &bad_key],
     )
     .unwrap();
     assert!(

@@ -14,12 +14,11 @@ mod guest_env;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
-use egressproxy_integration::process::spawn_listening;
-use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::provider_client::ProviderClient;
 use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
@@ -101,35 +100,6 @@ fn documented_reasons() -> BTreeSet<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
-}
-
-/// A running `kvm-agent serve`, killed on drop.
-struct Served {
-    child: Child,
-    address: String,
-}
-
-impl Served {
-    fn start(config: &Path) -> Self {
-        let (child, address) = spawn_listening(
-            Command::new(workspace_binary("kvm-agent").unwrap())
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(config)
-                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit()),
-            "kvm-agent serve",
-        )
-        .unwrap();
-        Self { child, address }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The reason of the ErrorInfo the server sent, with the status for messages.
@@ -320,10 +290,8 @@ fn config(host: &GuestHost, images: &HttpServer, ipxe: &Path, files: &KnownHosts
     )
 }
 
-async fn client(served: &Served) -> ProviderClient<Channel> {
-    ProviderClient::connect(format!("http://{}", served.address))
-        .await
-        .unwrap()
+async fn client(served: &ServedAgent) -> ProviderClient<Channel> {
+    ProviderClient::connect(served.endpoint()).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,7 +303,10 @@ async fn every_documented_reason_reaches_the_wire() {
     let config_path = dir.path().join("agent.yaml");
     let known_hosts = KnownHosts::write(&host, dir.path());
     std::fs::write(&config_path, config(&host, &images, &ipxe, &known_hosts)).unwrap();
-    let served = Served::start(&config_path);
+    let served = ServedAgent::start_with(&config_path, "127.0.0.1:0", |command| {
+        command.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+    })
+    .unwrap();
     // The agent checked every host's key at start; then the hypervisor's key is removed
     // from one known_hosts, as an operator cleaning up the file might.
     std::fs::write(&known_hosts.forgotten, "").unwrap();

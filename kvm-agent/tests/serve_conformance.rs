@@ -7,45 +7,16 @@
 
 mod guest_env;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use egressproxy_integration::http_server::HttpServer;
-use egressproxy_integration::process::spawn_listening;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_provider::client::{ClientOptions, connect_lazy};
 use egressproxy_provider::conformance::{self, Target};
 use egressproxy_provider::{ErrorClass, ProviderError, pb};
 use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
-
-/// A running `kvm-agent serve`, killed on drop.
-struct Served {
-    child: Child,
-    address: String,
-}
-
-impl Served {
-    fn start(config: &Path) -> Self {
-        let (child, address) = spawn_listening(
-            Command::new(workspace_binary("kvm-agent").unwrap())
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(config)
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit()),
-            "kvm-agent serve",
-        )
-        .unwrap();
-        Self { child, address }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The `grpcurl` commands of the `serve` section of docs/kvm-agent.md, continuation
 /// lines joined.
@@ -87,9 +58,9 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
         guest_host.config_yaml(&format!("{}/ipxe.qcow2", server.base_url()), &sha),
     )
     .unwrap();
-    let mut served = Served::start(&config);
+    let mut served = ServedAgent::start(&config).unwrap();
 
-    let mut options = ClientOptions::new(format!("http://{}", served.address));
+    let mut options = ClientOptions::new(served.endpoint());
     options.call_timeout = Duration::from_secs(90);
     let client = connect_lazy(&options).unwrap();
     let mut target = Target::new(pb::Placement {
@@ -123,7 +94,7 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     for command in &commands {
         let command = command
             .replacen("grpcurl", &grpcurl.display().to_string(), 1)
-            .replace("127.0.0.1:50051", &served.address)
+            .replace("127.0.0.1:50051", served.address())
             .replace("\"small\"", "\"tiny\"")
             .replace("\"debian-12\"", "\"ipxe\"");
         let out = Command::new("sh").arg("-c").arg(&command).output().unwrap();
@@ -144,7 +115,7 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     // The caller's deadline (grpc-timeout) bounds the agent's libvirt calls: with the
     // hypervisor frozen, the agent itself answers DEADLINE_EXCEEDED before the caller
     // gives up (its ErrorInfo reason says so; a client-side timeout would have none).
-    let mut impatient = ClientOptions::new(format!("http://{}", served.address));
+    let mut impatient = ClientOptions::new(served.endpoint());
     impatient.call_timeout = Duration::from_secs(2);
     let impatient = connect_lazy(&impatient).unwrap();
     guest_host.libvirtd.pause().unwrap();
@@ -200,7 +171,7 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     }
 
     // SIGTERM: graceful shutdown, exit status 0.
-    let pid = served.child.id().to_string();
+    let pid = served.pid().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -210,7 +181,7 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     );
     let started = std::time::Instant::now();
     let status = loop {
-        if let Some(status) = served.child.try_wait().unwrap() {
+        if let Some(status) = served.try_wait().unwrap() {
             break status;
         }
         assert!(

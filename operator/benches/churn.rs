@@ -21,9 +21,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use egressproxy_operator::crd::{Phase, Proxy};
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use egressproxy_operator::crd::Proxy;
+use kube::api::{Api, DeleteParams, ListParams};
 use support::Stack;
 
 const FLAT_WITHIN: f64 = 0.10;
@@ -120,52 +119,12 @@ async fn main() -> anyhow::Result<()> {
 /// Creates `size` Proxies, waits until all are Ready, deletes them, waits until
 /// all are gone.
 async fn run_wave(proxies: &Api<Proxy>, wave: usize, size: usize, port: u16) -> anyhow::Result<()> {
-    futures::stream::iter(0..size)
-        .map(|i| {
-            let proxies = proxies.clone();
-            async move {
-                let proxy = support::proxy(&format!("w{wave}-{i:04}"), port);
-                proxies.create(&PostParams::default(), &proxy).await
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await?;
-    let deadline = Instant::now() + WAVE_TIMEOUT;
-    loop {
-        let list = proxies.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
-            .count();
-        if ready == size {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "wave {wave}: only {ready} of {size} Ready"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    support::create_wave(proxies, &format!("w{wave}"), size, port).await?;
+    support::wait_all_ready(proxies, wave as u64, size, WAVE_TIMEOUT).await?;
     proxies
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    loop {
-        let left = proxies
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
-        if left == 0 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "wave {wave}: {left} Proxies not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    support::wait_all_gone(proxies, wave as u64, WAVE_TIMEOUT).await
 }
 
 /// The per-Proxy map sizes and phase gauges, once they stop changing (the Delete

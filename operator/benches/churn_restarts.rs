@@ -22,11 +22,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_integration::chaos::Xorshift;
+use egressproxy_operator::crd::Proxy;
 use egressproxy_provider::client::{ClientOptions, connect_lazy};
 use egressproxy_provider::pb;
-use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use support::Stack;
 
 const WAVE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -37,18 +37,6 @@ fn env_number(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// xorshift64: enough to spread restarts, and repeatable from the printed seed.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below.max(1)
-    }
 }
 
 /// What happens during a wave.
@@ -64,14 +52,8 @@ enum Fault {
 async fn main() -> anyhow::Result<()> {
     let waves = env_number("CHURN_RESTART_WAVES", 10).max(2);
     let size = env_number("CHURN_RESTART_WAVE_SIZE", 100) as usize;
-    let seed = env_number(
-        "CHURN_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos() as u64
-            | 1,
-    );
-    let mut random = Random(seed);
+    let mut random = Xorshift::from_env("CHURN_SEED");
+    let seed = random.seed();
     let mut stack = Stack::start("churn-restarts").await?;
     let proxies: Api<Proxy> = stack.env.namespaced();
     println!(
@@ -87,27 +69,27 @@ async fn main() -> anyhow::Result<()> {
     let mut rss_end = 0.0;
     let mut leftovers = Vec::new();
     for wave in 1..=waves {
-        let fault = match random.next(4) {
+        let fault = match random.below(4) {
             0 => Fault::None,
             1 => Fault::Operator,
             2 => Fault::Provider,
             _ => Fault::Both,
         };
         // The moment within the wave: while Proxies are created, or while they go.
-        let during_delete = random.next(2) == 1;
+        let during_delete = random.below(2) == 1;
         let started = Instant::now();
-        create_all(&proxies, wave, size, stack.proxy_port).await?;
+        support::create_wave(&proxies, &format!("r{wave}"), size, stack.proxy_port).await?;
         if !during_delete {
             inject(&mut stack, fault, &mut restarts)?;
         }
-        wait_all_ready(&proxies, wave, size).await?;
+        support::wait_all_ready(&proxies, wave, size, WAVE_TIMEOUT).await?;
         proxies
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await?;
         if during_delete {
             inject(&mut stack, fault, &mut restarts)?;
         }
-        wait_all_gone(&proxies, wave).await?;
+        support::wait_all_gone(&proxies, wave, WAVE_TIMEOUT).await?;
         let maps = settled_maps(&stack).await?;
         let rss = stack.memory_kib("VmRSS:")? as f64 / 1024.0;
         if matches!(fault, Fault::Operator | Fault::Both) {
@@ -183,60 +165,6 @@ fn inject(stack: &mut Stack, fault: Fault, restarts: &mut (u32, u32)) -> anyhow:
         restarts.1 += 1;
     }
     Ok(())
-}
-
-async fn create_all(proxies: &Api<Proxy>, wave: u64, size: usize, port: u16) -> anyhow::Result<()> {
-    futures::stream::iter(0..size)
-        .map(|i| {
-            let proxies = proxies.clone();
-            async move {
-                let proxy = support::proxy(&format!("r{wave}-{i:04}"), port);
-                proxies.create(&PostParams::default(), &proxy).await
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(())
-}
-
-async fn wait_all_ready(proxies: &Api<Proxy>, wave: u64, size: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WAVE_TIMEOUT;
-    loop {
-        let list = proxies.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
-            .count();
-        if ready == size {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "wave {wave}: only {ready} of {size} Ready"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-async fn wait_all_gone(proxies: &Api<Proxy>, wave: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WAVE_TIMEOUT;
-    loop {
-        let left = proxies
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
-        if left == 0 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "wave {wave}: {left} Proxies not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Instances the current provider process still holds (every page).

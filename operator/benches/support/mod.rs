@@ -211,3 +211,79 @@ pub(crate) fn describe(maps: &[(String, i64)]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// Creates Proxies `<prefix>-0000` … for one wave, 32 requests in flight.
+pub(crate) async fn create_wave(
+    proxies: &kube::Api<Proxy>,
+    prefix: &str,
+    size: usize,
+    port: u16,
+) -> anyhow::Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    futures::stream::iter(0..size)
+        .map(|i| {
+            let proxies = proxies.clone();
+            async move {
+                let proxy = proxy(&format!("{prefix}-{i:04}"), port);
+                proxies
+                    .create(&kube::api::PostParams::default(), &proxy)
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Waits until `size` Proxies are Ready (the namespace holds only the wave's), polling
+/// the list: a wave's hundreds of status changes are cheaper to count than to watch.
+pub(crate) async fn wait_all_ready(
+    proxies: &kube::Api<Proxy>,
+    wave: u64,
+    size: usize,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
+    use egressproxy_operator::crd::Phase;
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let list = proxies.list(&kube::api::ListParams::default()).await?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+            .count();
+        if ready == size {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "wave {wave}: only {ready} of {size} Ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until no Proxy is left in the namespace.
+pub(crate) async fn wait_all_gone(
+    proxies: &kube::Api<Proxy>,
+    wave: u64,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = proxies
+            .list_metadata(&kube::api::ListParams::default())
+            .await?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "wave {wave}: {left} Proxies not deleted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
