@@ -314,7 +314,8 @@ async fn service_account_kubeconfig(
     let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), namespace);
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
+            // Longer than any test run: the kubeconfig holds this token as it is.
+            expiration_seconds: Some(24 * 3600),
             ..TokenRequestSpec::default()
         }),
         ..TokenRequest::default()

@@ -124,7 +124,8 @@ impl Daemon {
         send_all(&tree[..1], Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if matches!(child.try_wait(), Ok(Some(_))) && tree.iter().all(|p| !is_alive(*p)) {
+            reap_orphans(&descendants);
+            if matches!(child.try_wait(), Ok(Some(_))) && tree[1..].iter().all(|p| !exists(*p)) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -137,19 +138,29 @@ impl Daemon {
         wait_until_reaped(&rest, Duration::from_secs(2));
         send_all(&[pid], Signal::SIGKILL);
         let _ = child.wait();
-        // Whatever was orphaned all the same came to this process (a child subreaper, see
-        // `Daemon::spawn`): reap it here. `waitpid` on a pid that is not our child returns
-        // ECHILD at once.
-        for orphan in rest {
-            let _ = nix::sys::wait::waitpid(Pid::from_raw(orphan as i32), None);
-        }
+        wait_until_reaped(&rest, Duration::from_secs(2));
     }
 }
 
-/// Polls until none of `pids` has a `/proc` entry any more, or `within` has passed.
+/// Reaps those of `pids` that were orphaned to this process (a child subreaper, see
+/// `Daemon::spawn`) and have exited. `WNOHANG`: a pid that is not our child, or still
+/// runs, is left alone at once.
+fn reap_orphans(pids: &[u32]) {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    for pid in pids {
+        let _ = waitpid(Pid::from_raw(*pid as i32), Some(WaitPidFlag::WNOHANG));
+    }
+}
+
+/// Polls until none of `pids` has a `/proc` entry any more (reaping those orphaned to
+/// this process), or `within` has passed.
 fn wait_until_reaped(pids: &[u32], within: Duration) {
     let until = Instant::now() + within;
-    while Instant::now() < until && pids.iter().any(|p| exists(*p)) {
+    loop {
+        reap_orphans(pids);
+        if Instant::now() >= until || !pids.iter().any(|p| exists(*p)) {
+            return;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -201,17 +212,6 @@ fn parent_pid(pid: u32) -> Option<u32> {
 
 fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
-}
-
-fn is_alive(pid: u32) -> bool {
-    // A zombie still has a /proc entry; it counts as gone.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            stat.rfind(')')
-                .and_then(|i| stat.get(i + 2..i + 3))
-                .is_some_and(|state| state != "Z")
-        })
-        .unwrap_or(false)
 }
 
 /// Sends `signal` to `pid` and every descendant.

@@ -2,8 +2,9 @@
 //! exactly one VM and a Ready Proxy (or, for a deleted Proxy, to nothing), and leaves
 //! nothing behind once its Proxy is deleted:
 //! 1. the agent SIGKILLed while it uploads the base image, then restarted;
-//! 2. sshd restarted while the VM is created: every SSH session, and with it the agent's
-//!    libvirt connection, drops mid-call;
+//! 2. sshd restarted as soon as the operator records the instance key (during Create, or
+//!    just after it while the VM boots): every SSH session, and with it the agent's
+//!    libvirt connection, drops;
 //! 3. the operator SIGKILLed while the VM provisions, then restarted;
 //! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
 //!    new instance, and its Events name the old and the new id;
@@ -316,8 +317,8 @@ async fn faults_converge_to_one_ready_vm() {
         );
         let converged = ssh_dropped_during_create(&mut stack).await;
         record(
-            "SSH dropped mid-call",
-            "sshd and its sessions killed during Create, restart",
+            "SSH dropped while provisioning",
+            "sshd and its sessions killed once the key is recorded, restart",
             converged,
             &stack,
         );

@@ -492,18 +492,27 @@ async fn every_documented_reason_reaches_the_wire() {
             .await,
         "IMAGE_DOWNLOADING",
     );
-    let mut second = client.clone();
-    let (first, racing) = tokio::join!(
-        client.create_instance(with_deadline(slow(), Duration::from_secs(3))),
-        async {
-            // Started just after the first, so the first holds the key.
-            tokio::task::yield_now().await;
-            second
-                .create_instance(with_deadline(slow(), Duration::from_secs(1)))
-                .await
+    // A long Create holds the key while it waits for the download; short Creates of the
+    // same key then hear that another one runs. Which call the agent takes first is not
+    // up to the client: a short call that got the key first hears IMAGE_DOWNLOADING and
+    // the next one finds the long call holding it.
+    let mut holder = client.clone();
+    let long = tokio::spawn(async move {
+        holder
+            .create_instance(with_deadline(slow(), Duration::from_secs(20)))
+            .await
+    });
+    let mut racing = Err(tonic::Status::unknown("no short Create was made"));
+    for _ in 0..10 {
+        racing = client
+            .create_instance(with_deadline(slow(), Duration::from_millis(500)))
+            .await;
+        match &racing {
+            Err(status) if reason_of(status) == "IMAGE_DOWNLOADING" => continue,
+            _ => break,
         }
-    );
-    let _ = first;
+    }
+    long.abort();
     seen.expect(
         "a Create of a key another Create holds",
         racing,

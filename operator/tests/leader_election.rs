@@ -1,8 +1,8 @@
 //! Leader election between operator processes against a real kube-apiserver:
 //! replicas whose wall clocks are minutes apart (libfaketime) never lead at the same
-//! time and take over from a crashed leader after one lease duration, and a graceful
-//! restart hands the lease over at once instead of leaving the cluster leaderless
-//! until the lease expires.
+//! time and take over from a crashed leader after one lease duration, and a leader that
+//! stops gracefully releases the lease on its way out, so its successor need not wait
+//! for the lease to expire (the leaderless time is printed beside its baseline).
 //!
 //! Clocks are only ever set ahead: the test apiserver's certificate is valid from one
 //! minute before it started, so a replica whose clock runs minutes behind could not
@@ -156,7 +156,7 @@ async fn a_crashed_leader_whose_clock_ran_ahead_is_replaced_after_one_lease_dura
 }
 
 #[tokio::test]
-async fn a_graceful_restart_hands_the_lease_over_at_once() {
+async fn a_graceful_restart_releases_the_lease_for_its_successor() {
     let s = setup("restart").await;
     let options = |identity| OperatorOptions {
         identity,
@@ -198,7 +198,7 @@ async fn a_graceful_restart_hands_the_lease_over_at_once() {
 }
 
 #[tokio::test]
-async fn a_standby_replica_takes_over_as_soon_as_the_leader_stops() {
+async fn a_stopping_leader_releases_the_lease_to_the_standby() {
     let s = setup("standby").await;
     let options = |identity| OperatorOptions {
         identity,

@@ -154,7 +154,14 @@ impl Stack {
         Ok(ticks as f64 / clock_ticks() as f64)
     }
 
-    pub(crate) fn stop(mut self) {
+    pub(crate) fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Stack {
+    /// Also on an early error return: no operator outlives its benchmark.
+    fn drop(&mut self) {
         let _ = self.operator.kill();
         let _ = self.operator.wait();
     }

@@ -169,7 +169,10 @@ fn timed_out(
         Step::AwaitProxy { problem, .. } => format!("the proxy to answer: {problem}"),
         _ => return None,
     };
-    if ever_healthy(status) {
+    // The provider is already deleting it: replacing would only race that.
+    let deleting = matches!(&observed.instance,
+        Instance::Found(instance) if instance.state() == pb::InstanceState::Deleting);
+    if deleting || ever_healthy(status) {
         return None;
     }
     let created = status.instance_create_time.as_ref()?.0;
@@ -478,6 +481,14 @@ mod tests {
                 observed_after(900, instance(Provisioning, "", false), None),
                 Step::AwaitInstance {
                     message: "the instance is being created".into(),
+                },
+            ),
+            (
+                "19 deleting at the provider, past the timeout",
+                recorded("small", None),
+                observed_after(900, instance(Deleting, "", false), None),
+                Step::AwaitInstance {
+                    message: "the provider is deleting the instance".into(),
                 },
             ),
         ];
