@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use egressproxy_integration::e2e::stack::{
     HOST, IMAGE, MACHINE_TYPE, PROVIDER, Stack, StackOptions,
 };
+use egressproxy_integration::e2e::wait_for;
 
 const READY_WITHIN: Duration = Duration::from_secs(600);
 
@@ -40,26 +41,9 @@ fn manifest(stack: &Stack, name: &str) -> String {
     )
 }
 
-fn jsonpath(stack: &Stack, name: &str, path: &str) -> String {
-    stack
-        .kubectl(&["get", "proxy", name, "-o", &format!("jsonpath={path}")])
-        .unwrap_or_default()
-}
-
-async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn wait_ready(stack: &Stack, name: &str) {
     wait_for(&format!("{name} to be Ready"), READY_WITHIN, || {
-        jsonpath(stack, name, "{.status.phase}") == "Ready"
+        stack.proxy_field(name, "{.status.phase}") == "Ready"
     })
     .await;
 }
@@ -93,7 +77,7 @@ fn assert_one_vm(stack: &Stack, name: &str) {
     let domains = stack.domains().unwrap();
     assert_eq!(domains.len(), 1, "exactly one VM for {name}: {domains:?}");
     assert_eq!(running_domains(stack), domains, "the one VM runs");
-    let instance = jsonpath(stack, name, "{.status.providerId}");
+    let instance = stack.proxy_field(name, "{.status.providerId}");
     let key = instance.rsplit('/').next().unwrap_or_default();
     assert!(
         !key.is_empty() && domains[0].contains(key),
@@ -169,7 +153,7 @@ async fn ssh_dropped_during_create(stack: &mut Stack) -> Duration {
     // The base is cached: right after the apply the operator is checking the placement
     // or creating the VM, over the agent's SSH connection.
     wait_for("the operator to act", Duration::from_secs(60), || {
-        !jsonpath(stack, "ssh", "{.status.instanceKey}").is_empty()
+        !stack.proxy_field("ssh", "{.status.instanceKey}").is_empty()
     })
     .await;
     let injected = Instant::now();
@@ -184,17 +168,25 @@ async fn ssh_dropped_during_create(stack: &mut Stack) -> Duration {
 async fn operator_killed_during_provisioning(stack: &mut Stack) -> (Duration, String) {
     stack.kubectl_apply(&manifest(stack, "crash")).unwrap();
     wait_for("the VM to be created", Duration::from_secs(120), || {
-        !jsonpath(stack, "crash", "{.status.providerId}").is_empty()
+        !stack
+            .proxy_field("crash", "{.status.providerId}")
+            .is_empty()
     })
     .await;
-    assert_eq!(jsonpath(stack, "crash", "{.status.phase}"), "Provisioning");
+    assert_eq!(
+        stack.proxy_field("crash", "{.status.phase}"),
+        "Provisioning"
+    );
     let injected = Instant::now();
     stack.kill_operator();
     stack.start_operator().await.unwrap();
     wait_ready(stack, "crash").await;
     let converged = injected.elapsed();
     assert_one_vm(stack, "crash");
-    (converged, jsonpath(stack, "crash", "{.status.providerId}"))
+    (
+        converged,
+        stack.proxy_field("crash", "{.status.providerId}"),
+    )
 }
 
 async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) -> Duration {
@@ -202,13 +194,13 @@ async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &str) -> Dur
     let injected = Instant::now();
     stack.virsh(&["destroy", &domain]).unwrap();
     wait_for("a new instance", READY_WITHIN, || {
-        let now = jsonpath(stack, "crash", "{.status.providerId}");
+        let now = stack.proxy_field("crash", "{.status.providerId}");
         !now.is_empty() && now != old
     })
     .await;
     wait_ready(stack, "crash").await;
     let converged = injected.elapsed();
-    let new = jsonpath(stack, "crash", "{.status.providerId}");
+    let new = stack.proxy_field("crash", "{.status.providerId}");
     assert_one_vm(stack, "crash");
     let events = events(stack, "crash");
     assert!(
@@ -232,7 +224,7 @@ async fn proxy_deleted_while_provisioning(stack: &Stack) -> Duration {
     })
     .await;
     assert_ne!(
-        jsonpath(stack, "early", "{.status.phase}"),
+        stack.proxy_field("early", "{.status.phase}"),
         "Ready",
         "the VM is still provisioning when its Proxy is deleted"
     );

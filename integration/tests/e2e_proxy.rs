@@ -19,6 +19,7 @@ use egressproxy_integration::e2e::stack::{
     HOST, IMAGE, IMAGE_INSTALLING_THE_AGENT, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack,
     StackOptions,
 };
+use egressproxy_integration::e2e::wait_for;
 
 const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
 /// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
@@ -71,23 +72,6 @@ fn proxy_manifest(stack: &Stack, marker: &str) -> (String, String) {
         serde_norway::to_string(&proxy).unwrap()
     );
     (manifest, visible_hostname)
-}
-
-fn jsonpath(stack: &Stack, path: &str) -> String {
-    stack
-        .kubectl(&["get", "proxy", PROXY, "-o", &format!("jsonpath={path}")])
-        .unwrap_or_default()
-}
-
-async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The spans of the trace that holds `name`, and the names from it up to the root.
@@ -155,17 +139,17 @@ async fn scenario(stack: &Stack) {
 
     // 1. Ready.
     wait_for("the Proxy to be Ready", READY_WITHIN, || {
-        jsonpath(stack, "{.status.phase}") == "Ready"
+        stack.proxy_field(PROXY, "{.status.phase}") == "Ready"
     })
     .await;
-    let replacements = jsonpath(stack, "{.status.replacements}");
+    let replacements = stack.proxy_field(PROXY, "{.status.replacements}");
     eprintln!(
         "e2e: apply -> Ready in {:.1} s (replacements: {replacements})",
         started.elapsed().as_secs_f64()
     );
 
     // 2. A request through the proxy at the status's address, from inside the namespace.
-    let address = jsonpath(stack, "{.status.addresses[0].address}");
+    let address = stack.proxy_field(PROXY, "{.status.addresses[0].address}");
     assert!(!address.is_empty(), "the Ready Proxy has an address");
     let proxy_url = format!("http://{address}:3128");
     let answer = stack
@@ -223,7 +207,7 @@ async fn scenario(stack: &Stack) {
     let proxy_yaml = stack
         .kubectl(&["get", "proxy", PROXY, "-o", "yaml"])
         .unwrap();
-    let instance = jsonpath(stack, "{.status.providerId}");
+    let instance = stack.proxy_field(PROXY, "{.status.providerId}");
     assert!(!instance.is_empty(), "the status names the instance");
     let events = stack
         .kubectl(&[
@@ -373,11 +357,7 @@ async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
          \x20         content: \"rendered for {{{{ v1.instance_id }}}}\"\n"
     );
     stack.kubectl_apply(&manifest).unwrap();
-    let phase = || {
-        stack
-            .kubectl(&["get", "proxy", NAME, "-o", "jsonpath={.status.phase}"])
-            .unwrap_or_default()
-    };
+    let phase = || stack.proxy_field(NAME, "{.status.phase}");
     wait_for("the jinja Proxy to be Ready", READY_WITHIN, || {
         phase() == "Ready"
     })

@@ -18,3 +18,16 @@ pub mod relay;
 pub mod release;
 pub mod stack;
 pub mod system_user;
+
+/// Polls `done` (a kubectl or virsh question: nothing to watch) every 250 ms until it
+/// holds; panics naming `what` after `within`.
+pub async fn wait_for(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

@@ -426,6 +426,13 @@ impl Stack {
         self.kube.apiserver().kubeconfig_path()
     }
 
+    /// Field `path` (a kubectl jsonpath) of Proxy `name`; empty when the Proxy or the
+    /// field does not exist (yet).
+    pub fn proxy_field(&self, name: &str, path: &str) -> String {
+        self.kubectl(&["get", "proxy", name, "-o", &format!("jsonpath={path}")])
+            .unwrap_or_default()
+    }
+
     /// `kubectl ARGS` against the apiserver, in this run's namespace.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = Command::new("kubectl")
