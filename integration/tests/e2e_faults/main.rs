@@ -1,0 +1,183 @@
+//! Faults on the real path, with real VMs (`make faults`). Each case converges to
+//! exactly one VM and a Ready Proxy (or, for a deleted Proxy, to nothing), and leaves
+//! nothing behind once its Proxy is deleted:
+//! 1. the agent SIGKILLed while it uploads the base image, then restarted;
+//! 2. sshd restarted as soon as the operator records the instance key (during Create, or
+//!    just after it while the VM boots): every SSH session, and with it the agent's
+//!    libvirt connection, drops;
+//! 3. the operator SIGKILLed while the VM provisions, then restarted;
+//! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
+//!    new instance, and its Events name the old and the new id;
+//! 5. the Proxy deleted while its VM provisions: nothing is left.
+//!
+//! `FAULTS=agent-killed,operator-killed` runs only those cases, in the table's order (see
+//! [`CASES`]); by default every case runs.
+//!
+//! The test prints a table: the case, what was injected, the time from the injection
+//! until the Proxy converged, and the leaks found after its deletion (domains, overlays,
+//! seeds, NVRAM files; there must be none).
+//!
+//! One stack serves all cases, one VM at a time (two cores). The image is served at
+//! 40 MiB/s so that the first case can act during the download. Needs what
+//! `e2e_proxy.rs` needs.
+
+mod agent_killed;
+mod deleted_while_provisioning;
+mod operator_killed;
+mod ssh_dropped;
+mod support;
+
+use std::time::Duration;
+
+use egressproxy_integration::e2e::stack::{Stack, StackOptions};
+
+/// Every case by the name `FAULTS` selects it with, in the order they run. The base
+/// upload case needs the empty pool, so it comes first.
+const CASES: &[&str] = &[
+    "agent-killed",
+    "ssh-dropped",
+    "operator-killed",
+    "deleted-while-provisioning",
+];
+
+/// One row of the printed table.
+struct Row {
+    case: &'static str,
+    injected: &'static str,
+    converged: Duration,
+    leaks: Vec<String>,
+}
+
+impl Row {
+    fn new(case: &'static str, injected: &'static str, converged: Duration) -> Self {
+        Row {
+            case,
+            injected,
+            converged,
+            leaks: Vec::new(),
+        }
+    }
+}
+
+/// Runs the case `name`; its rows, without leaks yet.
+async fn run_case(name: &str, stack: &mut Stack) -> Vec<Row> {
+    match name {
+        "agent-killed" => vec![Row::new(
+            "agent killed mid-Create",
+            "SIGKILL during the base upload, restart",
+            agent_killed::agent_killed_during_base_upload(stack).await,
+        )],
+        "ssh-dropped" => vec![Row::new(
+            "SSH dropped while provisioning",
+            "sshd and its sessions killed once the key is recorded, restart",
+            ssh_dropped::ssh_dropped_during_create(stack).await,
+        )],
+        "operator-killed" => {
+            let (killed, old) = operator_killed::operator_killed_during_provisioning(stack).await;
+            let destroyed =
+                operator_killed::vm_destroyed_behind_the_operators_back(stack, &old).await;
+            vec![
+                Row::new(
+                    "operator killed mid-reconcile",
+                    "SIGKILL while the VM provisions, restart",
+                    killed,
+                ),
+                Row::new("VM destroyed", "virsh destroy of the Ready VM", destroyed),
+            ]
+        }
+        "deleted-while-provisioning" => vec![Row::new(
+            "Proxy deleted mid-provisioning",
+            "kubectl delete while the VM boots",
+            deleted_while_provisioning::proxy_deleted_while_provisioning(stack).await,
+        )],
+        other => unreachable!("no case {other}"),
+    }
+}
+
+/// The cases `FAULTS` names (all by default), in [`CASES`] order.
+fn selected_cases() -> Vec<&'static str> {
+    let Ok(wanted) = std::env::var("FAULTS") else {
+        return CASES.to_vec();
+    };
+    let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+    for name in &wanted {
+        assert!(
+            CASES.contains(name),
+            "FAULTS names {name:?}, which is not a case; the cases are {CASES:?}"
+        );
+    }
+    CASES
+        .iter()
+        .copied()
+        .filter(|case| wanted.contains(case))
+        .collect()
+}
+
+fn print_table(rows: &[Row]) {
+    eprintln!("\n| # | case | injected | converged after | leaks |\n|---|---|---|---|---|");
+    for (index, row) in rows.iter().enumerate() {
+        eprintln!(
+            "| {} | {} | {} | {:.1} s | {} |",
+            index + 1,
+            row.case,
+            row.injected,
+            row.converged.as_secs_f64(),
+            row.leaks.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_converge_to_one_ready_vm() {
+    use futures::FutureExt;
+    let cases = selected_cases();
+    let options = StackOptions {
+        image_bytes_per_second: Some(40 << 20),
+        ..StackOptions::default()
+    };
+    let mut stack = Stack::start_with("e2e-faults", &options)
+        .await
+        .expect("start the stack");
+    let footprint = stack.footprint();
+    let mut rows = Vec::new();
+    let outcome = std::panic::AssertUnwindSafe(async {
+        for case in cases {
+            let mut case_rows = run_case(case, &mut stack).await;
+            let left = support::leaks(&stack);
+            for row in &mut case_rows {
+                row.leaks.clone_from(&left);
+            }
+            rows.extend(case_rows);
+        }
+    })
+    .catch_unwind()
+    .await;
+    print_table(&rows);
+    if outcome.is_err() {
+        for name in ["operator.log", "kvm-agent.log"] {
+            let text = std::fs::read_to_string(stack.dir().join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- {name}\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+    }
+    tokio::task::spawn_blocking(move || drop(stack))
+        .await
+        .unwrap();
+    let left = footprint.leftovers();
+    if let Err(panic) = outcome {
+        eprintln!("left behind after the failure: {left:?}");
+        std::panic::resume_unwind(panic);
+    }
+    assert!(left.is_empty(), "the run left behind: {left:?}");
+    for row in &rows {
+        assert!(
+            row.leaks.is_empty(),
+            "{} left {:?} behind",
+            row.case,
+            row.leaks
+        );
+    }
+}
