@@ -5,18 +5,16 @@
 //! `cloud_init.user_data`. The request fails before any hypervisor is reached, so the
 //! configured host needs no libvirt.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::provider_client::ProviderClient;
 use tonic_types::StatusExt;
 
 /// `kvm-agent serve` on a loopback port, killed on drop.
 struct Served {
-    child: Child,
-    address: String,
+    agent: ServedAgent,
     _dir: tempfile::TempDir,
 }
 
@@ -34,37 +32,13 @@ impl Served {
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env_remove("RUST_LOG")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("kvm-agent serve did not start: {line:?}"))
-            .to_owned();
-        Served {
-            child,
-            address,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let agent = ServedAgent::start_with(&config, "127.0.0.1:0", |command| {
+            command
+                .env_remove("RUST_LOG")
+                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        })
+        .unwrap();
+        Served { agent, _dir: dir }
     }
 }
 
@@ -89,7 +63,7 @@ fn create_request(user_data: &[u8]) -> pb::CreateInstanceRequest {
 #[tokio::test]
 async fn a_bad_cloud_config_reaches_the_wire_with_its_documented_reason() {
     let served = Served::start();
-    let mut client = ProviderClient::connect(format!("http://{}", served.address))
+    let mut client = ProviderClient::connect(served.agent.endpoint())
         .await
         .unwrap();
     for user_data in [

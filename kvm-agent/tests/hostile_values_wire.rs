@@ -12,10 +12,10 @@
 //! process crashes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use egressproxy_integration::process::spawn_listening;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::provider_client::ProviderClient;
@@ -33,8 +33,7 @@ const AGENT_CONFIG: &str = "hosts:\n- name: hv1\n  local: true\n  libvirtSocket:
 
 /// `kvm-agent serve` on a loopback port, killed on drop.
 struct Agent {
-    child: Child,
-    address: String,
+    served: ServedAgent,
     _dir: tempfile::TempDir,
 }
 
@@ -43,28 +42,13 @@ impl Agent {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("agent.yaml");
         std::fs::write(&config, AGENT_CONFIG).unwrap();
-        let (child, address) = spawn_listening(
-            Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(&config)
+        let served = ServedAgent::start_with(&config, "127.0.0.1:0", |command| {
+            command
                 .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .stdin(Stdio::null())
-                .stderr(Stdio::null()),
-            "kvm-agent serve",
-        )
+                .stderr(Stdio::null());
+        })
         .unwrap();
-        Agent {
-            child,
-            address,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Agent { served, _dir: dir }
     }
 }
 
@@ -265,7 +249,7 @@ async fn hostile_values_are_refused_naming_their_field_or_kept_exactly() {
     let reference = ReferenceProvider::start(&["--provisioning-delay", "0s"]).unwrap();
     let mut agent = Agent::start();
     let mut reference_client = client(reference.endpoint().to_owned()).await;
-    let mut agent_client = client(format!("http://{}", agent.address)).await;
+    let mut agent_client = client(agent.served.endpoint()).await;
     let config = Config::parse(AGENT_CONFIG).unwrap();
 
     let mut cases: Vec<(
@@ -403,7 +387,7 @@ async fn hostile_values_are_refused_naming_their_field_or_kept_exactly() {
 
     // Both are still up and answering.
     assert!(
-        agent.child.try_wait().unwrap().is_none(),
+        agent.served.try_wait().unwrap().is_none(),
         "kvm-agent exited"
     );
     for client in [&mut reference_client, &mut agent_client] {

@@ -10,11 +10,9 @@
 //! hypervisor, so the test needs neither libvirtd nor root.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use egressproxy_integration::process::spawn_listening;
-use egressproxy_integration::reference_provider::workspace_binary;
+use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_provider::client::{ClientOptions, ClientTls, connect_lazy};
 use egressproxy_provider::pb;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
@@ -43,10 +41,7 @@ fn issue(dir: &Path, name: &str, server_name: &str) {
 
 /// `kvm-agent serve` with the server certificate of CA `name`, trusting clients of
 /// CA `client_ca`; killed on drop.
-struct Served {
-    child: Child,
-    address: String,
-}
+struct Served(ServedAgent);
 
 impl Served {
     fn start(dir: &Path, name: &str, client_ca: &str) -> Self {
@@ -65,33 +60,21 @@ impl Served {
             ),
         )
         .unwrap();
-        let (child, address) = spawn_listening(
-            Command::new(workspace_binary("kvm-agent").unwrap())
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(&config)
+        let agent = ServedAgent::start_with(&config, "127.0.0.1:0", |command| {
+            command
                 .arg("--tls-cert")
                 .arg(dir.join(format!("{name}-server.pem")))
                 .arg("--tls-key")
                 .arg(dir.join(format!("{name}-server-key.pem")))
                 .arg("--client-ca")
-                .arg(dir.join(format!("{client_ca}-ca.pem")))
-                .stdin(Stdio::null())
-                .stderr(Stdio::inherit()),
-            "kvm-agent serve",
-        )
+                .arg(dir.join(format!("{client_ca}-ca.pem")));
+        })
         .unwrap();
-        Self { child, address }
+        Self(agent)
     }
 
     fn port(&self) -> &str {
-        self.address.rsplit_once(':').unwrap().1
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.address().rsplit_once(':').unwrap().1
     }
 }
 
