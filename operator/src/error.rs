@@ -157,13 +157,7 @@ impl Error {
     /// The error and its sources, for messages users read. A provider's field
     /// violations are added when its message does not already name the field.
     pub fn describe(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
+        let mut text = with_causes(self);
         if let Error::Provider { source, .. } = self {
             let missing: Vec<String> = source
                 .field_violations
@@ -190,6 +184,19 @@ impl Error {
 
 /// Shorthand for operator results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `error` followed by each of its sources, joined with `": "`: the whole story in one
+/// line, for messages and logs.
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,7 @@ use egressproxy_provider::pb;
 use kube::api::ListParams;
 
 use crate::context::Context;
+use crate::error::with_causes;
 use crate::providers::Provider;
 use crate::reconcile::tags;
 use crate::watch_scope::WatchScope;
@@ -104,18 +105,6 @@ async fn list_all(
         instances.extend(provider.list(selector).await?);
     }
     Ok(instances)
-}
-
-/// The error and its sources: the top level alone ("ListInstances failed") hides why.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Sweeps every `interval` forever.
