@@ -51,6 +51,7 @@
 
 pub use egressproxy_provider as contract;
 
+pub mod classification;
 pub mod config;
 pub mod error;
 pub mod guest;
@@ -59,5 +60,8 @@ pub mod libvirt;
 pub mod provider;
 pub(crate) mod single_flight;
 pub mod transport;
+
+#[cfg(test)]
+mod layer_rule;
 
 pub use error::{Error, ErrorClass, TransportError};

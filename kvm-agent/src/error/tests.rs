@@ -1,4 +1,5 @@
 use super::*;
+use crate::libvirt::xml::XmlError;
 
 #[test]
 fn config_error_lists_every_problem_with_its_field() {
@@ -27,7 +28,11 @@ fn libvirt(class: ErrorClass, transport: bool) -> Error {
 }
 
 fn image_http(status: u16) -> Error {
-    Error::ImageHttp {
+    image_http_error(status).into()
+}
+
+fn image_http_error(status: u16) -> ImageError {
+    ImageError::Http {
         url: "https://example.org/i.qcow2".into(),
         status,
     }
@@ -179,7 +184,11 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             C::Transient,
             "LIBVIRT_CONNECTION_CUT",
         ),
-        (Error::io("relay", io()), C::Transient, "AGENT_IO_FAILED"),
+        (
+            TransportError::io("relay", io()).into(),
+            C::Transient,
+            "AGENT_IO_FAILED",
+        ),
         (
             Error::Transport(TransportError::Worker {
                 host: "hv".into(),
@@ -200,58 +209,58 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
         (image_http(400), C::Permanent, "IMAGE_HTTP_ERROR"),
         (image_http(304), C::Permanent, "IMAGE_HTTP_ERROR"),
         (
-            Error::ImageFetch {
+            Error::Image(ImageError::Fetch {
                 url: "u".into(),
                 reason: "refused".into(),
                 permanent: false,
-            },
+            }),
             C::Transient,
             "IMAGE_UNREACHABLE",
         ),
         (
-            Error::ImageFetch {
+            Error::Image(ImageError::Fetch {
                 url: "u".into(),
                 reason: "bad url".into(),
                 permanent: true,
-            },
+            }),
             C::Permanent,
             "IMAGE_URL_INVALID",
         ),
         (
-            Error::ImageTruncated {
+            Error::Image(ImageError::Truncated {
                 url: "u".into(),
                 received: 1,
                 expected: Some(2),
                 reason: "eof".into(),
-            },
+            }),
             C::Transient,
             "IMAGE_TRUNCATED",
         ),
         (
-            Error::ImageChecksum {
+            Error::Image(ImageError::Checksum {
                 url: "u".into(),
                 expected: "a".into(),
                 actual: "b".into(),
-            },
+            }),
             C::Permanent,
             "IMAGE_CHECKSUM_MISMATCH",
         ),
         (
-            Error::ImageDownloading {
+            Error::Image(ImageError::Downloading {
                 image: "debian".into(),
                 host: "hv".into(),
                 received: 1,
                 expected: Some(2),
                 retry_in: Duration::from_secs(7),
-            },
+            }),
             C::Transient,
             "IMAGE_DOWNLOADING",
         ),
         (
-            Error::ImageFormat {
+            Error::Image(ImageError::Format {
                 url: "u".into(),
                 problem: "libvirt found raw, the configuration says qcow2".into(),
-            },
+            }),
             C::Permanent,
             "IMAGE_FORMAT_MISMATCH",
         ),
@@ -304,20 +313,24 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             "CREATE_IN_PROGRESS",
         ),
         (
-            Error::KvmProbeRunning {
+            Error::Libvirt(LibvirtError::KvmProbeRunning {
                 host: "hv".into(),
                 retry_in: Duration::from_secs(9),
-            },
+            }),
             C::Transient,
             "KVM_PROBE_RUNNING",
         ),
         (
-            Error::Shared(std::sync::Arc::new(image_http(404))),
+            Error::Image(ImageError::Shared(std::sync::Arc::new(image_http_error(
+                404,
+            )))),
             C::Permanent,
             "IMAGE_NOT_FOUND",
         ),
         (
-            Error::Shared(std::sync::Arc::new(image_http(503))),
+            Error::Image(ImageError::Shared(std::sync::Arc::new(image_http_error(
+                503,
+            )))),
             C::Transient,
             "IMAGE_SERVER_ERROR",
         ),
@@ -361,13 +374,13 @@ fn every_error_maps_to_one_contract_class_and_reason() {
             .retry_after,
         Some(Duration::from_secs(3))
     );
-    let downloading = Error::ImageDownloading {
+    let downloading = Error::Image(ImageError::Downloading {
         image: "debian".into(),
         host: "hv".into(),
         received: 1,
         expected: None,
         retry_in: Duration::from_secs(7),
-    };
+    });
     assert_eq!(
         downloading.to_provider_error().retry_after,
         Some(Duration::from_secs(7))
@@ -588,12 +601,12 @@ fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'stat
             "INVALID_ARGUMENT",
         ),
         (
-            Error::xml("domain egressproxy-k", unreadable()),
+            Error::from(LibvirtError::xml("domain egressproxy-k", unreadable())),
             C::Permanent,
             "LIBVIRT_XML_UNREADABLE",
         ),
         (
-            Error::xml("volume XML for v", unbuildable),
+            Error::from(LibvirtError::xml("volume XML for v", unbuildable)),
             C::Permanent,
             "LIBVIRT_XML_UNBUILDABLE",
         ),
@@ -662,10 +675,10 @@ fn contract_only_errors_map_through_the_one_mapping() {
         assert_eq!(mapped.message, error.to_string());
     }
     // XML libvirt returned that cannot be read is not a transient I/O failure.
-    let unreadable = Error::xml(
+    let unreadable = Error::from(LibvirtError::xml(
         "domain d",
         crate::libvirt::xml::domain::DomainFacts::parse("<domain").unwrap_err(),
-    );
+    ));
     assert_eq!(unreadable.class(), ErrorClass::Permanent);
 }
 
@@ -719,6 +732,8 @@ fn reasons_in_the_classifications() -> std::collections::BTreeSet<String> {
         include_str!("../config/error.rs"),
         include_str!("../guest/error.rs"),
         include_str!("../libvirt/xml/mod.rs"),
+        include_str!("../libvirt/error.rs"),
+        include_str!("../images/error.rs"),
     ];
     let mut reasons = std::collections::BTreeSet::new();
     for source in sources {
