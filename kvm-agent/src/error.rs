@@ -1,13 +1,17 @@
 //! The crate's top-level error, and THE mapping of every error to the contract.
 //!
 //! Each layer has its own error type and classifies its own errors once
-//! ([`Classification`]: the contract's class, the reason code, a retry hint):
-//! [`TransportError`] (SSH, relay, libvirt, deadlines, workers), [`ConfigError`], the
-//! libvirt layer's [`XmlError`] (XML libvirt returned that the agent cannot read is its own
-//! case, never an I/O failure), and the guest layer's [`GuestError`]. [`Error`] wraps them
-//! with `#[from]`, adds the errors of the image cache and of the provider itself, and
+//! ([`Classification`], from the shared leaf [`crate::classification`]: the contract's
+//! class, the reason code, a retry hint): [`TransportError`] (SSH, relay, libvirt,
+//! deadlines, workers), [`ConfigError`], the libvirt layer's [`LibvirtError`] (the
+//! transport's errors, XML libvirt returned that the agent cannot read, which is its own
+//! case and never an I/O failure, and the KVM probe still running), the image layer's
+//! [`ImageError`] (HTTP, checksum, format, spooling, and the libvirt layer's errors of its
+//! base volumes) and the guest layer's [`GuestError`]. No layer names this module: [`Error`]
+//! wraps each with `#[from]`, adds the provider's own errors, and
 //! [`Error::to_provider_error`] turns any of them into the contract's error: the only
-//! place a [`ProviderError`] is built.
+//! place a [`ProviderError`] is built. A layer's error reaches the contract only as an
+//! [`Error`] (`From<LayerError> for ProviderError` goes through it).
 
 use std::time::Duration;
 
@@ -16,8 +20,8 @@ use egressproxy_provider::ProviderError;
 pub use crate::classification::{Classification, ErrorClass};
 pub use crate::config::error::{ConfigError, ConfigProblem};
 pub use crate::guest::GuestError;
-use crate::images::ImageError;
-use crate::libvirt::LibvirtError;
+pub use crate::images::ImageError;
+pub use crate::libvirt::LibvirtError;
 use crate::transport::call::CallError;
 pub use crate::transport::error::TransportError;
 pub use crate::transport::libvirt_error::{

@@ -94,7 +94,7 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
         (
             Error::Transport(TransportError::Ssh {
                 host: "hv".into(),
-                source: russh::Error::Disconnect,
+                source: Box::new(russh::Error::Disconnect),
             }),
             C::Transient,
             "SSH_FAILED",

@@ -47,9 +47,9 @@ pub enum TransportError {
     Ssh {
         /// Host name from the configuration.
         host: String,
-        /// russh's error.
+        /// russh's error (boxed: it is large, and every layer's error holds this one).
         #[source]
-        source: russh::Error,
+        source: Box<russh::Error>,
     },
 
     /// The server's host key is not in `known_hosts`.

@@ -142,14 +142,14 @@ impl SshSession {
                 let detailed = rejection.lock().unwrap_or_else(|p| p.into_inner()).take();
                 return Err(detailed.unwrap_or(TransportError::Ssh {
                     host: host_name.to_owned(),
-                    source,
+                    source: Box::new(source),
                 }));
             }
         };
 
         let ssh_err = |source| TransportError::Ssh {
             host: host_name.to_owned(),
-            source,
+            source: Box::new(source),
         };
         let hash = if key.algorithm().is_rsa() {
             let offered = handle.best_supported_rsa_hash().await.map_err(ssh_err)?;
@@ -204,7 +204,7 @@ impl SshSession {
                 },
                 source => TransportError::Ssh {
                     host: self.host.clone(),
-                    source,
+                    source: Box::new(source),
                 },
             })
     }
