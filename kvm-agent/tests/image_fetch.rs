@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
-use kvm_agent::error::ErrorClass;
+use kvm_agent::error::{Error, ErrorClass};
 use kvm_agent::images::ImageError;
 use kvm_agent::images::fetch::{Download, fetch};
 use sha2::{Digest, Sha256};
@@ -115,9 +115,13 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_to_its_origin_only() {
         format!("{base}/private"),
         format!("{with_credentials}/private-elsewhere"),
     ] {
-        let error = fetch(&url, Some(&digest), IDLE).await.unwrap_err();
+        let error = Error::from(fetch(&url, Some(&digest), IDLE).await.unwrap_err());
         assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
-        assert_eq!(error.classify().reason, "IMAGE_FORBIDDEN", "{error}");
+        assert_eq!(
+            error.to_provider_error().reason,
+            "IMAGE_FORBIDDEN",
+            "{error}"
+        );
         assert!(!error.to_string().contains("p%40ss"), "{error}");
     }
 }
@@ -398,10 +402,16 @@ async fn credentials_reach_the_urls_origin_and_no_other() {
     assert_eq!(server.seen("/private")[0].authorization, basic);
 
     // Another origin (localhost is not 127.0.0.1): not a trace of them.
-    let error = fetch(&with_credentials("/private-elsewhere"), None, IDLE)
-        .await
-        .unwrap_err();
-    assert_eq!(error.classify().reason, "IMAGE_FORBIDDEN", "{error}");
+    let error = Error::from(
+        fetch(&with_credentials("/private-elsewhere"), None, IDLE)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        error.to_provider_error().reason,
+        "IMAGE_FORBIDDEN",
+        "{error}"
+    );
     assert_eq!(server.seen("/private-elsewhere")[0].authorization, basic);
     let followed = server.seen("/private").pop().unwrap();
     assert_eq!(followed.host, Some(format!("localhost:{port}")));
@@ -439,18 +449,18 @@ async fn endless_redirects_stop_at_the_limit_with_a_permanent_error() {
         "{}/loop?sig=secret",
         server.base_url().replace("http://", "http://user:secret@")
     );
-    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    let error = Error::from(fetch(&url, None, IDLE).await.unwrap_err());
     assert!(
         matches!(
             error,
-            ImageError::Fetch {
+            Error::Image(ImageError::Fetch {
                 permanent: true,
                 ..
-            }
+            })
         ),
         "{error}"
     );
-    assert_eq!(error.classify().reason, "IMAGE_URL_INVALID");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_URL_INVALID");
     let text = error.to_string();
     assert!(
         text.contains("more than 5 redirects; set the image's url to where the redirects end"),
@@ -588,18 +598,18 @@ fn untrusted_tls_endpoint() -> u16 {
 async fn https_checks_the_servers_certificate_against_the_system_store() {
     let port = untrusted_tls_endpoint();
     let url = format!("https://user:secret@localhost:{port}/image.qcow2?sig=secret");
-    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    let error = Error::from(fetch(&url, None, IDLE).await.unwrap_err());
     assert!(
         matches!(
             error,
-            ImageError::Fetch {
+            Error::Image(ImageError::Fetch {
                 permanent: false,
                 ..
-            }
+            })
         ),
         "{error}"
     );
-    assert_eq!(error.classify().reason, "IMAGE_UNREACHABLE");
+    assert_eq!(error.to_provider_error().reason, "IMAGE_UNREACHABLE");
     let text = error.to_string();
     assert!(text.contains("certificate"), "{text}");
     assert!(!text.contains("secret"), "{text}");
