@@ -201,6 +201,7 @@ impl Error {
         match self {
             Error::Transport(e) => e.drops_connection(),
             Error::Libvirt(e) => e.drops_connection(),
+            Error::Image(e) => e.drops_connection(),
             _ => true,
         }
     }

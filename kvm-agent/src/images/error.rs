@@ -170,6 +170,16 @@ impl ImageError {
         self.classify().class
     }
 
+    /// Whether the libvirt connection the error happened on must be discarded (only a
+    /// libvirt error reported on a healthy connection keeps it).
+    pub fn drops_connection(&self) -> bool {
+        match self {
+            ImageError::Libvirt(e) => e.drops_connection(),
+            ImageError::Shared(error) => error.drops_connection(),
+            _ => true,
+        }
+    }
+
     /// The libvirt error code, when libvirt reported the error.
     pub fn libvirt_code(&self) -> Option<i32> {
         match self {

@@ -80,6 +80,7 @@ impl LibvirtError {
     pub fn drops_connection(&self) -> bool {
         match self {
             LibvirtError::Transport(e) => e.drops_connection(),
+            LibvirtError::Shared(error) => error.drops_connection(),
             _ => true,
         }
     }
