@@ -229,8 +229,12 @@ async fn agent_opens(host: &Arc<HostPool>) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(OPENS);
     for _ in 0..OPENS {
         let started = Instant::now();
-        host.bulk(LibvirtOp::new("virConnectOpen"), deadline(), |_| Ok(()))
-            .await?;
+        host.bulk::<_, kvm_agent::TransportError, _>(
+            LibvirtOp::new("virConnectOpen"),
+            deadline(),
+            |_| Ok(()),
+        )
+        .await?;
         samples.push(started.elapsed());
     }
     Ok(samples)
@@ -256,7 +260,7 @@ fn volume_xml(name: &str, bytes: u64) -> String {
 
 async fn create_volume(host: &HostPool, name: &str, bytes: u64) -> anyhow::Result<()> {
     let xml = volume_xml(name, bytes);
-    host.call(
+    host.call::<_, kvm_agent::TransportError, _>(
         LibvirtOp::new("virStorageVolCreateXML"),
         deadline(),
         move |c| {

@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::Error;
 use crate::guest::cloud_init::GuestAgent;
-use error::ConfigProblem;
+use error::{ConfigError, ConfigProblem};
 
 mod duration;
 pub mod error;
@@ -276,9 +275,9 @@ pub enum Attachment {
 
 impl Config {
     /// Reads, parses and validates the file at `path`.
-    pub fn load(path: &Path) -> Result<Self, Error> {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::config(vec![ConfigProblem::new(
+            ConfigError::new(vec![ConfigProblem::new(
                 "",
                 format!(
                     "cannot read config file {}: {e}; pass the path of the agent's YAML config",
@@ -292,13 +291,13 @@ impl Config {
     }
 
     /// Parses YAML; unknown fields are errors with their location.
-    pub fn parse(text: &str) -> Result<Self, Error> {
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
         serde_norway::from_str(text).map_err(|e| {
             let field = e
                 .location()
                 .map(|l| format!("line {} column {}", l.line(), l.column()))
                 .unwrap_or_default();
-            Error::config(vec![ConfigProblem::new(field, e.to_string())])
+            ConfigError::new(vec![ConfigProblem::new(field, e.to_string())])
         })
     }
 

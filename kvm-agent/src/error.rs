@@ -1,29 +1,32 @@
 //! The crate's top-level error, and THE mapping of every error to the contract.
 //!
 //! Each layer has its own error type and classifies its own errors once
-//! ([`Classification`]: the contract's class, the reason code, a retry hint):
-//! [`TransportError`] (SSH, relay, libvirt, deadlines, workers), [`ConfigError`], the
-//! libvirt layer's [`XmlError`] (XML libvirt returned that the agent cannot read is its own
-//! case, never an I/O failure), and the guest layer's [`GuestError`]. [`Error`] wraps them
-//! with `#[from]`, adds the errors of the image cache and of the provider itself, and
+//! ([`Classification`], from the shared leaf [`crate::classification`]: the contract's
+//! class, the reason code, a retry hint): [`TransportError`] (SSH, relay, libvirt,
+//! deadlines, workers), [`ConfigError`], the libvirt layer's [`LibvirtError`] (the
+//! transport's errors, XML libvirt returned that the agent cannot read, which is its own
+//! case and never an I/O failure, and the KVM probe still running), the image layer's
+//! [`ImageError`] (HTTP, checksum, format, spooling, and the libvirt layer's errors of its
+//! base volumes) and the guest layer's [`GuestError`]. No layer names this module: [`Error`]
+//! wraps each with `#[from]`, adds the provider's own errors, and
 //! [`Error::to_provider_error`] turns any of them into the contract's error: the only
-//! place a [`ProviderError`] is built.
+//! place a [`ProviderError`] is built. A layer's error reaches the contract only as an
+//! [`Error`] (`From<LayerError> for ProviderError` goes through it).
 
 use std::time::Duration;
 
-pub use egressproxy_provider::ErrorClass;
 use egressproxy_provider::ProviderError;
 
+pub use crate::classification::{Classification, ErrorClass};
 pub use crate::config::error::{ConfigError, ConfigProblem};
 pub use crate::guest::GuestError;
-use crate::libvirt::xml::XmlError;
+pub use crate::images::ImageError;
+pub use crate::libvirt::LibvirtError;
+use crate::transport::call::CallError;
 pub use crate::transport::error::TransportError;
 pub use crate::transport::libvirt_error::{
     LibvirtFailure, classify_libvirt, classify_libvirt_parts,
 };
-pub use classification::Classification;
-
-mod classification;
 
 /// Errors of the kvm-agent.
 #[derive(Debug, thiserror::Error)]
@@ -36,103 +39,18 @@ pub enum Error {
     #[error(transparent)]
     Transport(#[from] TransportError),
 
+    /// Asking libvirt failed: the transport's failures (SSH, relay, libvirt's own errors,
+    /// deadlines), XML the agent cannot read or build, or the KVM probe still running.
+    #[error(transparent)]
+    Libvirt(#[from] LibvirtError),
+
     /// A request's cloud-init documents cannot be used.
     #[error(transparent)]
     Guest(#[from] GuestError),
 
-    /// An image server answered with an HTTP error.
-    #[error("image {url}: the server answered HTTP {status}")]
-    ImageHttp {
-        /// The image's URL.
-        url: String,
-        /// The HTTP status code.
-        status: u16,
-    },
-
-    /// An image could not be requested (network, TLS, bad URL).
-    #[error("image {url}: cannot fetch: {reason}")]
-    ImageFetch {
-        /// The image's URL.
-        url: String,
-        /// What went wrong, with its causes.
-        reason: String,
-        /// Whether retrying cannot help (an invalid URL).
-        permanent: bool,
-    },
-
-    /// An image download ended before all its bytes arrived.
-    #[error(
-        "image {url}: download ended after {received} bytes{}: {reason}",
-        expected.map(|e| format!(" of {e}")).unwrap_or_default()
-    )]
-    ImageTruncated {
-        /// The image's URL.
-        url: String,
-        /// Bytes received.
-        received: u64,
-        /// Bytes announced, if the server said.
-        expected: Option<u64>,
-        /// Why it ended.
-        reason: String,
-    },
-
-    /// A downloaded image does not have the configured SHA-256.
-    #[error(
-        "image {url}: SHA-256 is {actual}, the configuration expects {expected}; fix the \
-         image's url or sha256"
-    )]
-    ImageChecksum {
-        /// The image's URL.
-        url: String,
-        /// The configured digest.
-        expected: String,
-        /// The digest of what was downloaded.
-        actual: String,
-    },
-
-    /// A caller's deadline passed while the download of a base image it needs goes on
-    /// (detached, under `transport.imageDownloadTimeout`); a later Create finds it done.
-    #[error(
-        "image {image} still downloading on host {host}: {received} of {} bytes",
-        expected.map(|e| e.to_string()).unwrap_or_else(|| "unknown".into())
-    )]
-    ImageDownloading {
-        /// The image's name in the configuration.
-        image: String,
-        /// Host name from the configuration.
-        host: String,
-        /// Bytes received so far.
-        received: u64,
-        /// Bytes announced, if the server said.
-        expected: Option<u64>,
-        /// When the download should be done, at the rate so far (the retry hint).
-        retry_in: Duration,
-    },
-
-    /// The downloaded image is not in the configured format, or refers to a backing file
-    /// (which would let a guest read a file of the hypervisor).
-    #[error("image {url}: {problem}; fix the image's format or url")]
-    ImageFormat {
-        /// The image's URL.
-        url: String,
-        /// What libvirt found, against what the configuration says.
-        problem: String,
-    },
-
-    /// The failure of work shared by several callers (one image download), as each of
-    /// them sees it: message, class and reason are the underlying error's.
+    /// Fetching an image or keeping its base volume on a host failed.
     #[error(transparent)]
-    Shared(std::sync::Arc<Error>),
-
-    /// Local I/O of the agent itself failed (spooling an image download).
-    #[error("{context}")]
-    Io {
-        /// What the agent was doing.
-        context: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    Image(#[from] ImageError),
 
     /// A domain has the instance's name but was not created by the agent (no metadata);
     /// it is never touched.
@@ -182,16 +100,6 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// The `domainType: auto` KVM probe of the host (up to 15 s, under its own deadline)
-    /// still ran when the caller's deadline passed; a later call gets its answer.
-    #[error("host {host}: the KVM probe (domainType: auto) is still running; retry")]
-    KvmProbeRunning {
-        /// Host name from the configuration.
-        host: String,
-        /// When the probe should be done at the latest (the retry hint).
-        retry_in: Duration,
-    },
-
     /// Create found the key's instance, made from another spec (placement, cloud-init or
     /// proxy port): the key is taken.
     #[error(
@@ -238,17 +146,6 @@ pub enum Error {
         reason: String,
     },
 
-    /// XML the agent exchanges with libvirt could not be read back (libvirt returned
-    /// something the agent does not understand) or not be built. Not an I/O failure:
-    /// retrying the same call gets the same XML.
-    #[error("{context}: {error}")]
-    Xml {
-        /// What the agent was reading or building.
-        context: String,
-        /// The XML error.
-        error: XmlError,
-    },
-
     /// The task running Create's steps panicked or was cancelled.
     #[error("Create of key {key} stopped unexpectedly: {reason}")]
     CreateTaskFailed {
@@ -257,11 +154,6 @@ pub enum Error {
         /// Panic or cancellation message.
         reason: String,
     },
-}
-
-/// 5xx, 429 (too many requests) and 408 (timeout) may pass; other statuses will not.
-fn http_status_is_transient(status: u16) -> bool {
-    matches!(status, 500..=599 | 429 | 408)
 }
 
 impl Error {
@@ -278,38 +170,13 @@ impl Error {
             Error::Config(e) => e.classify(),
             Error::Transport(e) => e.classify(),
             Error::Guest(e) => e.classify(),
-            Error::Xml { error, .. } => error.classify(),
-            Error::Shared(error) => error.classify(),
-            // The image cache.
-            Error::ImageHttp {
-                status: 404 | 410, ..
-            } => of(C::Permanent, "IMAGE_NOT_FOUND"),
-            Error::ImageHttp {
-                status: 401 | 403, ..
-            } => of(C::Permanent, "IMAGE_FORBIDDEN"),
-            Error::ImageHttp { status, .. } if http_status_is_transient(*status) => {
-                of(C::Transient, "IMAGE_SERVER_ERROR")
-            }
-            Error::ImageHttp { .. } => of(C::Permanent, "IMAGE_HTTP_ERROR"),
-            Error::ImageFetch {
-                permanent: true, ..
-            } => of(C::Permanent, "IMAGE_URL_INVALID"),
-            Error::ImageFetch { .. } => of(C::Transient, "IMAGE_UNREACHABLE"),
-            Error::ImageTruncated { .. } => of(C::Transient, "IMAGE_TRUNCATED"),
-            Error::ImageChecksum { .. } => of(C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
-            Error::ImageDownloading { retry_in, .. } => {
-                of(C::Transient, "IMAGE_DOWNLOADING").retry_after(*retry_in)
-            }
-            Error::ImageFormat { .. } => of(C::Permanent, "IMAGE_FORMAT_MISMATCH"),
-            Error::Io { .. } => of(C::Transient, "AGENT_IO_FAILED"),
+            Error::Libvirt(e) => e.classify(),
+            Error::Image(e) => e.classify(),
             // The provider's own.
             Error::DomainNameTaken { .. } => of(C::AlreadyExists, "DOMAIN_NAME_TAKEN"),
             Error::DomainXmlInvalid { .. } => of(C::Permanent, "DOMAIN_XML_INVALID"),
             Error::HostNotReady { .. } => of(C::Permanent, "HOST_NOT_READY"),
             Error::CreateInProgress { .. } => of(C::Transient, "CREATE_IN_PROGRESS"),
-            Error::KvmProbeRunning { retry_in, .. } => {
-                of(C::Transient, "KVM_PROBE_RUNNING").retry_after(*retry_in)
-            }
             Error::SpecMismatch { .. } => of(C::AlreadyExists, "SPEC_MISMATCH"),
             Error::InstanceNotFound { .. } => of(C::NotFound, "INSTANCE_NOT_FOUND"),
             Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
@@ -333,6 +200,8 @@ impl Error {
     pub fn drops_connection(&self) -> bool {
         match self {
             Error::Transport(e) => e.drops_connection(),
+            Error::Libvirt(e) => e.drops_connection(),
+            Error::Image(e) => e.drops_connection(),
             _ => true,
         }
     }
@@ -341,39 +210,14 @@ impl Error {
     pub fn libvirt_code(&self) -> Option<i32> {
         match self {
             Error::Transport(e) => e.libvirt_code(),
-            Error::Shared(error) => error.libvirt_code(),
+            Error::Libvirt(e) => e.libvirt_code(),
+            Error::Image(e) => e.libvirt_code(),
             _ => None,
         }
     }
 
-    /// XML that could not be read or built, while doing `context`.
-    pub(crate) fn xml(context: impl Into<String>, error: XmlError) -> Self {
-        Self::Xml {
-            context: context.into(),
-            error,
-        }
-    }
-
-    pub(crate) fn transport_io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Transport(TransportError::Io {
-            context: context.into(),
-            source,
-        })
-    }
-
-    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
-    }
-
     fn is_instance_missing(&self) -> bool {
-        match self {
-            Error::InstanceNotFound { .. } => true,
-            Error::Shared(error) => error.is_instance_missing(),
-            _ => false,
-        }
+        matches!(self, Error::InstanceNotFound { .. })
     }
 
     /// The request fields at fault, for an invalid argument.
@@ -382,7 +226,6 @@ impl Error {
             Error::InvalidArgument { field, reason } => vec![((*field).to_owned(), reason.clone())],
             Error::InvalidFields { violations } => violations.clone(),
             Error::Guest(e) => e.field_violations(),
-            Error::Shared(error) => error.field_violations(),
             _ => Vec::new(),
         }
     }
@@ -416,6 +259,32 @@ impl Error {
 impl From<Error> for ProviderError {
     fn from(error: Error) -> Self {
         error.to_provider_error()
+    }
+}
+
+/// A layer's error reaches the contract the same way: as an [`Error`], through
+/// [`Error::to_provider_error`].
+macro_rules! to_the_contract_through_the_mapping {
+    ($($layer:ty),*) => {$(
+        impl From<$layer> for ProviderError {
+            fn from(error: $layer) -> Self {
+                Error::from(error).to_provider_error()
+            }
+        }
+    )*};
+}
+
+to_the_contract_through_the_mapping!(
+    ConfigError,
+    TransportError,
+    LibvirtError,
+    ImageError,
+    GuestError
+);
+
+impl CallError for Error {
+    fn libvirt_code(&self) -> Option<i32> {
+        Error::libvirt_code(self)
     }
 }
 

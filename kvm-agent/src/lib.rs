@@ -1,7 +1,9 @@
 //! kvm-agent: an egressproxy `Provider` on libvirt reached over SSH.
 //!
 //! The crate is cut into layers. Each layer is a folder and imports only from the layers
-//! below it (and from [`config`] and [`error`], which every layer shares):
+//! below it (and from [`config`] and [`classification`], which every layer shares; the
+//! top-level [`error`] module sits above them all). A unit test (`layer_rule`) reads the
+//! source of each lower layer and fails on an import that points upwards:
 //!
 //! ```text
 //!   provider    the gRPC Provider: Create, Get, List, Delete, ValidatePlacement
@@ -22,14 +24,16 @@
 //!   libvirt connection, `transport::connection`, the per-host [`transport::pool`],
 //!   [`transport::call`] (the one traced, deadline-bounded wrapper of every libvirt
 //!   call), [`transport::libvirt_error`] (libvirt's errors classified once),
-//!   [`transport::error`] (the layer's error type), libvirt's
+//!   [`transport::error`] (the layer's error type; a call's closure fails with the
+//!   calling layer's own error, [`transport::call::CallFailure`]), libvirt's
 //!   [`transport::event_loop`], and [`transport::bulk`] uploads.
-//! - [`libvirt`]: [`libvirt::xml`] (domain, metadata, volume, capabilities),
+//! - [`libvirt`]: [`libvirt::error`] (the layer's error type), [`libvirt::xml`] (domain,
+//!   metadata, volume, capabilities),
 //!   [`libvirt::naming`], [`libvirt::domains`], [`libvirt::addresses`],
 //!   `libvirt::volumes` and [`libvirt::host`] (capabilities, check-host).
 //! - [`guest`]: [`guest::cloud_init`], [`guest::seed`] and [`guest::iso9660`].
 //! - [`images`]: the content-addressed base volume [`images::cache`], image
-//!   [`images::fetch`] and `images::eviction`.
+//!   [`images::fetch`], `images::eviction` and [`images::error`] (the layer's error type).
 //! - [`provider`]: the gRPC [`provider::service`] over [`provider::instances`], with
 //!   [`provider::plan`], [`provider::create`], [`provider::state`] and `provider::sync`.
 //! - `single_flight`: one detached task per key that callers wait on up to their own
@@ -37,11 +41,14 @@
 //!   none of them.
 //! - [`config`]: the YAML configuration, validated at start-up (each duration within its
 //!   range), with its own [`config::error::ConfigError`].
+//! - [`classification`]: the vocabulary every layer classifies its own errors in, once
+//!   ([`classification::Classification`]: the contract's class, the reason, a retry
+//!   hint). A leaf: it imports no layer.
 //! - [`error`]: the top-level [`Error`], which wraps each layer's error
-//!   ([`TransportError`], [`config::error::ConfigError`], [`guest::GuestError`],
-//!   [`libvirt::xml::XmlError`]) with `#[from]`, and THE mapping of every error to the
-//!   contract ([`Error::to_provider_error`]). Each layer classifies its own errors once
-//!   ([`error::Classification`]: the contract's class, the reason, a retry hint).
+//!   ([`TransportError`], [`config::error::ConfigError`], [`libvirt::LibvirtError`],
+//!   [`images::ImageError`], [`guest::GuestError`]) with `#[from]`, and THE mapping of
+//!   every error to the contract ([`Error::to_provider_error`]). No layer below the
+//!   provider names it.
 //!
 //! A Create, top to bottom: [`provider::service`] checks the request and calls
 //! [`provider::instances::Instances::create`]; [`provider::plan`] resolves it against the
@@ -51,6 +58,7 @@
 
 pub use egressproxy_provider as contract;
 
+pub mod classification;
 pub mod config;
 pub mod error;
 pub mod guest;
@@ -59,5 +67,8 @@ pub mod libvirt;
 pub mod provider;
 pub(crate) mod single_flight;
 pub mod transport;
+
+#[cfg(test)]
+mod layer_rule;
 
 pub use error::{Error, ErrorClass, TransportError};

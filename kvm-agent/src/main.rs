@@ -196,7 +196,7 @@ async fn check_hosts(path: &Path) -> Result<(), kvm_agent::Error> {
             }
         }
     }
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// Prints each host's report; `Ok(false)` when a host is not ready.
@@ -273,5 +273,5 @@ async fn evict_images(
             }
         }
     }
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(()), |e| Err(e.into()))
 }

@@ -374,7 +374,9 @@ fn documents_cloud_init_would_not_use_are_refused() {
     let inputs: Vec<&[u8]> = invalid.iter().map(|(_, input)| &input[..]).collect();
     let assembled = assemble(&inputs, None);
     for ((name, input), cloud_init) in invalid.iter().zip(&assembled) {
-        let err = seed_documents(input, None, GuestAgent::Install).unwrap_err();
+        let err = egressproxy_provider::ProviderError::from(
+            seed_documents(input, None, GuestAgent::Install).unwrap_err(),
+        );
         assert_eq!(err.reason, "INVALID_CLOUD_CONFIG", "{name}: {err}");
         assert_eq!(
             err.field_violations[0].field, "cloud_init.user_data",

@@ -103,10 +103,12 @@ async fn auto_detection_outlives_a_short_deadline_and_is_cached() {
     let virt_types = VirtTypes::default();
     libvirtd.pause().unwrap();
     for _ in 0..2 {
-        let err = virt_types
-            .auto_choice(&host, deadline_in(Duration::from_millis(500)))
-            .await
-            .unwrap_err();
+        let err = kvm_agent::Error::from(
+            virt_types
+                .auto_choice(&host, deadline_in(Duration::from_millis(500)))
+                .await
+                .unwrap_err(),
+        );
         assert_eq!(err.to_provider_error().reason, "KVM_PROBE_RUNNING", "{err}");
         assert!(err.to_provider_error().retry_after.is_some(), "{err}");
     }

@@ -61,7 +61,7 @@ async fn host_keys_are_verified_unless_turned_off_by_name() {
         .unwrap()
         .lib_version(deadline_in(Duration::from_secs(20)))
         .await;
-    let error = refused.expect_err("connected to a host whose key was never checked");
+    let error = Error::from(refused.expect_err("connected to a host whose key was never checked"));
     assert!(
         matches!(
             error,

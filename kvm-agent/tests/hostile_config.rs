@@ -184,9 +184,9 @@ proptest! {
     #[test]
     fn any_document_parses_or_is_refused_naming_where(text in document()) {
         match Config::parse(&text) {
-            Err(error) => assert_names_where(error)?,
+            Err(error) => assert_names_where(error.into())?,
             Ok(config) => match config.validate() {
-                Err(error) => assert_names_where(error)?,
+                Err(error) => assert_names_where(error.into())?,
                 Ok(()) => assert_xml_safe_names(&config)?,
             },
         }
@@ -217,9 +217,9 @@ proptest! {
         doc["images"] = Value::Mapping([(Value::String(image), debian)].into_iter().collect());
         let text = serde_norway::to_string(&doc).unwrap();
         match Config::parse(&text) {
-            Err(error) => assert_names_where(error)?,
+            Err(error) => assert_names_where(error.into())?,
             Ok(config) => match config.validate() {
-                Err(error) => assert_names_where(error)?,
+                Err(error) => assert_names_where(error.into())?,
                 Ok(()) => assert_xml_safe_names(&config)?,
             },
         }

@@ -137,7 +137,7 @@ proptest! {
     ) {
         let agent = if preinstalled { GuestAgent::Preinstalled } else { GuestAgent::Install };
         let result = seed_documents(&user, vendor.as_deref(), agent);
-        check_seed_documents(&user, vendor.as_deref(), result)?;
+        check_seed_documents(&user, vendor.as_deref(), result.map_err(Into::into))?;
     }
 }
 
@@ -213,15 +213,15 @@ fn the_size_limit_is_named_and_exact() {
         let user: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let result = seed_documents(&user, None, GuestAgent::Install);
         assert_eq!(result.is_err(), refused, "{len} bytes");
-        check_seed_documents(&user, None, result).unwrap();
+        check_seed_documents(&user, None, result.map_err(Into::into)).unwrap();
         let result = seed_documents(b"#!/bin/sh\n", Some(&user), GuestAgent::Install);
         assert_eq!(result.is_err(), refused, "{len} bytes of vendor-data");
-        check_seed_documents(b"#!/bin/sh\n", Some(&user), result).unwrap();
+        check_seed_documents(b"#!/bin/sh\n", Some(&user), result.map_err(Into::into)).unwrap();
     }
     // A small gzip stream that decompresses to far more than the limit.
     let bomb = gzip(&vec![b'#'; 32 * MAX_USER_DATA_BYTES]);
     assert!(bomb.len() <= MAX_USER_DATA_BYTES);
     let result = seed_documents(&bomb, None, GuestAgent::Install);
     assert!(result.is_err());
-    check_seed_documents(&bomb, None, result).unwrap();
+    check_seed_documents(&bomb, None, result.map_err(Into::into)).unwrap();
 }

@@ -276,12 +276,13 @@ fn documented_user_and_sshd_match_block_let_the_agent_reach_libvirt() {
             });
         assert!(version >= 1_000_000, "libvirt {version}");
 
-        let refused = pool
+        let refused: Error = pool
             .host("hv-root")
             .unwrap()
             .lib_version(deadline_in(GENEROUS))
             .await
-            .expect_err("root is not in the Match block: its forward is refused");
+            .expect_err("root is not in the Match block: its forward is refused")
+            .into();
         assert!(
             matches!(
                 refused,

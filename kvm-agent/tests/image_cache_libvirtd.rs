@@ -185,7 +185,7 @@ impl Fixture {
             "<pool type='dir'><name>default</name><target><path>{}</path></target></pool>",
             images.display()
         );
-        host.call(
+        host.call::<_, kvm_agent::TransportError, _>(
             LibvirtOp::new("virStoragePoolCreateXML"),
             deadline_in(GENEROUS),
             move |c| {
@@ -235,12 +235,13 @@ impl Fixture {
         cache
             .ensure_base(&self.host, "test-image", image, deadline_in(wait))
             .await
+            .map_err(Error::from)
     }
 
     /// Creates a volume through libvirt, as a killed agent or Create would have left it.
     async fn create_volume(&self, xml: String) {
         self.host
-            .call(
+            .call::<_, kvm_agent::TransportError, _>(
                 LibvirtOp::new("virStorageVolCreateXML"),
                 deadline_in(GENEROUS),
                 move |c| {
@@ -256,7 +257,7 @@ impl Fixture {
     async fn delete_volume(&self, name: &str) {
         let name = name.to_owned();
         self.host
-            .call(
+            .call::<_, kvm_agent::TransportError, _>(
                 LibvirtOp::new("virStorageVolDelete"),
                 deadline_in(GENEROUS),
                 move |c| {
@@ -720,7 +721,7 @@ async fn an_overlay_on_an_evicted_base_fails_transient_and_a_retry_fetches_the_b
             ImageFormat::Qcow2,
         )
         .unwrap();
-        fixture.host.call(
+        fixture.host.call::<_, kvm_agent::TransportError, _>(
             LibvirtOp::new("virStorageVolCreateXML"),
             deadline_in(GENEROUS),
             move |c| {

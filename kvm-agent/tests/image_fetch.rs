@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
 use kvm_agent::error::{Error, ErrorClass};
+use kvm_agent::images::ImageError;
 use kvm_agent::images::fetch::{Download, fetch};
 use sha2::{Digest, Sha256};
 
@@ -57,7 +58,7 @@ fn serve() -> HttpServer {
 }
 
 /// Reads the download to its end on a blocking thread, as a volume upload does.
-async fn read_all(mut download: Download) -> (Result<Vec<u8>, String>, Option<Error>) {
+async fn read_all(mut download: Download) -> (Result<Vec<u8>, String>, Option<ImageError>) {
     let failure = download.failure();
     let read = tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
@@ -114,7 +115,7 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_to_its_origin_only() {
         format!("{base}/private"),
         format!("{with_credentials}/private-elsewhere"),
     ] {
-        let error = fetch(&url, Some(&digest), IDLE).await.unwrap_err();
+        let error = Error::from(fetch(&url, Some(&digest), IDLE).await.unwrap_err());
         assert_eq!(error.class(), ErrorClass::Permanent, "{error}");
         assert_eq!(
             error.to_provider_error().reason,
@@ -155,7 +156,7 @@ async fn a_wrong_checksum_is_permanent_and_the_last_bytes_are_withheld() {
         }
         let error = failure.lock().unwrap().take().unwrap();
         assert!(
-            matches!(error, Error::ImageChecksum { .. }),
+            matches!(error, ImageError::Checksum { .. }),
             "{path}: {error}"
         );
         assert_eq!(error.class(), ErrorClass::Permanent);
@@ -176,7 +177,7 @@ async fn a_cut_connection_is_transient() {
     .await;
     assert!(read.is_err());
     let error = failure.unwrap();
-    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert!(matches!(error, ImageError::Truncated { .. }), "{error}");
     assert_eq!(error.class(), ErrorClass::Transient);
     assert!(error.to_string().contains(&format!("of {SIZE}")), "{error}");
 }
@@ -193,7 +194,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         let error = fetch(&format!("{base}{path}"), None, IDLE)
             .await
             .unwrap_err();
-        assert!(matches!(error, Error::ImageHttp { .. }), "{path}: {error}");
+        assert!(matches!(error, ImageError::Http { .. }), "{path}: {error}");
         assert_eq!(error.class(), class, "{path}");
     }
     // Credentials and a query (a pre-signed URL's signature) never reach the message.
@@ -202,7 +203,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
         base.replace("http://", "http://user:secret@")
     );
     let error = fetch(&secret_url, None, IDLE).await.unwrap_err();
-    assert!(matches!(error, Error::ImageHttp { .. }), "{error}");
+    assert!(matches!(error, ImageError::Http { .. }), "{error}");
     assert!(!error.to_string().contains("secret"), "{error}");
     // A port nobody listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -218,7 +219,7 @@ async fn http_errors_and_unreachable_servers_are_classified() {
     assert!(
         matches!(
             error,
-            Error::ImageFetch {
+            ImageError::Fetch {
                 permanent: false,
                 ..
             }
@@ -255,7 +256,7 @@ async fn a_cancelled_download_frees_a_reader_blocked_on_a_stalled_server() {
         .unwrap();
     assert!(read.is_err());
     let error = failure.unwrap();
-    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert!(matches!(error, ImageError::Truncated { .. }), "{error}");
     assert!(error.to_string().contains("cancelled"), "{error}");
     assert_eq!(error.class(), ErrorClass::Transient);
 }
@@ -272,7 +273,7 @@ async fn a_silent_server_fails_after_the_idle_time_as_transient() {
     assert!(
         matches!(
             error,
-            Error::ImageFetch {
+            ImageError::Fetch {
                 permanent: false,
                 ..
             }
@@ -290,7 +291,7 @@ async fn a_silent_server_fails_after_the_idle_time_as_transient() {
         .expect("the silence ends the download");
     assert!(read.is_err());
     let error = failure.unwrap();
-    assert!(matches!(error, Error::ImageTruncated { .. }), "{error}");
+    assert!(matches!(error, ImageError::Truncated { .. }), "{error}");
     assert!(
         error
             .to_string()
@@ -316,7 +317,7 @@ async fn a_file_url_reads_a_file_of_the_agent_through_the_same_checks() {
     let (read, failure) = read_all(download).await;
     assert!(read.is_err());
     assert!(
-        matches!(failure, Some(Error::ImageChecksum { .. })),
+        matches!(failure, Some(ImageError::Checksum { .. })),
         "{failure:?}"
     );
     // Missing or relative: permanent, naming the path.
@@ -401,9 +402,11 @@ async fn credentials_reach_the_urls_origin_and_no_other() {
     assert_eq!(server.seen("/private")[0].authorization, basic);
 
     // Another origin (localhost is not 127.0.0.1): not a trace of them.
-    let error = fetch(&with_credentials("/private-elsewhere"), None, IDLE)
-        .await
-        .unwrap_err();
+    let error = Error::from(
+        fetch(&with_credentials("/private-elsewhere"), None, IDLE)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(
         error.to_provider_error().reason,
         "IMAGE_FORBIDDEN",
@@ -446,14 +449,14 @@ async fn endless_redirects_stop_at_the_limit_with_a_permanent_error() {
         "{}/loop?sig=secret",
         server.base_url().replace("http://", "http://user:secret@")
     );
-    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    let error = Error::from(fetch(&url, None, IDLE).await.unwrap_err());
     assert!(
         matches!(
             error,
-            Error::ImageFetch {
+            Error::Image(ImageError::Fetch {
                 permanent: true,
                 ..
-            }
+            })
         ),
         "{error}"
     );
@@ -595,14 +598,14 @@ fn untrusted_tls_endpoint() -> u16 {
 async fn https_checks_the_servers_certificate_against_the_system_store() {
     let port = untrusted_tls_endpoint();
     let url = format!("https://user:secret@localhost:{port}/image.qcow2?sig=secret");
-    let error = fetch(&url, None, IDLE).await.unwrap_err();
+    let error = Error::from(fetch(&url, None, IDLE).await.unwrap_err());
     assert!(
         matches!(
             error,
-            Error::ImageFetch {
+            Error::Image(ImageError::Fetch {
                 permanent: false,
                 ..
-            }
+            })
         ),
         "{error}"
     );

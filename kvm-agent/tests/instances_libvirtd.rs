@@ -55,7 +55,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
     );
     let seed_len = seed.len() as u64;
     let (overlay_path, seed_path) = host
-        .call(
+        .call::<_, kvm_agent::TransportError, _>(
             LibvirtOp::new("virStoragePoolCreateXML"),
             deadline_in(GENEROUS),
             move |c| {
@@ -134,7 +134,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         },
     };
     let xml = spec.to_xml().unwrap();
-    host.call(
+    host.call::<_, kvm_agent::TransportError, _>(
         LibvirtOp::new("virDomainDefineXML"),
         deadline_in(Duration::from_secs(180)),
         move |c| {

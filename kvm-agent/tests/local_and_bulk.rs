@@ -114,7 +114,7 @@ async fn upload_streams_on_its_own_connection_while_cheap_calls_proceed() {
     let trace = caller_trace("Create");
     let span = trace.request_span.clone();
     async {
-        host.call(
+        host.call::<_, kvm_agent::TransportError, _>(
             LibvirtOp::new("virStoragePoolCreateXML"),
             deadline_in(GENEROUS),
             move |c| {

@@ -33,7 +33,7 @@ async fn call_round_trips_over_the_forward_and_is_traced_under_the_callers_trace
         let version = host.lib_version(deadline_in(GENEROUS)).await.unwrap();
         assert!(version >= 11_000_000, "libvirt {version}");
         let missing = host
-            .call(
+            .call::<_, kvm_agent::TransportError, _>(
                 LibvirtOp::new("virDomainLookupByName").domain("absent"),
                 deadline_in(GENEROUS),
                 |c| {
@@ -128,12 +128,13 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
     );
 
     let pool = Pool::new(&config).unwrap();
-    let err = pool
+    let err: Error = pool
         .host("hv-unknown")
         .unwrap()
         .lib_version(deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(err, Error::Transport(TransportError::HostKeyUnknown { .. })),
         "{err:?}"
@@ -145,12 +146,13 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         "{message}"
     );
     // Retried at once: the agent backs off, and the rejection stays permanent.
-    let again = pool
+    let again: Error = pool
         .host("hv-unknown")
         .unwrap()
         .lib_version(deadline_in(Duration::from_millis(50)))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(
             again,
@@ -161,12 +163,13 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
     assert_eq!(again.class(), ErrorClass::Permanent);
     assert!(again.to_string().contains(&fingerprint), "{again}");
 
-    let err = pool
+    let err: Error = pool
         .host("hv-changed")
         .unwrap()
         .lib_version(deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(
             err,
@@ -195,12 +198,13 @@ async fn wrong_client_key_is_rejected() {
     let mut host = ssh_host("hv", &sshd, &libvirtd);
     host.ssh.as_mut().unwrap().private_key = sshd.unauthorized_key();
     let pool = Pool::new(&config(vec![host])).unwrap();
-    let err = pool
+    let err: Error = pool
         .host("hv")
         .unwrap()
         .lib_version(deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(
             err,
@@ -219,12 +223,13 @@ async fn refused_forward_reports_the_socket_not_a_reset() {
     let mut host = ssh_host("hv", &sshd, &libvirtd);
     host.libvirt_socket = "/nonexistent/libvirt-sock".into();
     let pool = Pool::new(&config(vec![host])).unwrap();
-    let err = pool
+    let err: Error = pool
         .host("hv")
         .unwrap()
         .lib_version(deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(err, Error::Transport(TransportError::ForwardRefused { .. })),
         "{err:?}"
@@ -249,7 +254,7 @@ async fn hung_libvirtd_fails_within_deadline_and_next_call_uses_a_fresh_connecti
         let (returned, blocked_call_returned) = std::sync::mpsc::channel();
         let started = Instant::now();
         let err = host
-            .call(
+            .call::<_, kvm_agent::TransportError, _>(
                 LibvirtOp::new("virConnectGetLibVersion"),
                 deadline_in(Duration::from_secs(1)),
                 move |c| {
@@ -406,7 +411,7 @@ async fn a_hung_host_does_not_delay_another() {
     );
     // The first deadline to pass cuts the shared connection; the other caller learns why.
     for task in [stuck, stuck_too] {
-        let err = task.await.unwrap().unwrap_err();
+        let err = Error::from(task.await.unwrap().unwrap_err());
         assert!(
             matches!(
                 err,

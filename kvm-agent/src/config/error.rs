@@ -2,9 +2,7 @@
 
 use std::fmt;
 
-use egressproxy_provider::ErrorClass;
-
-use crate::error::Classification;
+use crate::classification::{Classification, ErrorClass};
 
 /// One problem in the configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +42,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// A configuration error with `problems`.
+    pub fn new(problems: Vec<ConfigProblem>) -> Self {
+        Self { problems }
+    }
+
     /// Retrying cannot help until the file is fixed.
     pub fn classify(&self) -> Classification {
         Classification::new(ErrorClass::Permanent, "AGENT_CONFIG_INVALID")

@@ -219,10 +219,7 @@ fn names_that_xml_cannot_keep_are_refused_with_their_field() {
          images: {\"deb\\0\": {url: 'https://example.org/d.qcow2'}}\n",
     )
     .unwrap();
-    let Error::Config(crate::error::ConfigError { problems }) = config.validate().unwrap_err()
-    else {
-        panic!("not a config error");
-    };
+    let ConfigError { problems } = config.validate().unwrap_err();
     let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
     assert_eq!(
         fields,

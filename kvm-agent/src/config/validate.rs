@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::error::{ConfigError, ConfigProblem};
 use super::{Config, HostConfig, duration};
-use crate::error::{ConfigProblem, Error};
 
 impl Config {
     /// Every semantic check; all problems are reported together.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         let mut p =
             |field: String, message: String| problems.push(ConfigProblem::new(field, message));
@@ -129,7 +129,7 @@ impl Config {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(Error::config(problems))
+            Err(ConfigError::new(problems))
         }
     }
 }

@@ -1,4 +1,7 @@
 use super::*;
+use examples::{contract_only_table, mapping_table};
+
+mod examples;
 
 #[test]
 fn config_error_lists_every_problem_with_its_field() {
@@ -10,319 +13,6 @@ fn config_error_lists_every_problem_with_its_field() {
     assert!(text.contains("  - hosts[0].name: is empty"), "{text}");
     assert!(text.contains("  - hosts[1].ssh.user: is empty"), "{text}");
     assert_eq!(err.class(), ErrorClass::Permanent);
-}
-
-fn libvirt(class: ErrorClass, transport: bool) -> Error {
-    Error::Transport(TransportError::Libvirt {
-        host: "hv".into(),
-        op: "virStoragePoolLookupByName",
-        failure: LibvirtFailure {
-            code: 49,
-            code_name: "NoStoragePool".into(),
-            message: "no pool".into(),
-            transport,
-            class,
-        },
-    })
-}
-
-fn image_http(status: u16) -> Error {
-    Error::ImageHttp {
-        url: "https://example.org/i.qcow2".into(),
-        status,
-    }
-}
-
-/// One error of every kind the mapping tells apart, with its contract class and reason.
-fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str)> {
-    use egressproxy_provider::ErrorClass as C;
-    use virt::error::{ErrorDomain as D, ErrorNumber as N};
-    let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-    let backing_off = |last_class| {
-        Error::Transport(TransportError::SshBackingOff {
-            host: "hv".into(),
-            retry_in: Duration::from_secs(3),
-            last_error: "refused".into(),
-            last_class,
-        })
-    };
-    let table: Vec<(Error, C, &str)> = vec![
-        (Error::config(vec![]), C::Permanent, "AGENT_CONFIG_INVALID"),
-        (
-            Error::Transport(TransportError::UnknownHost {
-                host: "gone".into(),
-            }),
-            C::Permanent,
-            "HOST_NOT_CONFIGURED",
-        ),
-        (
-            Error::Transport(TransportError::SshConnect {
-                host: "hv".into(),
-                address: "hv:22".into(),
-                source: io(),
-            }),
-            C::Transient,
-            "HOST_UNREACHABLE",
-        ),
-        (
-            Error::Transport(TransportError::SshHandshakeTimeout {
-                host: "hv".into(),
-                after: Duration::from_secs(10),
-            }),
-            C::Transient,
-            "HOST_UNREACHABLE",
-        ),
-        (
-            Error::Transport(TransportError::SshSessionClosed { host: "hv".into() }),
-            C::Transient,
-            "HOST_UNREACHABLE",
-        ),
-        (
-            Error::Transport(TransportError::LocalSocket {
-                host: "hv".into(),
-                socket: "/s".into(),
-                source: io(),
-            }),
-            C::Transient,
-            "HOST_UNREACHABLE",
-        ),
-        (
-            Error::Transport(TransportError::Ssh {
-                host: "hv".into(),
-                source: russh::Error::Disconnect,
-            }),
-            C::Transient,
-            "SSH_FAILED",
-        ),
-        (
-            Error::Transport(TransportError::HostKeyUnknown {
-                host: "hv".into(),
-                fingerprint: "SHA256:x".into(),
-                known_hosts: "/kh".into(),
-            }),
-            C::Permanent,
-            "SSH_HOST_KEY_UNKNOWN",
-        ),
-        (
-            Error::Transport(TransportError::HostKeyChanged {
-                host: "hv".into(),
-                fingerprint: "SHA256:x".into(),
-                known_hosts: "/kh".into(),
-                line: 3,
-            }),
-            C::Permanent,
-            "SSH_HOST_KEY_CHANGED",
-        ),
-        (
-            Error::Transport(TransportError::SshAuthRejected {
-                host: "hv".into(),
-                user: "u".into(),
-                key_fingerprint: "SHA256:k".into(),
-            }),
-            C::Permanent,
-            "SSH_AUTH_REJECTED",
-        ),
-        (
-            backing_off(ErrorClass::Transient),
-            C::Transient,
-            "SSH_BACKING_OFF",
-        ),
-        (
-            backing_off(ErrorClass::Permanent),
-            C::Permanent,
-            "SSH_BACKING_OFF",
-        ),
-        (
-            Error::Transport(TransportError::ForwardRefused {
-                host: "hv".into(),
-                socket: "/s".into(),
-                reason: "denied".into(),
-            }),
-            C::Transient,
-            "LIBVIRT_FORWARD_REFUSED",
-        ),
-        (
-            libvirt(ErrorClass::Transient, true),
-            C::Transient,
-            "LIBVIRT_CONNECTION_FAILED",
-        ),
-        (
-            libvirt(ErrorClass::NotFound, false),
-            C::Permanent,
-            "LIBVIRT_OBJECT_MISSING",
-        ),
-        (
-            libvirt(ErrorClass::Permanent, false),
-            C::Permanent,
-            "LIBVIRT_REJECTED",
-        ),
-        (
-            libvirt(ErrorClass::Transient, false),
-            C::Transient,
-            "LIBVIRT_FAILED",
-        ),
-        (
-            Error::Transport(TransportError::DeadlineExceeded {
-                host: "hv".into(),
-                op: "virDomainCreate",
-                after: Duration::from_secs(1),
-            }),
-            C::DeadlineExceeded,
-            "LIBVIRT_DEADLINE",
-        ),
-        (
-            Error::Transport(TransportError::ConnectionCut {
-                host: "hv".into(),
-                op: "virDomainCreate",
-                cause: "x".into(),
-            }),
-            C::Transient,
-            "LIBVIRT_CONNECTION_CUT",
-        ),
-        (Error::io("relay", io()), C::Transient, "AGENT_IO_FAILED"),
-        (
-            Error::Transport(TransportError::Worker {
-                host: "hv".into(),
-                op: "virDomainCreate",
-                reason: "panic".into(),
-            }),
-            C::Transient,
-            "AGENT_WORKER_FAILED",
-        ),
-        (image_http(404), C::Permanent, "IMAGE_NOT_FOUND"),
-        (image_http(410), C::Permanent, "IMAGE_NOT_FOUND"),
-        (image_http(403), C::Permanent, "IMAGE_FORBIDDEN"),
-        (image_http(401), C::Permanent, "IMAGE_FORBIDDEN"),
-        (image_http(500), C::Transient, "IMAGE_SERVER_ERROR"),
-        (image_http(503), C::Transient, "IMAGE_SERVER_ERROR"),
-        (image_http(429), C::Transient, "IMAGE_SERVER_ERROR"),
-        (image_http(408), C::Transient, "IMAGE_SERVER_ERROR"),
-        (image_http(400), C::Permanent, "IMAGE_HTTP_ERROR"),
-        (image_http(304), C::Permanent, "IMAGE_HTTP_ERROR"),
-        (
-            Error::ImageFetch {
-                url: "u".into(),
-                reason: "refused".into(),
-                permanent: false,
-            },
-            C::Transient,
-            "IMAGE_UNREACHABLE",
-        ),
-        (
-            Error::ImageFetch {
-                url: "u".into(),
-                reason: "bad url".into(),
-                permanent: true,
-            },
-            C::Permanent,
-            "IMAGE_URL_INVALID",
-        ),
-        (
-            Error::ImageTruncated {
-                url: "u".into(),
-                received: 1,
-                expected: Some(2),
-                reason: "eof".into(),
-            },
-            C::Transient,
-            "IMAGE_TRUNCATED",
-        ),
-        (
-            Error::ImageChecksum {
-                url: "u".into(),
-                expected: "a".into(),
-                actual: "b".into(),
-            },
-            C::Permanent,
-            "IMAGE_CHECKSUM_MISMATCH",
-        ),
-        (
-            Error::ImageDownloading {
-                image: "debian".into(),
-                host: "hv".into(),
-                received: 1,
-                expected: Some(2),
-                retry_in: Duration::from_secs(7),
-            },
-            C::Transient,
-            "IMAGE_DOWNLOADING",
-        ),
-        (
-            Error::ImageFormat {
-                url: "u".into(),
-                problem: "libvirt found raw, the configuration says qcow2".into(),
-            },
-            C::Permanent,
-            "IMAGE_FORMAT_MISMATCH",
-        ),
-        (
-            Error::Transport(TransportError::Libvirt {
-                host: "hv".into(),
-                op: "virStorageVolCreateXML",
-                failure: classify_libvirt_parts(
-                    N::SystemError.into(),
-                    D::Storage.into(),
-                    "cannot create file: Read-only file system",
-                    true,
-                ),
-            }),
-            C::Transient,
-            "LIBVIRT_HOST_ERROR",
-        ),
-        (
-            Error::DomainNameTaken {
-                host: "hv".into(),
-                key: "k".into(),
-                domain: "egressproxy-k".into(),
-            },
-            C::AlreadyExists,
-            "DOMAIN_NAME_TAKEN",
-        ),
-        (
-            Error::DomainXmlInvalid {
-                domain: "egressproxy-k".into(),
-                reason: "bad".into(),
-            },
-            C::Permanent,
-            "DOMAIN_XML_INVALID",
-        ),
-        (
-            Error::HostNotReady {
-                host: "hv".into(),
-                failures: vec!["network: missing".into()],
-            },
-            C::Permanent,
-            "HOST_NOT_READY",
-        ),
-        (
-            Error::CreateInProgress {
-                host: "hv".into(),
-                key: "k".into(),
-                waited: Duration::from_secs(1),
-            },
-            C::Transient,
-            "CREATE_IN_PROGRESS",
-        ),
-        (
-            Error::KvmProbeRunning {
-                host: "hv".into(),
-                retry_in: Duration::from_secs(9),
-            },
-            C::Transient,
-            "KVM_PROBE_RUNNING",
-        ),
-        (
-            Error::Shared(std::sync::Arc::new(image_http(404))),
-            C::Permanent,
-            "IMAGE_NOT_FOUND",
-        ),
-        (
-            Error::Shared(std::sync::Arc::new(image_http(503))),
-            C::Transient,
-            "IMAGE_SERVER_ERROR",
-        ),
-    ];
-    table
 }
 
 #[test]
@@ -361,13 +51,13 @@ fn every_error_maps_to_one_contract_class_and_reason() {
             .retry_after,
         Some(Duration::from_secs(3))
     );
-    let downloading = Error::ImageDownloading {
+    let downloading = Error::Image(ImageError::Downloading {
         image: "debian".into(),
         host: "hv".into(),
         received: 1,
         expected: None,
         retry_in: Duration::from_secs(7),
-    };
+    });
     assert_eq!(
         downloading.to_provider_error().retry_after,
         Some(Duration::from_secs(7))
@@ -540,94 +230,6 @@ fn reported_libvirt_error_keeps_the_connection() {
     assert_eq!(err.libvirt_code(), Some(42));
 }
 
-/// Errors the mapping tells apart that the table above leaves out: their contract
-/// class has no counterpart in [`ErrorClass`] (an instance, not a libvirt object, is
-/// missing) or they only exist on the contract's side.
-fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str)> {
-    use egressproxy_provider::ErrorClass as C;
-    let unreadable = || crate::libvirt::xml::volume::VolumeFacts::parse("<volume>").unwrap_err();
-    let unbuildable = XmlError::Serialize(quick_xml::SeError::Custom("no".into()));
-    vec![
-        (
-            Error::SpecMismatch {
-                host: "hv".into(),
-                key: "k".into(),
-            },
-            C::AlreadyExists,
-            "SPEC_MISMATCH",
-        ),
-        (
-            Error::InstanceNotFound {
-                id: "hv/k".into(),
-                detail: "no domain egressproxy-k on host hv".into(),
-            },
-            C::NotFound,
-            "INSTANCE_NOT_FOUND",
-        ),
-        (
-            Error::InstanceVanished {
-                domain: "egressproxy-k".into(),
-            },
-            C::Transient,
-            "INSTANCE_VANISHED",
-        ),
-        (
-            Error::CreateTaskFailed {
-                key: "k".into(),
-                reason: "panic".into(),
-            },
-            C::Transient,
-            "AGENT_WORKER_FAILED",
-        ),
-        (
-            Error::InvalidArgument {
-                field: "id",
-                reason: "bad".into(),
-            },
-            C::InvalidArgument,
-            "INVALID_ARGUMENT",
-        ),
-        (
-            Error::xml("domain egressproxy-k", unreadable()),
-            C::Permanent,
-            "LIBVIRT_XML_UNREADABLE",
-        ),
-        (
-            Error::xml("volume XML for v", unbuildable),
-            C::Permanent,
-            "LIBVIRT_XML_UNBUILDABLE",
-        ),
-        (
-            Error::InvalidFields {
-                violations: vec![
-                    ("placement.image".into(), "unknown".into()),
-                    ("name".into(), "not XML-safe".into()),
-                ],
-            },
-            C::InvalidArgument,
-            "INVALID_ARGUMENT",
-        ),
-        (
-            GuestError::InvalidCloudConfig {
-                field: "cloud_init.user_data".into(),
-                description: "line 2 column 1: not YAML".into(),
-            }
-            .into(),
-            C::InvalidArgument,
-            "INVALID_CLOUD_CONFIG",
-        ),
-        (
-            GuestError::TooLarge {
-                field: "cloud_init.user_data".into(),
-                description: "too large".into(),
-            }
-            .into(),
-            C::InvalidArgument,
-            "INVALID_ARGUMENT",
-        ),
-    ]
-}
-
 /// Invalid arguments carry every field at fault, from whichever layer found them.
 #[test]
 fn invalid_arguments_name_each_field() {
@@ -662,10 +264,10 @@ fn contract_only_errors_map_through_the_one_mapping() {
         assert_eq!(mapped.message, error.to_string());
     }
     // XML libvirt returned that cannot be read is not a transient I/O failure.
-    let unreadable = Error::xml(
+    let unreadable = Error::from(LibvirtError::xml(
         "domain d",
         crate::libvirt::xml::domain::DomainFacts::parse("<domain").unwrap_err(),
-    );
+    ));
     assert_eq!(unreadable.class(), ErrorClass::Permanent);
 }
 
@@ -719,6 +321,8 @@ fn reasons_in_the_classifications() -> std::collections::BTreeSet<String> {
         include_str!("../config/error.rs"),
         include_str!("../guest/error.rs"),
         include_str!("../libvirt/xml/mod.rs"),
+        include_str!("../libvirt/error.rs"),
+        include_str!("../images/error.rs"),
     ];
     let mut reasons = std::collections::BTreeSet::new();
     for source in sources {

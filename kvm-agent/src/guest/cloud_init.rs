@@ -35,7 +35,6 @@ mod cloud_config;
 mod multipart;
 mod user_document;
 
-use egressproxy_provider::ProviderError;
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 use serde::Deserialize;
 
@@ -88,7 +87,7 @@ pub fn seed_documents(
     user_data: &[u8],
     vendor_data: Option<&[u8]>,
     guest_agent: GuestAgent,
-) -> Result<SeedDocuments, ProviderError> {
+) -> Result<SeedDocuments, GuestError> {
     check_size(USER_DATA_FIELD, user_data)?;
     if let Some(vendor) = vendor_data {
         check_size(VENDOR_DATA_FIELD, vendor)?;
@@ -110,28 +109,26 @@ pub fn seed_documents(
     })
 }
 
-fn check_size(field: &str, data: &[u8]) -> Result<(), ProviderError> {
+fn check_size(field: &str, data: &[u8]) -> Result<(), GuestError> {
     if data.len() > MAX_USER_DATA_BYTES {
-        return Err(crate::Error::from(GuestError::TooLarge {
+        return Err(GuestError::TooLarge {
             field: field.to_owned(),
             description: format!(
                 "{} bytes is over the {MAX_USER_DATA_BYTES}-byte limit",
                 data.len()
             ),
-        })
-        .to_provider_error());
+        });
     }
     Ok(())
 }
 
-/// An INVALID_ARGUMENT on `field` with the reason documented for a bad cloud-config, as
-/// the crate's one mapping builds it.
-fn invalid(field: &str, description: impl Into<String>) -> ProviderError {
-    crate::Error::from(GuestError::InvalidCloudConfig {
+/// A cloud-config on `field` that cannot be used (`INVALID_CLOUD_CONFIG` on the wire,
+/// through the crate's one mapping).
+fn invalid(field: &str, description: impl Into<String>) -> GuestError {
+    GuestError::InvalidCloudConfig {
         field: field.to_owned(),
         description: description.into(),
-    })
-    .to_provider_error()
+    }
 }
 
 #[cfg(test)]

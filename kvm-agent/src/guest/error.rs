@@ -1,8 +1,6 @@
 //! The guest layer's error: cloud-init documents the agent cannot pass to the guest.
 
-use egressproxy_provider::ErrorClass;
-
-use crate::error::Classification;
+use crate::classification::{Classification, ErrorClass};
 
 /// A request's cloud-init documents cannot be used. Messages name a line and column at
 /// most, never the content: user-data may hold secrets.

@@ -10,7 +10,7 @@
 //! 2. **Single flight.** One download per (host, digest) runs at a time in this process;
 //!    every caller, the first included, waits for the same detached task. The task runs
 //!    under `transport.imageDownloadTimeout`; a caller waits only until its own deadline
-//!    and then gets [`Error::ImageDownloading`] (transient, with the bytes so far and a
+//!    and then gets [`ImageError::Downloading`] (transient, with the bytes so far and a
 //!    retry hint from the rate so far), while the download goes on and a later call finds
 //!    it done. Each cheap libvirt call of the download has `transport.defaultCallTimeout`.
 //! 3. **Check.** Base and marker both present: done (no HTTP request). A base without
@@ -57,10 +57,12 @@ use tracing::Instrument;
 
 use super::download::{Job, Progress};
 pub use super::eviction::{EvictionReport, KeptBecause};
+use crate::config::error::{ConfigError, ConfigProblem};
 use crate::config::{ImageConfig, ImageFormat, TransportConfig};
-use crate::error::{ConfigProblem, Error, TransportError};
+use crate::images::error::ImageError;
 use crate::libvirt::naming;
 use crate::single_flight::{Flight, SingleFlight, Waited};
+use crate::transport::error::TransportError;
 use crate::transport::pool::HostPool;
 
 /// Suffix of a base volume's completion marker.
@@ -148,7 +150,7 @@ type FlightKey = (String, String);
 
 /// The downloads in progress: each shows its progress, and ends in the base or an error
 /// that every waiting caller shares.
-type Downloads = SingleFlight<FlightKey, Arc<Progress>, Result<BaseImage, Arc<Error>>>;
+type Downloads = SingleFlight<FlightKey, Arc<Progress>, Result<BaseImage, Arc<ImageError>>>;
 
 /// The base image cache of every host. See the module docs.
 #[derive(Debug, Default)]
@@ -166,13 +168,13 @@ pub(super) struct BaseNames {
 }
 
 impl BaseNames {
-    fn for_image(image_name: &str, image: &ImageConfig) -> Result<Self, Error> {
+    fn for_image(image_name: &str, image: &ImageConfig) -> Result<Self, ImageError> {
         let digest = image_digest(image);
         let base = naming::base_volume(&digest).map_err(|e| {
-            Error::config(vec![ConfigProblem::new(
+            ImageError::from(ConfigError::new(vec![ConfigProblem::new(
                 format!("images.{image_name}.sha256"),
                 e.to_string(),
-            )])
+            )]))
         })?;
         Ok(Self {
             digest,
@@ -200,11 +202,11 @@ impl ImageCache {
         image_name: &str,
         image: &ImageConfig,
         deadline: Instant,
-    ) -> Result<BaseImage, Error> {
+    ) -> Result<BaseImage, ImageError> {
         let names = BaseNames::for_image(image_name, image)?;
         let flight = self.join_or_start(host, image_name, image, names);
         match flight.wait(deadline).await {
-            Waited::DeadlinePassed => Err(Error::ImageDownloading {
+            Waited::DeadlinePassed => Err(ImageError::Downloading {
                 image: image_name.to_owned(),
                 host: host.name().to_owned(),
                 received: flight.meta.received(),
@@ -213,7 +215,7 @@ impl ImageCache {
             }),
             Waited::Lost => Err(abnormal_end(host.name())),
             Waited::Done(Ok(base)) => Ok(base),
-            Waited::Done(Err(error)) => Err(Error::Shared(error)),
+            Waited::Done(Err(error)) => Err(ImageError::Shared(error)),
         }
     }
 
@@ -224,7 +226,7 @@ impl ImageCache {
         image_name: &str,
         image: &ImageConfig,
         names: BaseNames,
-    ) -> Flight<Arc<Progress>, Result<BaseImage, Arc<Error>>> {
+    ) -> Flight<Arc<Progress>, Result<BaseImage, Arc<ImageError>>> {
         let key = (host.name().to_owned(), names.digest.clone());
         self.flights.join_or_start(key, || {
             let progress = Arc::<Progress>::default();
@@ -265,7 +267,7 @@ impl ImageCache {
         &self,
         host: &Arc<HostPool>,
         deadline: Instant,
-    ) -> Result<EvictionReport, Error> {
+    ) -> Result<EvictionReport, ImageError> {
         let in_flight: BTreeSet<String> = self
             .flights
             .keys()
@@ -278,8 +280,8 @@ impl ImageCache {
     }
 }
 
-fn abnormal_end(host: &str) -> Error {
-    Error::Transport(TransportError::Worker {
+fn abnormal_end(host: &str) -> ImageError {
+    ImageError::from(TransportError::Worker {
         host: host.to_owned(),
         op: "image download",
         reason: "the download task ended without a result".into(),

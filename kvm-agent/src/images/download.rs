@@ -16,10 +16,12 @@ use super::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
     delete_half_written, inspect,
 };
+use crate::classification::ErrorClass;
 use crate::config::ImageConfig;
-use crate::error::{Error, ErrorClass, TransportError};
+use crate::images::error::ImageError;
 use crate::images::fetch::{self, Download};
 use crate::transport::bulk::upload_volume;
+use crate::transport::error::TransportError;
 use crate::transport::pool::HostPool;
 
 /// Buffer of the spool copy; the size the upload sends, too.
@@ -105,7 +107,7 @@ impl Job {
         }
     }
 
-    pub(super) async fn run(self) -> Result<BaseImage, Error> {
+    pub(super) async fn run(self) -> Result<BaseImage, ImageError> {
         let (host, pool) = (&self.host, self.pool.as_str());
         if let Existing::Complete { path, capacity } =
             check_existing(host, pool, &self.names, self.call_deadline()).await?
@@ -149,8 +151,8 @@ impl Job {
         }
     }
 
-    fn timed_out(&self) -> Error {
-        Error::ImageTruncated {
+    fn timed_out(&self) -> ImageError {
+        ImageError::Truncated {
             url: fetch::redact_url(&self.image.url),
             received: self.progress.received(),
             expected: self.progress.expected(),
@@ -163,7 +165,7 @@ impl Job {
 
     /// Steps 4 to 8; sets `created` once the base volume exists. Returns path and
     /// capacity.
-    async fn download(&self, created: &mut bool) -> Result<(String, u64), Error> {
+    async fn download(&self, created: &mut bool) -> Result<(String, u64), ImageError> {
         let (host, pool, names) = (&self.host, self.pool.as_str(), &self.names);
         let image = &self.image;
         let idle = self.options.idle_timeout;
@@ -190,7 +192,7 @@ impl Job {
             }
         };
         if length == 0 {
-            return Err(Error::ImageFetch {
+            return Err(ImageError::Fetch {
                 url: fetch::redact_url(&image.url),
                 reason: "the server sent an empty image".into(),
                 permanent: true,
@@ -213,13 +215,13 @@ impl Job {
         upload
             .await
             .unwrap_or_else(|join| {
-                Err(Error::Transport(TransportError::Worker {
+                Err(TransportError::Worker {
                     host: host.name().to_owned(),
                     op: "virStorageVolUpload",
                     reason: join.to_string(),
-                }))
+                })
             })
-            .map_err(|e| take_failure().unwrap_or(e))?;
+            .map_err(|e| take_failure().unwrap_or_else(|| e.into()))?;
         let inspected = inspect(host, pool, &names.base, self.call_deadline()).await?;
         check_format(image, &inspected)?;
         create_marker(host, pool, &names.marker, self.call_deadline()).await?;
@@ -257,10 +259,10 @@ async fn spool(
     download: Download,
     dir: PathBuf,
     progress: Arc<Progress>,
-) -> Result<(std::fs::File, u64), Error> {
+) -> Result<(std::fs::File, u64), ImageError> {
     let spooled = tokio::task::spawn_blocking(move || {
         let mut file = tempfile::tempfile_in(&dir).map_err(|e| {
-            Error::io(
+            ImageError::io(
                 format!(
                     "create a spool file in {} (transport.imageSpoolDir)",
                     dir.display()
@@ -279,19 +281,20 @@ async fn spool(
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io("read the image download", e)),
+                Err(e) => return Err(ImageError::io("read the image download", e)),
             };
-            file.write_all(&buf[..n])
-                .map_err(|e| Error::io(format!("write a spool file in {}", dir.display()), e))?;
+            file.write_all(&buf[..n]).map_err(|e| {
+                ImageError::io(format!("write a spool file in {}", dir.display()), e)
+            })?;
             length += n as u64;
         }
         file.rewind()
-            .map_err(|e| Error::io("rewind the spool file", e))?;
+            .map_err(|e| ImageError::io("rewind the spool file", e))?;
         Ok((file, length))
     })
     .await;
     spooled.unwrap_or_else(|join| {
-        Err(Error::io(
+        Err(ImageError::io(
             "spool the image download",
             std::io::Error::other(join.to_string()),
         ))

@@ -25,7 +25,8 @@ use virt::storage_vol::StorageVol;
 
 use super::cache::{MARKER_SUFFIX, marker_volume};
 use super::host_volumes::{is, refresh_pool};
-use crate::error::Error;
+use crate::images::error::ImageError;
+use crate::libvirt::LibvirtError;
 use crate::libvirt::naming::BASE_PREFIX;
 use crate::libvirt::xml::volume::VolumeFacts;
 use crate::transport::call::{CallFailure, LibvirtOp};
@@ -38,7 +39,7 @@ pub(super) async fn evict(
     in_flight: BTreeSet<String>,
     min_age: Duration,
     deadline: Instant,
-) -> Result<EvictionReport, Error> {
+) -> Result<EvictionReport, ImageError> {
     let pool_name = host.config().storage_pool.clone();
     let host_name = host.name().to_owned();
     let op = LibvirtOp::new("virStoragePoolListAllVolumes");
@@ -212,7 +213,7 @@ fn eviction_plan(
     plan
 }
 
-fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure> {
+fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure<ImageError>> {
     let name = vol.name()?;
     let path = vol.path()?;
     let xml = vol.xml_desc(0)?;
@@ -222,15 +223,20 @@ fn describe(vol: &StorageVol, host: &str) -> Result<ListedVolume, CallFailure> {
 /// A volume as eviction sees it, from its XML. XML that does not parse fails the eviction:
 /// the volume could be an overlay whose backing file is a base (never delete what you
 /// cannot see).
-fn listed_volume(host: &str, name: String, path: String, xml: &str) -> Result<ListedVolume, Error> {
+fn listed_volume(
+    host: &str,
+    name: String,
+    path: String,
+    xml: &str,
+) -> Result<ListedVolume, ImageError> {
     let facts = VolumeFacts::parse(xml).map_err(|e| {
-        Error::xml(
+        ImageError::from(LibvirtError::xml(
             format!(
                 "host {host}: eviction stopped, nothing deleted: cannot read the XML of volume \
                  {name} (is it an overlay on a base?)"
             ),
             e,
-        )
+        ))
     })?;
     Ok(ListedVolume {
         name,

@@ -21,7 +21,7 @@
 //! handed out: when the announced length is reached (or the body ends, when the server
 //! sent no `Content-Length`), a wrong digest or a short body fails that read instead of
 //! returning the final chunk, so an upload never completes with wrong content. The
-//! classified failure ([`Error::ImageChecksum`] permanent, [`Error::ImageTruncated`]
+//! classified failure ([`ImageError::Checksum`] permanent, [`ImageError::Truncated`]
 //! transient) is kept for the caller ([`Download::failure`]), since `Read` can only return
 //! an `io::Error`.
 
@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::http::{self, Chunk};
-use crate::error::Error;
+use crate::images::error::ImageError;
 
 /// Body chunks buffered between the network and the reader.
 pub const BUFFERED_CHUNKS: usize = 16;
@@ -51,7 +51,7 @@ pub struct Download {
     hasher: Sha256,
     received: u64,
     finished: bool,
-    failure: Arc<Mutex<Option<Error>>>,
+    failure: Arc<Mutex<Option<ImageError>>>,
     cancelled: Arc<AtomicBool>,
     body_task: tokio::task::AbortHandle,
 }
@@ -65,7 +65,7 @@ pub struct Canceller {
 
 impl Canceller {
     /// Stops the network side. A read waiting for bytes then fails at once with
-    /// [`Error::ImageTruncated`], so a stalled server cannot pin the reading thread.
+    /// [`ImageError::Truncated`], so a stalled server cannot pin the reading thread.
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
         self.body_task.abort();
@@ -109,11 +109,11 @@ impl Download {
     }
 
     /// Where the classified failure of a read is kept; take it after a failed upload.
-    pub fn failure(&self) -> Arc<Mutex<Option<Error>>> {
+    pub fn failure(&self) -> Arc<Mutex<Option<ImageError>>> {
         self.failure.clone()
     }
 
-    fn fail(&mut self, error: Error) -> std::io::Error {
+    fn fail(&mut self, error: ImageError) -> std::io::Error {
         let io = std::io::Error::other(error.to_string());
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
         self.finished = true;
@@ -121,7 +121,7 @@ impl Download {
     }
 
     /// Checks the digest once all bytes have been hashed.
-    fn verify(&mut self) -> Result<String, Error> {
+    fn verify(&mut self) -> Result<String, ImageError> {
         let actual: String = std::mem::take(&mut self.hasher)
             .finalize()
             .iter()
@@ -129,7 +129,7 @@ impl Download {
             .collect();
         match &self.expected_sha256 {
             Some(expected) if !expected.eq_ignore_ascii_case(&actual) => {
-                Err(Error::ImageChecksum {
+                Err(ImageError::Checksum {
                     url: self.url.clone(),
                     expected: expected.clone(),
                     actual,
@@ -149,7 +149,7 @@ impl Read for Download {
             match self.body.blocking_recv() {
                 Some(Ok(chunk)) => self.pending = chunk,
                 Some(Err(reason)) => {
-                    let error = Error::ImageTruncated {
+                    let error = ImageError::Truncated {
                         url: self.url.clone(),
                         received: self.received,
                         expected: self.length,
@@ -158,7 +158,7 @@ impl Read for Download {
                     return Err(self.fail(error));
                 }
                 None if self.cancelled.load(Ordering::SeqCst) => {
-                    let error = Error::ImageTruncated {
+                    let error = ImageError::Truncated {
                         url: self.url.clone(),
                         received: self.received,
                         expected: self.length,
@@ -171,7 +171,7 @@ impl Read for Download {
                     if let Some(expected) = self.length
                         && self.received < expected
                     {
-                        let error = Error::ImageTruncated {
+                        let error = ImageError::Truncated {
                             url: self.url.clone(),
                             received: self.received,
                             expected: Some(expected),
@@ -194,7 +194,7 @@ impl Read for Download {
         if let Some(expected) = self.length {
             let left = expected - self.received;
             if left == 0 {
-                let error = Error::ImageTruncated {
+                let error = ImageError::Truncated {
                     url: self.url.clone(),
                     received: self.received,
                     expected: Some(expected),
@@ -227,7 +227,7 @@ pub async fn fetch(
     url: &str,
     expected_sha256: Option<&str>,
     idle: Duration,
-) -> Result<Download, Error> {
+) -> Result<Download, ImageError> {
     let shown = redact_url(url);
     if let Some(path) = url.strip_prefix("file://") {
         return open_file(shown, path, expected_sha256).await;
@@ -254,11 +254,11 @@ async fn open_file(
     shown: String,
     path: &str,
     expected_sha256: Option<&str>,
-) -> Result<Download, Error> {
+) -> Result<Download, ImageError> {
     use tokio::io::AsyncReadExt;
 
     if !path.starts_with('/') {
-        return Err(Error::ImageFetch {
+        return Err(ImageError::Fetch {
             url: shown,
             reason: "a file:// URL needs an absolute path (file:///dir/image.qcow2)".into(),
             permanent: true,
@@ -268,7 +268,7 @@ async fn open_file(
         Ok(file) => file.metadata().await.map(|m| (file, m.len())),
         Err(e) => Err(e),
     };
-    let (mut file, length) = opened.map_err(|e| Error::ImageFetch {
+    let (mut file, length) = opened.map_err(|e| ImageError::Fetch {
         url: shown.clone(),
         reason: format!("cannot read {path} on the agent: {e}"),
         permanent: matches!(

@@ -11,7 +11,8 @@ use virt::storage_vol::StorageVol;
 
 use super::cache::BaseNames;
 use crate::config::{ImageConfig, ImageFormat};
-use crate::error::Error;
+use crate::images::error::ImageError;
+use crate::libvirt::LibvirtError;
 use crate::libvirt::volumes::lookup_volume;
 use crate::libvirt::xml::volume::{VolumeFacts, sparse_raw_volume};
 use crate::transport::call::{CallFailure, LibvirtOp};
@@ -56,7 +57,7 @@ pub(super) async fn check_existing(
     pool: &str,
     names: &BaseNames,
     deadline: Instant,
-) -> Result<Existing, Error> {
+) -> Result<Existing, ImageError> {
     let (pool, names) = (pool.to_owned(), names.clone());
     let op = LibvirtOp::new("virStorageVolLookupByName").volume(names.base.clone());
     host.call(op, deadline, move |c| {
@@ -92,9 +93,9 @@ pub(super) async fn create_upload_target(
     volume: &str,
     length: u64,
     deadline: Instant,
-) -> Result<(), Error> {
+) -> Result<(), ImageError> {
     let xml = sparse_raw_volume(volume, length)
-        .map_err(|e| Error::xml(format!("volume XML for {volume}"), e))?;
+        .map_err(|e| ImageError::from(LibvirtError::xml(format!("volume XML for {volume}"), e)))?;
     let pool = pool.to_owned();
     let op = LibvirtOp::new("virStorageVolCreateXML")
         .volume(volume)
@@ -112,9 +113,9 @@ pub(super) async fn create_marker(
     pool: &str,
     marker: &str,
     deadline: Instant,
-) -> Result<(), Error> {
+) -> Result<(), ImageError> {
     let xml = sparse_raw_volume(marker, 0)
-        .map_err(|e| Error::xml(format!("volume XML for {marker}"), e))?;
+        .map_err(|e| ImageError::from(LibvirtError::xml(format!("volume XML for {marker}"), e)))?;
     let pool = pool.to_owned();
     let op = LibvirtOp::new("virStorageVolCreateXML").volume(marker);
     host.call(op, deadline, move |c| {
@@ -143,7 +144,7 @@ pub(super) async fn inspect(
     pool: &str,
     volume: &str,
     deadline: Instant,
-) -> Result<Inspected, Error> {
+) -> Result<Inspected, ImageError> {
     let (pool, volume) = (pool.to_owned(), volume.to_owned());
     let op = LibvirtOp::new("virStoragePoolRefresh").volume(volume.clone());
     let host_name = host.name().to_owned();
@@ -153,10 +154,10 @@ pub(super) async fn inspect(
         let vol = pool.lookup_storage_vol_by_name(&volume)?;
         let xml = vol.xml_desc(0)?;
         let facts = VolumeFacts::parse(&xml).map_err(|e| {
-            CallFailure::Agent(Error::xml(
+            CallFailure::Agent(ImageError::from(LibvirtError::xml(
                 format!("host {host_name}: the XML of volume {volume}"),
                 e,
-            ))
+            )))
         })?;
         Ok(Inspected {
             path: vol.path()?,
@@ -168,7 +169,7 @@ pub(super) async fn inspect(
     .await
 }
 
-pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result<(), Error> {
+pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result<(), ImageError> {
     let found = inspected.format.as_deref().unwrap_or("unknown");
     let expected_ok = match image.format {
         ImageFormat::Qcow2 => found == "qcow2",
@@ -181,7 +182,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
         ImageFormat::Raw => "raw",
     };
     if !expected_ok {
-        return Err(Error::ImageFormat {
+        return Err(ImageError::Format {
             url: crate::images::fetch::redact_url(&image.url),
             problem: format!(
                 "libvirt probed the file as {found}, the configuration says {configured}"
@@ -189,7 +190,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
         });
     }
     if let Some(backing) = &inspected.backing_path {
-        return Err(Error::ImageFormat {
+        return Err(ImageError::Format {
             url: crate::images::fetch::redact_url(&image.url),
             problem: format!(
                 "the image names a backing file ({backing}); a base image must be self-contained"
@@ -203,7 +204,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
 pub(super) async fn delete_half_written(host: &Arc<HostPool>, pool: &str, volume: &str) {
     let (pool_name, name) = (pool.to_owned(), volume.to_owned());
     let op = LibvirtOp::new("virStorageVolDelete").volume(volume);
-    let deleted = host
+    let deleted: Result<(), ImageError> = host
         .call(op, Instant::now() + CLEANUP_TIMEOUT, move |c| {
             let pool = c.lookup_storage_pool_by_name(&pool_name)?;
             let mut attempts = 0;
@@ -304,7 +305,11 @@ mod tests {
             (ImageFormat::Qcow2, "qcow2", Some("/etc/shadow")),
         ] {
             let err = check_format(&image(format), &inspected(found, backing)).unwrap_err();
-            assert_eq!(err.class(), crate::ErrorClass::Permanent, "{err}");
+            assert_eq!(
+                err.class(),
+                crate::classification::ErrorClass::Permanent,
+                "{err}"
+            );
         }
     }
 }

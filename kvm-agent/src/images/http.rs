@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::error::Error;
+use crate::images::error::ImageError;
 
 /// Redirects followed; one more fails the download as permanent.
 pub(super) const MAX_REDIRECTS: usize = 5;
@@ -29,8 +29,8 @@ pub(super) async fn get(
     url: &str,
     shown: &str,
     idle: Duration,
-) -> Result<reqwest::Response, Error> {
-    let invalid = |reason: String| Error::ImageFetch {
+) -> Result<reqwest::Response, ImageError> {
+    let invalid = |reason: String| ImageError::Fetch {
         url: shown.to_owned(),
         reason,
         permanent: true,
@@ -47,7 +47,7 @@ pub(super) async fn get(
     // rather than with reqwest's read timeout: see `forward_body` for why.
     let response = tokio::time::timeout(idle, client.get(parsed).send())
         .await
-        .map_err(|_| Error::ImageFetch {
+        .map_err(|_| ImageError::Fetch {
             url: shown.to_owned(),
             reason: format!("no response within {}", humantime::format_duration(idle)),
             permanent: false,
@@ -55,7 +55,7 @@ pub(super) async fn get(
         .map_err(|e| request_error(shown, e))?;
     let status = response.status();
     if !status.is_success() {
-        return Err(Error::ImageHttp {
+        return Err(ImageError::Http {
             url: shown.to_owned(),
             status: status.as_u16(),
         });
@@ -140,10 +140,10 @@ fn check_credentials(url: &reqwest::Url) -> Result<(), String> {
 
 /// The error of a request that got no usable answer: too many redirects and a URL
 /// reqwest cannot send are permanent, network and TLS failures transient.
-fn request_error(shown: &str, error: reqwest::Error) -> Error {
+fn request_error(shown: &str, error: reqwest::Error) -> ImageError {
     let error = error.without_url();
     if error.is_redirect() {
-        return Error::ImageFetch {
+        return ImageError::Fetch {
             url: shown.to_owned(),
             reason: format!(
                 "more than {MAX_REDIRECTS} redirects; set the image's url to where the \
@@ -152,7 +152,7 @@ fn request_error(shown: &str, error: reqwest::Error) -> Error {
             permanent: true,
         };
     }
-    Error::ImageFetch {
+    ImageError::Fetch {
         url: shown.to_owned(),
         reason: error_chain(&error),
         permanent: error.is_builder(),

@@ -1,5 +1,6 @@
 //! Base images: downloaded once per host and image, verified, named by content.
 //!
+//! - [`error`]: the layer's error type, [`ImageError`], which holds the libvirt layer's.
 //! - [`cache`]: the per-host cache of base volumes, one download per base at a time.
 //! - [`fetch`]: an image's HTTP(S) or `file://` body, streamed through SHA-256.
 //! - `http`: the HTTP(S) side of a fetch (reqwest), its answer classified.
@@ -9,7 +10,10 @@
 
 pub mod cache;
 mod download;
+pub mod error;
 pub(crate) mod eviction;
 pub mod fetch;
 mod host_volumes;
 mod http;
+
+pub use error::ImageError;

@@ -33,6 +33,7 @@ use virt::sys;
 
 use crate::config::Attachment;
 use crate::libvirt::addresses::{ADDRESS_SOURCES, AddressSource, usable_addresses};
+use crate::libvirt::error::LibvirtError;
 use crate::libvirt::naming::InstanceNames;
 use crate::libvirt::volumes::lookup_volume;
 use crate::libvirt::xml::domain::DomainFacts;
@@ -77,7 +78,10 @@ fn is(error: &virt::error::Error, code: ErrorNumber) -> bool {
 }
 
 /// The domain `name`, or `None` when it does not exist.
-pub(crate) fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>, CallFailure> {
+pub(crate) fn lookup_domain(
+    conn: &Connect,
+    name: &str,
+) -> Result<Option<Domain>, CallFailure<LibvirtError>> {
     match conn.lookup_domain_by_name(name) {
         Ok(domain) => Ok(Some(domain)),
         Err(e) if is(&e, ErrorNumber::NoDomain) => Ok(None),
@@ -86,7 +90,9 @@ pub(crate) fn lookup_domain(conn: &Connect, name: &str) -> Result<Option<Domain>
 }
 
 /// The agent's metadata of `domain`, or `None` when it has none.
-pub(crate) fn read_metadata(domain: &Domain) -> Result<Option<InstanceMetadata>, CallFailure> {
+pub(crate) fn read_metadata(
+    domain: &Domain,
+) -> Result<Option<InstanceMetadata>, CallFailure<LibvirtError>> {
     let element = match domain.metadata(
         sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
         Some(METADATA_NAMESPACE),
@@ -106,7 +112,7 @@ pub fn read_instance(
     conn: &Connect,
     names: &InstanceNames,
     nic: NicKind,
-) -> Result<Option<DomainSnapshot>, CallFailure> {
+) -> Result<Option<DomainSnapshot>, CallFailure<LibvirtError>> {
     let Some(domain) = lookup_domain(conn, &names.domain)? else {
         return Ok(None);
     };
@@ -131,12 +137,12 @@ fn running_addresses(
     name: &str,
     state: sys::virDomainState,
     nic: NicKind,
-) -> Result<Vec<IpAddr>, CallFailure> {
+) -> Result<Vec<IpAddr>, CallFailure<LibvirtError>> {
     if !matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED) {
         return Ok(Vec::new());
     }
     let facts = DomainFacts::parse(&domain.xml_desc(0)?)
-        .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("domain {name}"), e)))?;
+        .map_err(|e| CallFailure::Agent(LibvirtError::xml(format!("domain {name}"), e)))?;
     discover_addresses(domain, facts.macs.first().map(String::as_str), nic)
 }
 
@@ -145,7 +151,7 @@ pub(crate) fn discover_addresses(
     domain: &Domain,
     mac: Option<&str>,
     nic: NicKind,
-) -> Result<Vec<IpAddr>, CallFailure> {
+) -> Result<Vec<IpAddr>, CallFailure<LibvirtError>> {
     for source in ADDRESS_SOURCES {
         if nic == NicKind::Bridge && !source.works_on_bridge() {
             continue;
@@ -199,7 +205,7 @@ pub fn list_instances(
     conn: &Connect,
     selector: &[(String, String)],
     nic: NicKind,
-) -> Result<Vec<DomainSnapshot>, CallFailure> {
+) -> Result<Vec<DomainSnapshot>, CallFailure<LibvirtError>> {
     let ours: Vec<(String, Domain)> = conn
         .list_all_domains(0)?
         .into_iter()
@@ -265,7 +271,7 @@ pub const METADATA_READERS: usize = 8;
 /// The state of every running, paused or shut-off domain, by name, in three calls.
 fn states_by_listing(
     conn: &Connect,
-) -> Result<std::collections::HashMap<String, sys::virDomainState>, CallFailure> {
+) -> Result<std::collections::HashMap<String, sys::virDomainState>, CallFailure<LibvirtError>> {
     let mut states = std::collections::HashMap::new();
     for (filter, state) in [
         (
@@ -294,8 +300,8 @@ fn states_by_listing(
 fn pipelined<T: Sync, R: Send>(
     conn: &Connect,
     items: &[T],
-    read: impl Fn(&T) -> Result<R, CallFailure> + Sync,
-) -> Result<Vec<Option<R>>, CallFailure> {
+    read: impl Fn(&T) -> Result<R, CallFailure<LibvirtError>> + Sync,
+) -> Result<Vec<Option<R>>, CallFailure<LibvirtError>> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -360,7 +366,7 @@ pub fn delete_instance(
     conn: &Connect,
     names: &InstanceNames,
     storage_pool: &str,
-) -> Result<Deleted, CallFailure> {
+) -> Result<Deleted, CallFailure<LibvirtError>> {
     let mut deleted = Deleted::default();
     if let Some(domain) = lookup_domain(conn, &names.domain)? {
         if read_metadata(&domain)?.is_none() {
@@ -423,7 +429,7 @@ pub enum FoundDomain {
 }
 
 /// Looks up the domain `name` and reads its metadata once.
-pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailure> {
+pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailure<LibvirtError>> {
     let Some(domain) = lookup_domain(conn, name)? else {
         return Ok(FoundDomain::Nothing);
     };
@@ -437,7 +443,7 @@ pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailur
 }
 
 /// Starts the domain `name` unless it already runs.
-pub fn start_domain(conn: &Connect, name: &str) -> Result<(), CallFailure> {
+pub fn start_domain(conn: &Connect, name: &str) -> Result<(), CallFailure<LibvirtError>> {
     let domain = conn.lookup_domain_by_name(name)?;
     if domain.is_active()? {
         return Ok(());
@@ -451,12 +457,15 @@ pub fn start_domain(conn: &Connect, name: &str) -> Result<(), CallFailure> {
 }
 
 /// Defines (or redefines, after an interrupted attempt) the domain from `xml`.
-pub fn define_domain(conn: &Connect, xml: &str) -> Result<(), CallFailure> {
+pub fn define_domain(conn: &Connect, xml: &str) -> Result<(), CallFailure<LibvirtError>> {
     conn.define_domain_xml(xml)?;
     Ok(())
 }
 
 /// libvirt's state of the domain `name` (`virDomainState`), for tests and logs.
-pub fn domain_state(conn: &Connect, name: &str) -> Result<sys::virDomainState, CallFailure> {
+pub fn domain_state(
+    conn: &Connect,
+    name: &str,
+) -> Result<sys::virDomainState, CallFailure<LibvirtError>> {
     Ok(conn.lookup_domain_by_name(name)?.state()?.0.to_raw())
 }

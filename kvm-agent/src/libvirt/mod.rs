@@ -7,12 +7,17 @@
 //! - [`domains`]: finding, reading, listing, defining, starting and deleting domains.
 //! - [`addresses`]: where a guest's addresses come from, and which of them are usable.
 //! - `volumes`: an instance's overlay and seed volumes.
+//! - [`error`]: the layer's error type, [`LibvirtError`], which every function here
+//!   fails with (through [`CallFailure`](crate::transport::call::CallFailure)).
 //! - [`host`]: what a hypervisor can run ([`host::capabilities`]) and whether it is ready
 //!   for the agent ([`host::check`]).
 
 pub mod addresses;
 pub mod domains;
+pub mod error;
 pub mod host;
 pub mod naming;
 pub(crate) mod volumes;
 pub mod xml;
+
+pub use error::LibvirtError;

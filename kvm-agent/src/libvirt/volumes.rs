@@ -18,22 +18,22 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
 use crate::config::ImageFormat;
-use crate::error::Error;
+use crate::libvirt::error::LibvirtError;
 use crate::libvirt::xml::XmlError;
 use crate::libvirt::xml::volume::{VolumeFacts, overlay_volume, raw_volume};
 use crate::transport::call::CallFailure;
 
 /// The storage pool `name` (libvirt refuses volume calls on an inactive one).
-fn active_pool(conn: &Connect, name: &str) -> Result<StoragePool, CallFailure> {
+fn active_pool(conn: &Connect, name: &str) -> Result<StoragePool, CallFailure<LibvirtError>> {
     let pool = conn.lookup_storage_pool_by_name(name)?;
     Ok(pool)
 }
 
 /// The volume `name` of `pool`, or `None` if there is none.
-pub(crate) fn lookup_volume(
+pub(crate) fn lookup_volume<E>(
     pool: &StoragePool,
     name: &str,
-) -> Result<Option<StorageVol>, CallFailure> {
+) -> Result<Option<StorageVol>, CallFailure<E>> {
     match pool.lookup_storage_vol_by_name(name) {
         Ok(vol) => Ok(Some(vol)),
         Err(e) if e.code().is(ErrorNumber::NoStorageVolume) => Ok(None),
@@ -41,8 +41,8 @@ pub(crate) fn lookup_volume(
     }
 }
 
-fn xml_failure(e: XmlError) -> CallFailure {
-    CallFailure::Agent(Error::xml("volume", e))
+fn xml_failure(e: XmlError) -> CallFailure<LibvirtError> {
+    CallFailure::Agent(LibvirtError::xml("volume", e))
 }
 
 /// The overlay as found or made.
@@ -71,7 +71,7 @@ pub(crate) fn ensure_overlay(
     capacity_bytes: u64,
     base_path: &str,
     base_format: ImageFormat,
-) -> Result<Overlay, CallFailure> {
+) -> Result<Overlay, CallFailure<LibvirtError>> {
     let pool = active_pool(conn, pool)?;
     let mut replaced = false;
     if let Some(vol) = lookup_volume(&pool, name)? {
@@ -117,7 +117,7 @@ pub(crate) fn recreate_seed_volume(
     pool: &str,
     name: &str,
     length: u64,
-) -> Result<PathBuf, CallFailure> {
+) -> Result<PathBuf, CallFailure<LibvirtError>> {
     let pool = active_pool(conn, pool)?;
     if let Some(old) = lookup_volume(&pool, name)? {
         match old.delete(0) {

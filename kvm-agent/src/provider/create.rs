@@ -151,7 +151,8 @@ async fn start(host: &Arc<HostPool>, domain: &str, deadline: Instant) -> Result<
         deadline,
         move |conn| domains::start_domain(conn, &name),
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 async fn read(
@@ -310,10 +311,10 @@ mod tests {
     #[test]
     fn the_fault_hook_fails_only_its_step() {
         let hook = FaultHook::new(|step| match step {
-            CreateStep::Define => Err(Error::io(
+            CreateStep::Define => Err(Error::from(crate::transport::error::TransportError::io(
                 "injected",
                 std::io::Error::from(std::io::ErrorKind::Other),
-            )),
+            ))),
             _ => Ok(()),
         });
         assert!(hook.after(CreateStep::Overlay).is_ok());

@@ -97,7 +97,7 @@ impl Instances {
         let images = self.images.clone();
         self.create_with(request, deadline, move |host, plan| async move {
             let (name, image) = &plan.image;
-            images.ensure_base(&host, name, image, deadline).await
+            Ok(images.ensure_base(&host, name, image, deadline).await?)
         })
         .await
     }

@@ -72,13 +72,9 @@ pub fn plan_create(
     ) {
         Ok(documents) => Some(documents),
         // Alone, the cloud-init error goes out as it is, with its own reason.
-        Err(e) if violations.is_empty() => return Err(e),
+        Err(e) if violations.is_empty() => return Err(e.into()),
         Err(e) => {
-            violations.extend(
-                e.field_violations
-                    .into_iter()
-                    .map(|v| (v.field, v.description)),
-            );
+            violations.extend(e.field_violations());
             None
         }
     };

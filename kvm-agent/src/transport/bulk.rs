@@ -25,8 +25,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::time::Instant;
 use virt::stream::Stream;
 
-use crate::error::Error;
 use crate::transport::call::{CallFailure, LibvirtOp};
+use crate::transport::error::TransportError;
 use crate::transport::pool::HostPool;
 
 /// The nice value of bulk-stream threads (0 is normal, 19 the lowest priority).
@@ -70,7 +70,7 @@ pub async fn upload_volume(
     mut source: impl Read + Send + 'static,
     length: u64,
     deadline: Instant,
-) -> Result<u64, Error> {
+) -> Result<u64, TransportError> {
     let (pool, volume) = (pool.to_owned(), volume.to_owned());
     let host_name = host.name().to_owned();
     let op = LibvirtOp::new("virStorageVolUpload")
@@ -88,7 +88,7 @@ pub async fn upload_volume(
             let read = match source.read(&mut buf[..want]) {
                 Ok(0) => {
                     let _ = stream.abort();
-                    return Err(CallFailure::Agent(Error::transport_io(
+                    return Err(CallFailure::Agent(TransportError::io(
                         format!(
                             "host {host_name}: upload source ended after {sent} of {length} bytes"
                         ),
@@ -99,7 +99,7 @@ pub async fn upload_volume(
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     let _ = stream.abort();
-                    return Err(CallFailure::Agent(Error::transport_io(
+                    return Err(CallFailure::Agent(TransportError::io(
                         format!("host {host_name}: read upload source"),
                         e,
                     )));

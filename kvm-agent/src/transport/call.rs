@@ -32,8 +32,8 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::error::{Error, TransportError};
 use crate::transport::connection::Connection;
+use crate::transport::error::TransportError;
 use crate::transport::libvirt_error::classify_libvirt;
 
 /// What a libvirt call is about, for its span.
@@ -95,32 +95,59 @@ impl LibvirtOp {
     }
 }
 
-/// Why a closure passed to [`run`] failed.
-#[derive(Debug)]
-pub enum CallFailure {
-    /// libvirt returned an error.
-    Libvirt(virt::error::Error),
-    /// The agent's side of the call failed (e.g. reading the data to upload).
-    Agent(Error),
+/// The error a libvirt call ends with: the caller's layer's own error type, which holds
+/// the transport's failures ([`TransportError`]) and whatever the layer's closure adds
+/// (XML it cannot read, the data of an upload). Each layer picks its own, so the
+/// transport never names an error of a layer above it.
+pub trait CallError: From<TransportError> + std::fmt::Display + Send + 'static {
+    /// The libvirt error code, when libvirt reported the error (for the call's span).
+    fn libvirt_code(&self) -> Option<i32>;
 }
 
-impl From<virt::error::Error> for CallFailure {
+impl CallError for TransportError {
+    fn libvirt_code(&self) -> Option<i32> {
+        TransportError::libvirt_code(self)
+    }
+}
+
+/// Why a closure passed to [`run`] failed; `E` is the calling layer's error type.
+#[derive(Debug)]
+pub enum CallFailure<E = TransportError> {
+    /// libvirt returned an error.
+    Libvirt(virt::error::Error),
+    /// The agent's side of the call failed (e.g. reading the data to upload, XML it
+    /// cannot read).
+    Agent(E),
+}
+
+impl<E> From<virt::error::Error> for CallFailure<E> {
     fn from(e: virt::error::Error) -> Self {
         Self::Libvirt(e)
     }
 }
 
+impl<E> CallFailure<E> {
+    /// The same failure, with the agent's side converted into a wider error type (a
+    /// layer's closure calling a function of a layer below it).
+    pub fn err_into<F: From<E>>(self) -> CallFailure<F> {
+        match self {
+            Self::Libvirt(e) => CallFailure::Libvirt(e),
+            Self::Agent(e) => CallFailure::Agent(e.into()),
+        }
+    }
+}
+
 /// The result of [`run`], and whether the connection must be discarded.
 #[derive(Debug)]
-pub struct Outcome<T> {
+pub struct Outcome<T, E> {
     /// The call's result.
-    pub result: Result<T, Error>,
+    pub result: Result<T, E>,
     /// True when the connection is dead (transport failure, deadline, worker panic).
     pub discard: bool,
 }
 
 /// Records completion fields on `span` and logs the call (visible with `-v`).
-pub(crate) fn finish_span<T>(span: &Span, started: Instant, result: &Result<T, Error>) {
+pub(crate) fn finish_span<T, E: CallError>(span: &Span, started: Instant, result: &Result<T, E>) {
     let elapsed = started.elapsed();
     span.record("libvirt.duration_ms", elapsed.as_secs_f64() * 1000.0);
     match result {
@@ -139,15 +166,16 @@ pub(crate) fn finish_span<T>(span: &Span, started: Instant, result: &Result<T, E
 }
 
 /// Runs `call` on `connection` within `deadline`, inside the current span. See the module docs.
-pub async fn run<T, F>(
+pub async fn run<T, E, F>(
     connection: &Arc<Connection>,
     api: &'static str,
     deadline: Instant,
     call: F,
-) -> Outcome<T>
+) -> Outcome<T, E>
 where
-    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
+    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>> + Send + 'static,
     T: Send + 'static,
+    E: CallError,
 {
     Span::current().record("libvirt.connection", connection.id());
     let started = Instant::now();
@@ -162,20 +190,22 @@ where
             let after = round_ms(deadline.saturating_duration_since(started));
             connection.cut(format!("{api} exceeded its {after:?} deadline"));
             Outcome {
-                result: Err(Error::Transport(TransportError::DeadlineExceeded {
+                result: Err(TransportError::DeadlineExceeded {
                     host,
                     op: api,
                     after,
-                })),
+                }
+                .into()),
                 discard: true,
             }
         }
         Err(Joined::Panicked(reason)) => Outcome {
-            result: Err(Error::Transport(TransportError::Worker {
+            result: Err(TransportError::Worker {
                 host,
                 op: api,
                 reason,
-            })),
+            }
+            .into()),
             discard: true,
         },
         Ok((Ok(value), _)) => Outcome {
@@ -189,28 +219,30 @@ where
         Ok((Err(CallFailure::Libvirt(e)), alive)) => {
             if let Some(upstream) = connection.upstream_error() {
                 return Outcome {
-                    result: Err(upstream),
+                    result: Err(upstream.into()),
                     discard: true,
                 };
             }
             if let Some(cause) = connection.cut_because() {
                 return Outcome {
-                    result: Err(Error::Transport(TransportError::ConnectionCut {
+                    result: Err(TransportError::ConnectionCut {
                         host,
                         op: api,
                         cause,
-                    })),
+                    }
+                    .into()),
                     discard: true,
                 };
             }
             let failure = classify_libvirt(&e, alive);
             Outcome {
                 discard: failure.transport,
-                result: Err(Error::Transport(TransportError::Libvirt {
+                result: Err(TransportError::Libvirt {
                     host,
                     op: api,
                     failure,
-                })),
+                }
+                .into()),
             }
         }
     }
@@ -225,12 +257,12 @@ enum Joined {
 }
 
 /// The closure's result and whether the connection is still alive after it.
-type Finished<T> = (Result<T, CallFailure>, bool);
+type Finished<T, E> = (Result<T, CallFailure<E>>, bool);
 
-fn call_and_check<T>(
+fn call_and_check<T, E>(
     connect: &virt::connect::Connect,
-    call: impl FnOnce(&virt::connect::Connect) -> Result<T, CallFailure>,
-) -> Finished<T> {
+    call: impl FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>>,
+) -> Finished<T, E> {
     let result = call(connect);
     // virConnectIsAlive is local (no RPC): it reads the client's socket state.
     let alive = result.is_ok() || connect.is_alive().unwrap_or(false);
@@ -246,14 +278,14 @@ fn on_multi_thread_runtime() -> bool {
 /// worker's other tasks move to another thread meanwhile), with a watchdog task that cuts
 /// the connection at the deadline so the call returns. No hand-off to another thread and
 /// back, which measured 40-100 µs per cheap call on a small machine.
-fn in_place<T, F>(
+fn in_place<T, E, F>(
     connection: &Arc<Connection>,
     api: &'static str,
     deadline: Instant,
     call: F,
-) -> Result<Finished<T>, Joined>
+) -> Result<Finished<T, E>, Joined>
 where
-    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure>,
+    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>>,
 {
     let started = Instant::now();
     let fired = Arc::new(AtomicBool::new(false));
@@ -279,14 +311,15 @@ where
 
 /// Runs the call on tokio's blocking pool (on a current-thread runtime, where
 /// `block_in_place` is not available), bounded by the deadline.
-async fn on_blocking_pool<T, F>(
+async fn on_blocking_pool<T, E, F>(
     connection: &Arc<Connection>,
     deadline: Instant,
     call: F,
-) -> Result<Finished<T>, Joined>
+) -> Result<Finished<T, E>, Joined>
 where
-    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
+    F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>> + Send + 'static,
     T: Send + 'static,
+    E: Send + 'static,
 {
     let on_thread = connection.clone();
     let task = tokio::task::spawn_blocking(move || call_and_check(on_thread.libvirt(), call))
@@ -312,11 +345,11 @@ fn round_ms(d: Duration) -> Duration {
 }
 
 /// Runs `future` inside `op`'s span and records its completion.
-pub(crate) async fn traced<T>(
+pub(crate) async fn traced<T, E: CallError>(
     host: &str,
     op: &LibvirtOp,
-    future: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     let span = op.span(host);
     let started = Instant::now();
     let result = future.instrument(span.clone()).await;

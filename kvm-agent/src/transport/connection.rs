@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::config::TransportConfig;
-use crate::error::{Error, TransportError};
+use crate::transport::error::TransportError;
 use crate::transport::event_loop;
 use crate::transport::libvirt_error::classify_libvirt;
 use crate::transport::relay::{Forward, Upstream};
@@ -39,13 +39,11 @@ impl Connection {
         upstream: Upstream,
         transport: &TransportConfig,
         deadline: Instant,
-    ) -> Result<Self, Error> {
-        event_loop::ensure_started().map_err(|reason| {
-            Error::Transport(TransportError::Worker {
-                host: host.to_owned(),
-                op: "virEventRegisterDefaultImpl",
-                reason,
-            })
+    ) -> Result<Self, TransportError> {
+        event_loop::ensure_started().map_err(|reason| TransportError::Worker {
+            host: host.to_owned(),
+            op: "virEventRegisterDefaultImpl",
+            reason,
         })?;
         let started = Instant::now();
         let forward = Forward::listen(socket, upstream)?;
@@ -63,26 +61,26 @@ impl Connection {
                 // The open returns once its relay is gone; its result is dropped on the
                 // blocking thread, never here.
                 forward.abort();
-                Err(Error::Transport(TransportError::DeadlineExceeded {
+                Err(TransportError::DeadlineExceeded {
                     host: host.to_owned(),
                     op: "virConnectOpen",
                     after: deadline.saturating_duration_since(started),
-                }))
+                })
             }
-            Ok(Err(join)) => Err(Error::Transport(TransportError::Worker {
+            Ok(Err(join)) => Err(TransportError::Worker {
                 host: host.to_owned(),
                 op: "virConnectOpen",
                 reason: join.to_string(),
-            })),
+            }),
             Ok(Ok(Err(e))) => {
                 forward.abort();
-                Err(forward.upstream_error().unwrap_or_else(|| {
-                    Error::Transport(TransportError::Libvirt {
+                Err(forward
+                    .upstream_error()
+                    .unwrap_or_else(|| TransportError::Libvirt {
                         host: host.to_owned(),
                         op: "virConnectOpen",
                         failure: classify_libvirt(&e, false),
-                    })
-                }))
+                    }))
             }
             Ok(Ok(Ok(connect))) => Ok(Self {
                 id,
@@ -135,7 +133,7 @@ impl Connection {
     }
 
     /// Why the relay's upstream failed, if it did (taken once).
-    pub fn upstream_error(&self) -> Option<Error> {
+    pub fn upstream_error(&self) -> Option<TransportError> {
         self.forward.upstream_error()
     }
 }

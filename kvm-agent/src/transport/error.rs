@@ -7,9 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use egressproxy_provider::ErrorClass;
-
-use crate::error::Classification;
+use crate::classification::{Classification, ErrorClass};
+use crate::config::error::ConfigError;
 use crate::transport::libvirt_error::{LibvirtFailure, SYSTEM_ERROR};
 
 /// Errors of reaching a hypervisor and calling its libvirt.
@@ -48,9 +47,9 @@ pub enum TransportError {
     Ssh {
         /// Host name from the configuration.
         host: String,
-        /// russh's error.
+        /// russh's error (boxed: it is large, and every layer's error holds this one).
         #[source]
-        source: russh::Error,
+        source: Box<russh::Error>,
     },
 
     /// The server's host key is not in `known_hosts`.
@@ -209,6 +208,11 @@ pub enum TransportError {
         reason: String,
     },
 
+    /// A host's configuration cannot be used where a dial reads it (an SSH address, a
+    /// private key that is unreadable now): the configuration's own error.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
     /// Local I/O of the agent itself failed (private socket directory, relay).
     #[error("{context}")]
     Io {
@@ -221,6 +225,14 @@ pub enum TransportError {
 }
 
 impl TransportError {
+    /// Local I/O of the agent itself failed while doing `context`.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
     /// The layer's verdict: class, reason and retry hint.
     ///
     /// A libvirt object that does not exist (pool, network, volume) is `NotFound` here and
@@ -255,7 +267,14 @@ impl TransportError {
             E::ConnectionCut { .. } => of(C::Transient, "LIBVIRT_CONNECTION_CUT"),
             E::Io { .. } | E::KnownHostsUnreadable { .. } => of(C::Transient, "AGENT_IO_FAILED"),
             E::Worker { .. } => of(C::Transient, "AGENT_WORKER_FAILED"),
+            E::Config(e) => e.classify(),
         }
+    }
+
+    /// What a caller should do about this error (`NotFound`: the object it is about is
+    /// missing).
+    pub fn class(&self) -> ErrorClass {
+        self.classify().class
     }
 
     /// Whether the libvirt connection the error happened on must be discarded.

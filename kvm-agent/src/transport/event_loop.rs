@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Registers libvirt's default event loop and runs it on its own thread; idempotent.
-/// Also silences libvirt's default error printer (errors are reported through `Error`).
+/// Also silences libvirt's default error printer (errors are reported through `TransportError`).
 pub fn ensure_started() -> Result<(), String> {
     STARTED
         .get_or_init(|| {

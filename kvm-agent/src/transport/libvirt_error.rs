@@ -3,13 +3,13 @@
 //! An error libvirt *reports* (no such domain, bad XML) leaves the connection healthy;
 //! an error of the *transport* under it (EOF, reset, RPC failure, or any error on a
 //! connection that is no longer alive) means the connection is dead and must be dropped.
-//! [`classify_libvirt`] tells them apart and gives each its [`ErrorClass`]; the contract's
-//! reason is derived from that in the crate's one mapping
-//! ([`Error::to_provider_error`](crate::Error::to_provider_error)).
+//! [`classify_libvirt`] tells them apart and gives each its [`ErrorClass`]; the reason is
+//! derived from that by [`TransportError::classify`](super::error::TransportError::classify),
+//! and the contract's error by the crate's one mapping (`Error::to_provider_error`).
 
 use virt::error::{ErrorDomain, ErrorNumber};
 
-use crate::error::ErrorClass;
+use crate::classification::ErrorClass;
 
 /// A libvirt error as reported by the library, detached from its FFI types.
 #[derive(Debug, Clone, PartialEq, Eq)]

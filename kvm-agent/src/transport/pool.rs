@@ -33,11 +33,12 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::classification::ErrorClass;
 use crate::config::{Config, HostConfig, TransportConfig};
-use crate::error::{Error, ErrorClass, TransportError};
 use crate::transport::bulk;
-use crate::transport::call::{self, CallFailure, LibvirtOp};
+use crate::transport::call::{self, CallError, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
+use crate::transport::error::TransportError;
 use crate::transport::relay::Upstream;
 use crate::transport::ssh::SshSession;
 
@@ -60,7 +61,7 @@ pub struct Pool {
 
 impl Pool {
     /// Creates the private relay directory and an idle pool per host; dials nothing yet.
-    pub fn new(config: &Config) -> Result<Self, Error> {
+    pub fn new(config: &Config) -> Result<Self, TransportError> {
         let base = std::env::var_os("KVM_AGENT_RUNTIME_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
@@ -68,13 +69,13 @@ impl Pool {
             .prefix("kvm-agent-")
             .tempdir_in(&base)
             .map_err(|e| {
-                Error::transport_io(format!("create private directory in {}", base.display()), e)
+                TransportError::io(format!("create private directory in {}", base.display()), e)
             })?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::transport_io(format!("chmod 0700 {}", dir.path().display()), e))?;
+            .map_err(|e| TransportError::io(format!("chmod 0700 {}", dir.path().display()), e))?;
         let longest = dir.path().join(format!("c{}.sock", u64::MAX));
         if longest.as_os_str().len() > MAX_SOCKET_PATH {
-            return Err(Error::transport_io(
+            return Err(TransportError::io(
                 format!(
                     "private directory {} is too long for unix sockets; set KVM_AGENT_RUNTIME_DIR to a short path",
                     dir.path().display()
@@ -99,12 +100,13 @@ impl Pool {
     }
 
     /// The pool of host `name`.
-    pub fn host(&self, name: &str) -> Result<Arc<HostPool>, Error> {
-        self.hosts.get(name).cloned().ok_or_else(|| {
-            Error::Transport(TransportError::UnknownHost {
+    pub fn host(&self, name: &str) -> Result<Arc<HostPool>, TransportError> {
+        self.hosts
+            .get(name)
+            .cloned()
+            .ok_or_else(|| TransportError::UnknownHost {
                 host: name.to_owned(),
             })
-        })
     }
 
     /// Names of all configured hosts.
@@ -174,10 +176,14 @@ impl HostPool {
     }
 
     /// Runs a libvirt call on the host's shared connection; see [`call`].
-    pub async fn call<T, F>(&self, op: LibvirtOp, deadline: Instant, call: F) -> Result<T, Error>
+    ///
+    /// `E` is the calling layer's error type: the closure fails with it, and the
+    /// transport's own failures are converted into it.
+    pub async fn call<T, E, F>(&self, op: LibvirtOp, deadline: Instant, call: F) -> Result<T, E>
     where
-        F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
+        F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>> + Send + 'static,
         T: Send + 'static,
+        E: CallError,
     {
         let api = op.api;
         call::traced(self.name(), &op, async move {
@@ -195,15 +201,16 @@ impl HostPool {
     ///
     /// The dial, the relay and the call run on the low-priority [`bulk`]; dropping
     /// the returned future aborts them (the relay is cut, so the libvirt call returns).
-    pub async fn bulk<T, F>(
+    pub async fn bulk<T, E, F>(
         self: &Arc<Self>,
         op: LibvirtOp,
         deadline: Instant,
         call: F,
-    ) -> Result<T, Error>
+    ) -> Result<T, E>
     where
-        F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure> + Send + 'static,
+        F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>> + Send + 'static,
         T: Send + 'static,
+        E: CallError,
     {
         let api = op.api;
         let this = self.clone();
@@ -219,18 +226,22 @@ impl HostPool {
             };
             let mut task = AbortOnDrop(runtime.spawn(work));
             (&mut task.0).await.unwrap_or_else(|join| {
-                Err(Error::Transport(TransportError::Worker {
+                Err(TransportError::Worker {
                     host,
                     op: api,
                     reason: join.to_string(),
-                }))
+                }
+                .into())
             })
         })
         .await
     }
 
     /// The shared connection, dialled if there is none or it is dead.
-    async fn shared_connection(&self, deadline: Instant) -> Result<Arc<Connection>, Error> {
+    async fn shared_connection(
+        &self,
+        deadline: Instant,
+    ) -> Result<Arc<Connection>, TransportError> {
         if let Some(connection) = self.usable_shared() {
             return Ok(connection);
         }
@@ -271,20 +282,22 @@ impl HostPool {
     async fn lock_dial(
         &self,
         deadline: Instant,
-    ) -> Result<tokio::sync::MutexGuard<'_, SessionState>, Error> {
+    ) -> Result<tokio::sync::MutexGuard<'_, SessionState>, TransportError> {
         let waited_from = Instant::now();
         tokio::time::timeout_at(deadline, self.dial.lock())
             .await
-            .map_err(|_| {
-                Error::Transport(TransportError::DeadlineExceeded {
-                    host: self.name().to_owned(),
-                    op: "virConnectOpen",
-                    after: deadline.saturating_duration_since(waited_from),
-                })
+            .map_err(|_| TransportError::DeadlineExceeded {
+                host: self.name().to_owned(),
+                op: "virConnectOpen",
+                after: deadline.saturating_duration_since(waited_from),
             })
     }
 
-    async fn dial(&self, deadline: Instant, purpose: Purpose) -> Result<Connection, Error> {
+    async fn dial(
+        &self,
+        deadline: Instant,
+        purpose: Purpose,
+    ) -> Result<Connection, TransportError> {
         let mut state = self.lock_dial(deadline).await?;
         self.dial_locked(&mut state, deadline, purpose).await
     }
@@ -294,7 +307,7 @@ impl HostPool {
         state: &mut SessionState,
         deadline: Instant,
         purpose: Purpose,
-    ) -> Result<Connection, Error> {
+    ) -> Result<Connection, TransportError> {
         let slot = match purpose {
             Purpose::Calls => &mut state.calls,
             Purpose::Bulk => &mut state.bulk,
@@ -325,18 +338,20 @@ impl HostPool {
         state: &mut SessionSlot,
         purpose: Purpose,
         deadline: Instant,
-    ) -> Result<Arc<SshSession>, Error> {
+    ) -> Result<Arc<SshSession>, TransportError> {
         if let Some(session) = &state.session
             && !session.is_closed()
         {
             return Ok(session.clone());
         }
         state.session = None;
-        let ssh = self.config.ssh.as_ref().ok_or_else(|| {
-            Error::Transport(TransportError::UnknownHost {
+        let ssh = self
+            .config
+            .ssh
+            .as_ref()
+            .ok_or_else(|| TransportError::UnknownHost {
                 host: self.name().to_owned(),
-            })
-        })?;
+            })?;
         let started = Instant::now();
         if let Some(retry_at) = state.retry_at {
             // Fail fast rather than spend the caller's whole deadline waiting.
@@ -345,12 +360,12 @@ impl HostPool {
                     .last_error
                     .clone()
                     .unwrap_or((String::new(), ErrorClass::Transient));
-                return Err(Error::Transport(TransportError::SshBackingOff {
+                return Err(TransportError::SshBackingOff {
                     host: self.name().to_owned(),
                     retry_in: retry_at.saturating_duration_since(started),
                     last_error: last.0,
                     last_class: last.1,
-                }));
+                });
             }
             tokio::time::sleep_until(retry_at).await;
         }
@@ -368,11 +383,11 @@ impl HostPool {
         let connect = SshSession::connect(self.name(), ssh, &self.transport).instrument(span);
         let result = match tokio::time::timeout_at(deadline, connect).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Transport(TransportError::DeadlineExceeded {
+            Err(_) => Err(TransportError::DeadlineExceeded {
                 host: self.name().to_owned(),
                 op: "ssh connect",
                 after: deadline.saturating_duration_since(started),
-            })),
+            }),
         };
         match result {
             Ok(session) => {
@@ -400,7 +415,7 @@ impl HostPool {
     }
 
     /// `virConnectGetLibVersion`: a cheap round trip that proves the host is reachable.
-    pub async fn lib_version(&self, deadline: Instant) -> Result<u32, Error> {
+    pub async fn lib_version(&self, deadline: Instant) -> Result<u32, TransportError> {
         self.call(LibvirtOp::new("virConnectGetLibVersion"), deadline, |c| {
             Ok(c.lib_version()?)
         })

@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
-use crate::error::{Error, TransportError};
+use crate::transport::error::TransportError;
 use crate::transport::ssh::SshSession;
 
 /// 256 KiB: the relay's copy buffer in each direction (fastest for volume uploads).
@@ -55,15 +55,15 @@ pub enum Upstream {
 pub struct Forward {
     socket: PathBuf,
     pump: JoinHandle<()>,
-    upstream_error: Arc<Mutex<Option<Error>>>,
+    upstream_error: Arc<Mutex<Option<TransportError>>>,
 }
 
 impl Forward {
     /// Binds `socket` and starts the pump that serves its first connection.
-    pub fn listen(socket: PathBuf, upstream: Upstream) -> Result<Self, Error> {
+    pub fn listen(socket: PathBuf, upstream: Upstream) -> Result<Self, TransportError> {
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket).map_err(|e| {
-            Error::transport_io(format!("bind relay socket {}", socket.display()), e)
+            TransportError::io(format!("bind relay socket {}", socket.display()), e)
         })?;
         let upstream_error = Arc::new(Mutex::new(None));
         let pump = tokio::spawn(pump(
@@ -98,7 +98,7 @@ impl Forward {
     }
 
     /// Why the upstream could not be opened, if it could not.
-    pub fn upstream_error(&self) -> Option<Error> {
+    pub fn upstream_error(&self) -> Option<TransportError> {
         self.upstream_error
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -117,7 +117,7 @@ async fn pump(
     listener: UnixListener,
     socket: PathBuf,
     upstream: Upstream,
-    upstream_error: Arc<Mutex<Option<Error>>>,
+    upstream_error: Arc<Mutex<Option<TransportError>>>,
 ) {
     let accepted = listener.accept().await;
     drop(listener);
@@ -133,9 +133,9 @@ async fn pump(
             Ok(channel) => {
                 relay(&mut local, &mut channel.into_stream()).await;
                 if session.is_closed() {
-                    Err(Error::Transport(TransportError::SshSessionClosed {
+                    Err(TransportError::SshSessionClosed {
                         host: session.host().to_owned(),
-                    }))
+                    })
                 } else {
                     Ok(())
                 }
@@ -147,11 +147,11 @@ async fn pump(
                 relay(&mut local, &mut stream).await;
                 Ok(())
             }
-            Err(source) => Err(Error::Transport(TransportError::LocalSocket {
+            Err(source) => Err(TransportError::LocalSocket {
                 host: host.clone(),
                 socket: socket.clone(),
                 source,
-            })),
+            }),
         },
     };
     if let Err(e) = result {

@@ -9,11 +9,11 @@
 
 use std::fmt;
 
-use egressproxy_provider::ProviderError;
 use serde::de::{self, Deserialize, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess};
 
 use super::bootstrap::GUEST_AGENT_PACKAGE;
 use super::invalid;
+use crate::guest::GuestError;
 
 /// What a configuration already does of the bootstrap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub(crate) struct AlreadyThere {
 /// Checks the `#cloud-config` `text`: it must parse, be a mapping (or empty), and have
 /// lists for `packages` and `runcmd` when it has them. Errors name `field` and at most a
 /// line and column, never the content.
-pub(super) fn check(text: &str, field: &str) -> Result<AlreadyThere, ProviderError> {
+pub(super) fn check(text: &str, field: &str) -> Result<AlreadyThere, GuestError> {
     let root: Node = serde_norway::from_str(text).map_err(|e| {
         let at = e
             .location()
@@ -45,7 +45,7 @@ pub(super) fn check(text: &str, field: &str) -> Result<AlreadyThere, ProviderErr
             ));
         }
     };
-    let list = |key: &str| -> Result<Option<&Vec<Node>>, ProviderError> {
+    let list = |key: &str| -> Result<Option<&Vec<Node>>, GuestError> {
         // The last occurrence wins, as in cloud-init.
         match entries.iter().rev().find(|(k, _)| k.text() == Some(key)) {
             None => Ok(None),
@@ -273,7 +273,7 @@ mod tests {
         );
         assert!(!found.package);
         let err = check("#cloud-config\nruncmd: [a]\nruncmd: a\n", "f").unwrap_err();
-        assert!(err.message.contains("`runcmd` must be a list"), "{err}");
+        assert!(err.to_string().contains("`runcmd` must be a list"), "{err}");
     }
 
     #[test]

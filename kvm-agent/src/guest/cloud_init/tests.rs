@@ -1,5 +1,5 @@
 use super::*;
-use egressproxy_provider::ErrorClass;
+use crate::classification::ErrorClass;
 
 const BOOTSTRAP: &str = "#cloud-config\npackages:\n  - qemu-guest-agent\nruncmd:\n  - [systemctl, enable, --now, qemu-guest-agent]\n";
 
@@ -11,9 +11,10 @@ fn text(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap()
 }
 
-fn field_of(err: &ProviderError) -> &str {
-    assert_eq!(err.class, ErrorClass::InvalidArgument, "{err}");
-    &err.field_violations[0].field
+/// The field at fault; the one mapping sends it as the contract's field violation.
+fn field_of(err: &GuestError) -> String {
+    assert_eq!(err.classify().class, ErrorClass::InvalidArgument, "{err}");
+    err.field_violations()[0].0.clone()
 }
 
 #[test]
@@ -151,14 +152,17 @@ fn gzip_is_sent_as_gzip_and_checked_as_what_it_holds() {
     )
     .unwrap_err();
     assert_eq!(field_of(&err), "cloud_init.user_data");
-    assert_eq!(err.reason, "INVALID_CLOUD_CONFIG");
+    assert_eq!(err.classify().reason, "INVALID_CLOUD_CONFIG");
     let already = gzip(b"#cloud-config\npackages: [qemu-guest-agent]\nruncmd: [systemctl start qemu-guest-agent]\n");
     assert_eq!(seed(&already).user_data, already);
     // A bomb is refused before it is inspected any further.
     let bomb = gzip(&vec![b'#'; 17 * MAX_USER_DATA_BYTES]);
     assert!(bomb.len() < MAX_USER_DATA_BYTES);
     let err = seed_documents(&bomb, None, GuestAgent::Install).unwrap_err();
-    assert!(err.message.contains("decompresses to more than"), "{err}");
+    assert!(
+        err.to_string().contains("decompresses to more than"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -173,7 +177,7 @@ fn a_broken_cloud_config_is_invalid_without_echoing_it() {
     ] {
         let err = seed_documents(input.as_bytes(), None, GuestAgent::Install).unwrap_err();
         assert_eq!(field_of(&err), "cloud_init.user_data");
-        assert_eq!(err.reason, "INVALID_CLOUD_CONFIG");
+        assert_eq!(err.classify().reason, "INVALID_CLOUD_CONFIG");
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
     }
@@ -183,11 +187,14 @@ fn a_broken_cloud_config_is_invalid_without_echoing_it() {
         GuestAgent::Install,
     )
     .unwrap_err();
-    assert!(err.message.contains("`packages` must be a list"), "{err}");
+    assert!(
+        err.to_string().contains("`packages` must be a list"),
+        "{err}"
+    );
     let err = seed_documents(b"#cloud-config\nruncmd:\n", None, GuestAgent::Install).unwrap_err();
-    assert!(err.message.contains("write `runcmd: []`"), "{err}");
+    assert!(err.to_string().contains("write `runcmd: []`"), "{err}");
     let err = seed_documents(b"#cloud-config\na: [\n", None, GuestAgent::Install).unwrap_err();
-    assert!(err.message.contains("at line 3 column 1"), "{err}");
+    assert!(err.to_string().contains("at line 3 column 1"), "{err}");
 }
 
 #[test]

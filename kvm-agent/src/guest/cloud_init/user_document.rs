@@ -14,12 +14,12 @@
 use std::borrow::Cow;
 use std::io::Read;
 
-use egressproxy_provider::ProviderError;
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 
 use super::cloud_config::{self, AlreadyThere};
 use super::invalid;
 use super::multipart::Part;
+use crate::guest::GuestError;
 
 /// Decompressed user-data may be this much larger than the limit on what is sent.
 const MAX_DECOMPRESSED_BYTES: usize = 16 * MAX_USER_DATA_BYTES;
@@ -68,7 +68,7 @@ enum Kind {
 
 impl<'a> UserDocument<'a> {
     /// Reads `raw`; only a gzip stream that decompresses to too much is an error.
-    pub(super) fn read(raw: &'a [u8], field: &str) -> Result<Self, ProviderError> {
+    pub(super) fn read(raw: &'a [u8], field: &str) -> Result<Self, GuestError> {
         let content = match gunzip(raw) {
             Some(Ok(content)) => Cow::Owned(content),
             Some(Err(TooLarge)) => {
@@ -103,7 +103,7 @@ impl<'a> UserDocument<'a> {
 
     /// Checks a `#cloud-config` (see [`cloud_config::check`]); other documents cannot be
     /// checked before the guest renders, fetches or runs them, and already have nothing.
-    pub(super) fn check(&self, field: &str) -> Result<AlreadyThere, ProviderError> {
+    pub(super) fn check(&self, field: &str) -> Result<AlreadyThere, GuestError> {
         match (self.kind, std::str::from_utf8(&self.content)) {
             (Kind::Typed(CLOUD_CONFIG), Ok(text)) => cloud_config::check(text, field),
             _ => Ok(AlreadyThere::default()),

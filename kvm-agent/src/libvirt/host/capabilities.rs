@@ -14,7 +14,7 @@
 //!
 //! [`VirtTypes`] caches the answer per host for the agent's run and runs at most one probe
 //! per host at a time, in a task of its own under [`PROBE_DEADLINE`] (not the caller's
-//! deadline): callers whose deadline passes first get [`crate::Error::KvmProbeRunning`]
+//! deadline): callers whose deadline passes first get [`LibvirtError::KvmProbeRunning`]
 //! and a later call gets the answer.
 //!
 //! [`DomainCapabilities::parse`] also tells whether UEFI firmware (OVMF) is available,
@@ -30,13 +30,14 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 
 use crate::config::DomainType;
-use crate::error::{Error, TransportError};
+use crate::libvirt::error::LibvirtError;
 use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::XmlError;
 use crate::libvirt::xml::capabilities::DomainCapabilities;
 use crate::libvirt::xml::domain::VirtType;
 use crate::single_flight::{SingleFlight, Waited};
 use crate::transport::call::{CallFailure, LibvirtOp};
+use crate::transport::error::TransportError;
 use crate::transport::pool::HostPool;
 
 /// How long a probe domain may take to run its firmware and reboot.
@@ -47,7 +48,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(45);
 
 /// A probe's outcome as the waiting callers see it.
-type Answer = Result<VirtTypeChoice, Arc<Error>>;
+type Answer = Result<VirtTypeChoice, Arc<LibvirtError>>;
 
 /// The domain type of each host with `domainType: auto`, probed once per agent run (a
 /// failed detection is retried by the next caller); one probe per host at a time, whose
@@ -64,7 +65,7 @@ impl VirtTypes {
         &self,
         host: &Arc<HostPool>,
         deadline: tokio::time::Instant,
-    ) -> Result<VirtType, Error> {
+    ) -> Result<VirtType, LibvirtError> {
         match host.config().domain_type {
             DomainType::Kvm => Ok(VirtType::Kvm),
             DomainType::Qemu => Ok(VirtType::Qemu),
@@ -78,7 +79,7 @@ impl VirtTypes {
         &self,
         host: &Arc<HostPool>,
         deadline: tokio::time::Instant,
-    ) -> Result<VirtTypeChoice, Error> {
+    ) -> Result<VirtTypeChoice, LibvirtError> {
         if let Some(choice) = self
             .known
             .lock()
@@ -92,19 +93,19 @@ impl VirtTypes {
             (until, self.probe_task(host.clone(), until))
         });
         match probe.wait(deadline).await {
-            Waited::DeadlinePassed => Err(Error::KvmProbeRunning {
+            Waited::DeadlinePassed => Err(LibvirtError::KvmProbeRunning {
                 host: host.name().to_owned(),
                 retry_in: probe
                     .meta
                     .saturating_duration_since(tokio::time::Instant::now()),
             }),
-            Waited::Lost => Err(Error::Transport(TransportError::Worker {
+            Waited::Lost => Err(LibvirtError::Transport(TransportError::Worker {
                 host: host.name().to_owned(),
                 op: "virDomainCreateXML",
                 reason: "the KVM probe task ended without an answer".into(),
             })),
             Waited::Done(Ok(choice)) => Ok(choice),
-            Waited::Done(Err(error)) => Err(Error::Shared(error)),
+            Waited::Done(Err(error)) => Err(LibvirtError::Shared(error)),
         }
     }
 
@@ -164,7 +165,7 @@ pub struct VirtTypeChoice {
 pub fn domain_capabilities(
     conn: &Connect,
     virt_type: VirtType,
-) -> Result<Option<DomainCapabilities>, CallFailure> {
+) -> Result<Option<DomainCapabilities>, CallFailure<LibvirtError>> {
     let kind = match virt_type {
         VirtType::Kvm => "kvm",
         VirtType::Qemu => "qemu",
@@ -172,7 +173,7 @@ pub fn domain_capabilities(
     match conn.domain_capabilities(None, Some("x86_64"), Some("q35"), Some(kind), 0) {
         Ok(xml) => DomainCapabilities::parse(&xml)
             .map(Some)
-            .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("{kind} domain"), e))),
+            .map_err(|e| CallFailure::Agent(LibvirtError::xml(format!("{kind} domain"), e))),
         Err(e)
             if e.code().is_any(vec![
                 ErrorNumber::InvalidArg,
@@ -189,7 +190,10 @@ pub fn domain_capabilities(
 
 /// Chooses `kvm` or `qemu` for `domainType: auto`. See the module docs. Blocks up to
 /// [`PROBE_TIMEOUT`] (run it on a blocking thread, with a deadline longer than that).
-pub fn detect_virt_type(conn: &Connect, probe_name: &str) -> Result<VirtTypeChoice, CallFailure> {
+pub fn detect_virt_type(
+    conn: &Connect,
+    probe_name: &str,
+) -> Result<VirtTypeChoice, CallFailure<LibvirtError>> {
     if domain_capabilities(conn, VirtType::Kvm)?.is_none() {
         return Ok(VirtTypeChoice {
             virt_type: VirtType::Qemu,
@@ -238,9 +242,9 @@ pub fn probe(
     virt_type: VirtType,
     name: &str,
     timeout: Duration,
-) -> Result<ProbeOutcome, CallFailure> {
+) -> Result<ProbeOutcome, CallFailure<LibvirtError>> {
     let xml = probe_domain_xml(name, virt_type)
-        .map_err(|e| CallFailure::Agent(crate::Error::xml(format!("probe domain {name}"), e)))?;
+        .map_err(|e| CallFailure::Agent(LibvirtError::xml(format!("probe domain {name}"), e)))?;
     let started = Instant::now();
     let domain = match start_probe_domain(conn, &xml)? {
         Ok(domain) => domain,
@@ -277,7 +281,7 @@ pub fn probe(
 pub fn start_probe_domain(
     conn: &Connect,
     xml: &str,
-) -> Result<Result<Domain, String>, CallFailure> {
+) -> Result<Result<Domain, String>, CallFailure<LibvirtError>> {
     match conn.create_domain_xml(xml, virt::sys::VIR_DOMAIN_START_AUTODESTROY) {
         Ok(domain) => Ok(Ok(domain)),
         Err(e)

@@ -17,6 +17,7 @@ use virt::connect::Connect;
 use virt::error::ErrorNumber;
 
 use crate::config::{Attachment, DomainType, HostConfig};
+use crate::libvirt::error::LibvirtError;
 use crate::libvirt::host::capabilities::{VirtTypeChoice, detect_virt_type, domain_capabilities};
 use crate::libvirt::naming::probe_domain_name;
 use crate::libvirt::xml::capabilities::confinement_models;
@@ -119,7 +120,7 @@ pub fn check_host(
     conn: &Connect,
     host: &HostConfig,
     needs_uefi: bool,
-) -> Result<HostReport, CallFailure> {
+) -> Result<HostReport, CallFailure<LibvirtError>> {
     check_host_with(conn, host, needs_uefi, None)
 }
 
@@ -130,7 +131,7 @@ pub(crate) fn check_host_with(
     host: &HostConfig,
     needs_uefi: bool,
     auto: Option<VirtTypeChoice>,
-) -> Result<HostReport, CallFailure> {
+) -> Result<HostReport, CallFailure<LibvirtError>> {
     let mut checks = Vec::new();
     let version = conn.lib_version()?;
     checks.push(ok(
@@ -226,7 +227,7 @@ pub(crate) fn check_host_with(
     })
 }
 
-fn check_pool(conn: &Connect, name: &str) -> Result<Check, CallFailure> {
+fn check_pool(conn: &Connect, name: &str) -> Result<Check, CallFailure<LibvirtError>> {
     const NAME: &str = "storage pool";
     let pool = match conn.lookup_storage_pool_by_name(name) {
         Ok(pool) => pool,
@@ -289,7 +290,10 @@ fn probe_volume_name() -> String {
     )
 }
 
-fn check_attachment(conn: &Connect, attachment: &Attachment) -> Result<Check, CallFailure> {
+fn check_attachment(
+    conn: &Connect,
+    attachment: &Attachment,
+) -> Result<Check, CallFailure<LibvirtError>> {
     const NAME: &str = "network";
     match attachment {
         Attachment::Network(name) => match conn.lookup_network_by_name(name) {
@@ -331,7 +335,7 @@ fn check_attachment(conn: &Connect, attachment: &Attachment) -> Result<Check, Ca
     }
 }
 
-fn check_confinement(conn: &Connect) -> Result<Check, CallFailure> {
+fn check_confinement(conn: &Connect) -> Result<Check, CallFailure<LibvirtError>> {
     let xml = conn.capabilities()?;
     let models = match confinement_models(&xml) {
         Ok(models) => models,

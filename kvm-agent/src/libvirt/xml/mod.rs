@@ -11,18 +11,16 @@ pub mod domain;
 pub mod metadata;
 pub mod volume;
 
+use crate::classification::{Classification, ErrorClass};
+
 impl XmlError {
     /// The layer's verdict. Either way retrying gets the same XML, so both are permanent:
     /// XML libvirt returned that the agent cannot read is not a transient I/O failure.
-    pub fn classify(&self) -> crate::error::Classification {
-        use egressproxy_provider::ErrorClass;
+    pub fn classify(&self) -> Classification {
+        let of = Classification::new;
         match self {
-            XmlError::Parse { .. } => {
-                crate::error::Classification::new(ErrorClass::Permanent, "LIBVIRT_XML_UNREADABLE")
-            }
-            XmlError::Serialize(_) => {
-                crate::error::Classification::new(ErrorClass::Permanent, "LIBVIRT_XML_UNBUILDABLE")
-            }
+            XmlError::Parse { .. } => of(ErrorClass::Permanent, "LIBVIRT_XML_UNREADABLE"),
+            XmlError::Serialize(_) => of(ErrorClass::Permanent, "LIBVIRT_XML_UNBUILDABLE"),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use russh::keys::{HashAlg, PublicKey};
 
-use crate::error::{Error, TransportError};
+use crate::transport::error::TransportError;
 
 /// How a host's SSH key is verified.
 #[derive(Debug, Clone)]
@@ -32,7 +32,7 @@ pub(crate) fn verify(
     host: &str,
     port: u16,
     key: &PublicKey,
-) -> Result<(), Error> {
+) -> Result<(), TransportError> {
     let path = match policy {
         HostKeyPolicy::InsecureAcceptAny => {
             tracing::warn!(
@@ -47,24 +47,22 @@ pub(crate) fn verify(
     };
     match russh::keys::check_known_hosts_path(host, port, key, path) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(Error::Transport(TransportError::HostKeyUnknown {
+        Ok(false) => Err(TransportError::HostKeyUnknown {
             host: host_name.to_owned(),
             fingerprint: fingerprint(key),
             known_hosts: path.clone(),
-        })),
-        Err(russh::keys::Error::KeyChanged { line }) => {
-            Err(Error::Transport(TransportError::HostKeyChanged {
-                host: host_name.to_owned(),
-                fingerprint: fingerprint(key),
-                known_hosts: path.clone(),
-                line,
-            }))
-        }
-        Err(source) => Err(Error::Transport(TransportError::KnownHostsUnreadable {
+        }),
+        Err(russh::keys::Error::KeyChanged { line }) => Err(TransportError::HostKeyChanged {
+            host: host_name.to_owned(),
+            fingerprint: fingerprint(key),
+            known_hosts: path.clone(),
+            line,
+        }),
+        Err(source) => Err(TransportError::KnownHostsUnreadable {
             host: host_name.to_owned(),
             known_hosts: path.clone(),
             source: Box::new(source),
-        })),
+        }),
     }
 }
 

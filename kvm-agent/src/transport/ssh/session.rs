@@ -18,8 +18,9 @@ use tokio::net::TcpStream;
 
 use super::keys::{fingerprint, load_private_key};
 use super::known_hosts::{self, HostKeyPolicy};
+use crate::config::error::{ConfigError, ConfigProblem};
 use crate::config::{SshConfig, TransportConfig};
-use crate::error::{Error, TransportError};
+use crate::transport::error::TransportError;
 
 /// An authenticated SSH session; channels are opened on it concurrently.
 pub struct SshSession {
@@ -42,7 +43,7 @@ struct Verifier {
     port: u16,
     policy: HostKeyPolicy,
     /// The detailed rejection, since russh turns `Ok(false)` into a bare `UnknownKey`.
-    rejection: Arc<Mutex<Option<Error>>>,
+    rejection: Arc<Mutex<Option<TransportError>>>,
 }
 
 impl client::Handler for Verifier {
@@ -75,15 +76,15 @@ impl SshSession {
         host_name: &str,
         ssh: &SshConfig,
         transport: &TransportConfig,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, TransportError> {
         let after = transport.ssh_handshake_timeout;
         tokio::time::timeout(after, Self::handshake(host_name, ssh, transport))
             .await
             .unwrap_or_else(|_| {
-                Err(Error::Transport(TransportError::SshHandshakeTimeout {
+                Err(TransportError::SshHandshakeTimeout {
                     host: host_name.to_owned(),
                     after,
-                }))
+                })
             })
     }
 
@@ -91,12 +92,12 @@ impl SshSession {
         host_name: &str,
         ssh: &SshConfig,
         transport: &TransportConfig,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, TransportError> {
         let (host, port) = ssh.host_and_port().map_err(|e| {
-            Error::config(vec![crate::error::ConfigProblem::new(
+            TransportError::from(ConfigError::new(vec![ConfigProblem::new(
                 format!("host {host_name} ssh.address"),
                 e,
-            )])
+            )]))
         })?;
         let policy = if ssh.insecure_skip_host_key_verification {
             HostKeyPolicy::InsecureAcceptAny
@@ -105,20 +106,18 @@ impl SshSession {
         };
         // Read at every dial so a rotated key (a re-mounted Secret) is picked up.
         let key = load_private_key(&ssh.private_key).map_err(|message| {
-            Error::config(vec![crate::error::ConfigProblem::new(
+            TransportError::from(ConfigError::new(vec![ConfigProblem::new(
                 format!("host {host_name} ssh.privateKey"),
                 message,
-            )])
+            )]))
         })?;
 
         let tcp = TcpStream::connect((host.as_str(), port))
             .await
-            .map_err(|source| {
-                Error::Transport(TransportError::SshConnect {
-                    host: host_name.to_owned(),
-                    address: ssh.address.clone(),
-                    source,
-                })
+            .map_err(|source| TransportError::SshConnect {
+                host: host_name.to_owned(),
+                address: ssh.address.clone(),
+                source,
             })?;
         let _ = tcp.set_nodelay(true);
 
@@ -141,18 +140,16 @@ impl SshSession {
             Ok(handle) => handle,
             Err(source) => {
                 let detailed = rejection.lock().unwrap_or_else(|p| p.into_inner()).take();
-                return Err(detailed.unwrap_or(Error::Transport(TransportError::Ssh {
+                return Err(detailed.unwrap_or(TransportError::Ssh {
                     host: host_name.to_owned(),
-                    source,
-                })));
+                    source: Box::new(source),
+                }));
             }
         };
 
-        let ssh_err = |source| {
-            Error::Transport(TransportError::Ssh {
-                host: host_name.to_owned(),
-                source,
-            })
+        let ssh_err = |source| TransportError::Ssh {
+            host: host_name.to_owned(),
+            source: Box::new(source),
         };
         let hash = if key.algorithm().is_rsa() {
             let offered = handle.best_supported_rsa_hash().await.map_err(ssh_err)?;
@@ -168,11 +165,11 @@ impl SshSession {
             .await
             .map_err(ssh_err)?;
         if !auth.success() {
-            return Err(Error::Transport(TransportError::SshAuthRejected {
+            return Err(TransportError::SshAuthRejected {
                 host: host_name.to_owned(),
                 user: ssh.user.clone(),
                 key_fingerprint: fingerprint(&key),
-            }));
+            });
         }
         tracing::debug!(host = host_name, address = %ssh.address, user = %ssh.user, "SSH session established");
         Ok(Self {
@@ -195,22 +192,20 @@ impl SshSession {
     pub(crate) async fn open_streamlocal(
         &self,
         socket: &std::path::Path,
-    ) -> Result<russh::Channel<client::Msg>, Error> {
+    ) -> Result<russh::Channel<client::Msg>, TransportError> {
         self.handle
             .channel_open_direct_streamlocal(socket.to_string_lossy())
             .await
             .map_err(|e| match e {
-                russh::Error::ChannelOpenFailure(reason) => {
-                    Error::Transport(TransportError::ForwardRefused {
-                        host: self.host.clone(),
-                        socket: socket.to_owned(),
-                        reason: format!("{reason:?}"),
-                    })
-                }
-                source => Error::Transport(TransportError::Ssh {
+                russh::Error::ChannelOpenFailure(reason) => TransportError::ForwardRefused {
                     host: self.host.clone(),
-                    source,
-                }),
+                    socket: socket.to_owned(),
+                    reason: format!("{reason:?}"),
+                },
+                source => TransportError::Ssh {
+                    host: self.host.clone(),
+                    source: Box::new(source),
+                },
             })
     }
 }

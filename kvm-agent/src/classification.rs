@@ -1,13 +1,15 @@
 //! What each layer says about one of its errors, in the contract's terms.
+//!
+//! A leaf: every layer imports it to classify its own errors, and it imports no layer.
 
 use std::time::Duration;
 
-use egressproxy_provider::ErrorClass;
+pub use egressproxy_provider::ErrorClass;
 
 /// A layer's verdict on one of its errors: the contract's class, the stable reason code
 /// (listed in the error table of `docs/kvm-agent.md`) and, when the layer knows one, when
 /// a retry may succeed. Each layer computes it once, for its own errors;
-/// [`Error::to_provider_error`](crate::Error::to_provider_error) turns it into the
+/// `Error::to_provider_error` (in the top-level `error` module) turns it into the
 /// contract's error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Classification {
