@@ -90,6 +90,28 @@ pub enum Error {
         actual: String,
     },
 
+    /// A storage pool has less free space than a base image needs: libvirt would only
+    /// report its upload helper's end of file, which names neither the cause nor the pool.
+    #[error(
+        "storage pool {pool} on host {host} is full: {} free, image {image} needs {}; \
+         free space in the pool or grow its filesystem (retried with backoff), or place \
+         the Proxy on another host",
+        mib(*available),
+        mib(*needed)
+    )]
+    PoolFull {
+        /// Host name from the configuration.
+        host: String,
+        /// The storage pool.
+        pool: String,
+        /// The image's name in the configuration.
+        image: String,
+        /// Bytes the upload still needs.
+        needed: u64,
+        /// Bytes the pool has free.
+        available: u64,
+    },
+
     /// A caller's deadline passed while the download of a base image it needs goes on
     /// (detached, under `transport.imageDownloadTimeout`); a later Create finds it done.
     #[error(
@@ -301,6 +323,7 @@ impl Error {
                 of(C::Transient, "IMAGE_DOWNLOADING").retry_after(*retry_in)
             }
             Error::ImageFormat { .. } => of(C::Permanent, "IMAGE_FORMAT_MISMATCH"),
+            Error::PoolFull { .. } => of(C::Transient, "POOL_FULL"),
             Error::Io { .. } => of(C::Transient, "AGENT_IO_FAILED"),
             // The provider's own.
             Error::DomainNameTaken { .. } => of(C::AlreadyExists, "DOMAIN_NAME_TAKEN"),
@@ -421,3 +444,8 @@ impl From<Error> for ProviderError {
 
 #[cfg(test)]
 mod tests;
+
+/// `bytes` in MiB with one decimal, for messages people read.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}

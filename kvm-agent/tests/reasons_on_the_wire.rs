@@ -48,6 +48,10 @@ const NOT_ON_DEMAND: &[(&str, &str)] = &[
         "an OS error on the hypervisor (disk full, EIO); root in the test bypasses permissions",
     ),
     (
+        "POOL_FULL",
+        "a full pool needs a small filesystem in libvirtd's mount namespace; `make faults` (pool-full) fills one",
+    ),
+    (
         "DOMAIN_XML_INVALID",
         "request validation refuses first every value the XML builder could not take",
     ),

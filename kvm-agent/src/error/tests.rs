@@ -248,6 +248,17 @@ fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &'static str
             "IMAGE_DOWNLOADING",
         ),
         (
+            Error::PoolFull {
+                host: "hv".into(),
+                pool: "default".into(),
+                image: "debian".into(),
+                needed: 2 << 20,
+                available: 1 << 20,
+            },
+            C::Transient,
+            "POOL_FULL",
+        ),
+        (
             Error::ImageFormat {
                 url: "u".into(),
                 problem: "libvirt found raw, the configuration says qcow2".into(),
