@@ -49,7 +49,7 @@ const NOT_ON_DEMAND: &[(&str, &str)] = &[
     ),
     (
         "POOL_FULL",
-        "a full pool needs a small filesystem in libvirtd's mount namespace; `make faults` (pool-full) fills one",
+        "a full pool needs a small filesystem mounted in libvirtd's mount namespace; image_cache_libvirtd.rs and `make faults` (pool-full) mount one",
     ),
     (
         "DOMAIN_XML_INVALID",

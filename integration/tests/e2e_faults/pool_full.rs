@@ -1,7 +1,7 @@
 //! The storage pool's disk full: a second host of the agent (the same hypervisor) whose
 //! pool is a 64 MiB tmpfs, too small for the base image. The Proxy's status names the
-//! pool, the host and what to do, nothing half-written stays in the pool; once the
-//! tmpfs is grown the Proxy converges to one Ready VM.
+//! pool, the host and what to do (the agent's `POOL_FULL`), nothing half-written stays
+//! in the pool; once the tmpfs is grown the Proxy converges to one Ready VM.
 
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,7 @@ pub(crate) async fn pool_full(stack: &mut Stack) -> Duration {
         );
     }
     wait_for(
-        "the half-written base to be deleted",
+        "the pool to hold nothing of the failed Create",
         Duration::from_secs(120),
         || Stack::files_in(&pool.dir()).is_empty(),
     )
