@@ -434,6 +434,68 @@ async fn a_truncated_download_is_transient_leaves_no_volume_and_the_next_attempt
     assert_eq!(fixture.server.requests("/flaky.qcow2"), 2);
 }
 
+/// `mount ARGS` in libvirtd's mount namespace (where it writes its pools).
+fn mount_in_libvirtds_namespace(libvirtd: &Libvirtd, args: &[&str], dir: &Path) {
+    let pid = libvirtd.libvirtd_pid().unwrap().to_string();
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", &pid, "-m", "--", "mount"])
+        .args(args)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount {args:?}: {out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_is_named_leaves_no_volume_and_a_grown_one_takes_the_base() {
+    let fixture = Fixture::start().await;
+    // The pool's directory becomes a 1 MiB tmpfs, as libvirtd sees it: smaller than the
+    // image. libvirt alone reports only its upload helper's end of file.
+    mount_in_libvirtds_namespace(
+        &fixture._libvirtd,
+        &["-t", "tmpfs", "-o", "size=1m", "tmpfs-full-pool"],
+        &fixture.images,
+    );
+    let pid = fixture._libvirtd.libvirtd_pid().unwrap();
+    let seen_by_libvirtd = Path::new(&format!("/proc/{pid}/root"))
+        .join(fixture.images.strip_prefix("/").unwrap())
+        .to_owned();
+    let url = fixture
+        .server
+        .serve("/big.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let image = image(&url, qcow2_image());
+    let cache = fixture.cache();
+    let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
+    let mapped = error.to_provider_error();
+    assert_eq!(
+        (mapped.class, mapped.reason.as_str()),
+        (egressproxy_provider::ErrorClass::Transient, "POOL_FULL"),
+        "{error}"
+    );
+    assert!(
+        mapped
+            .message
+            .starts_with("storage pool default on host hv is full: "),
+        "{}",
+        mapped.message
+    );
+    assert!(
+        mapped.message.contains("image test-image needs"),
+        "{}",
+        mapped.message
+    );
+    let left: Vec<_> = std::fs::read_dir(&seen_by_libvirtd).unwrap().collect();
+    assert!(left.is_empty(), "nothing is left in the pool: {left:?}");
+    mount_in_libvirtds_namespace(
+        &fixture._libvirtd,
+        &["-o", "remount,size=16m"],
+        &fixture.images,
+    );
+    let base = fixture.ensure(&cache, &image, GENEROUS).await.unwrap();
+    assert!(base.volume.starts_with("egressproxy-base-"), "{base:?}");
+    assert_eq!(std::fs::read_dir(&seen_by_libvirtd).unwrap().count(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_base_without_marker_is_deleted_and_fetched_again() {
     let fixture = Fixture::start().await;

@@ -48,6 +48,10 @@ const NOT_ON_DEMAND: &[(&str, &str)] = &[
         "an OS error on the hypervisor (disk full, EIO); root in the test bypasses permissions",
     ),
     (
+        "POOL_FULL",
+        "a full pool needs a small filesystem mounted in libvirtd's mount namespace; image_cache_libvirtd.rs and `make faults` (pool-full) mount one",
+    ),
+    (
         "DOMAIN_XML_INVALID",
         "request validation refuses first every value the XML builder could not take",
     ),

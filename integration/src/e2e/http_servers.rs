@@ -3,7 +3,10 @@
 //! - [`ImageServer`]: serves the guest image to the agent on the host's loopback, as
 //!   a private image mirror would: only with basic-auth credentials that are unique to
 //!   the server (so a test can look for them where they must not appear), and counts
-//!   the downloads (a warm run downloads nothing).
+//!   the downloads (a warm run downloads nothing). The same file is also served under
+//!   `/fresh/` with its `Content-Length` (an image URL whose base no pool has yet), and
+//!   a test can cut the next downloads there after some bytes
+//!   ([`ImageServer::cut_next_downloads`]), as a dropped connection would.
 //! - [`TargetServer`]: what a proxied request reaches, listening inside the test's
 //!   network namespace on the NAT network's gateway address, where the guests' squid can
 //!   connect. It answers with a fixed body and remembers each request's `Via` header.
@@ -12,7 +15,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -48,9 +51,19 @@ pub const IMAGE_USER: &str = "mirror";
 #[derive(Debug)]
 pub struct ImageServer {
     url: String,
+    fresh_url: String,
     password: String,
     downloads: Arc<AtomicUsize>,
+    cuts: Arc<Mutex<Cuts>>,
     task: JoinHandle<()>,
+}
+
+/// The cuts armed for downloads under `/fresh/`, and when the last one happened.
+#[derive(Debug, Default)]
+struct Cuts {
+    remaining: usize,
+    after_bytes: usize,
+    last: Option<Instant>,
 }
 
 impl ImageServer {
@@ -74,39 +87,81 @@ impl ImageServer {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("{IMAGE_USER}:{password}"))
         );
-        let app = Router::new().route(
-            &format!("/{name}"),
-            get(move |headers: HeaderMap| {
-                let authorized = headers
-                    .get(axum::http::header::AUTHORIZATION)
-                    .is_some_and(|value| value.as_bytes() == authorization.as_bytes());
-                if authorized {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-                let body = body.clone();
-                async move {
+        let cuts = Arc::new(Mutex::new(Cuts::default()));
+        let fresh_authorization = authorization.clone();
+        let (fresh_body, fresh_counter, fresh_cuts) = (body.clone(), counter.clone(), cuts.clone());
+        let app = Router::new()
+            .route(
+                &format!("/{name}"),
+                get(move |headers: HeaderMap| {
+                    let authorized = is_authorized(&headers, &authorization);
                     if authorized {
-                        axum::http::Response::new(throttled(body, bytes_per_second))
-                    } else {
-                        let mut refused = axum::http::Response::new(axum::body::Body::empty());
-                        *refused.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
-                        refused
+                        counter.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-            }),
-        );
+                    let body = body.clone();
+                    async move {
+                        if authorized {
+                            axum::http::Response::new(throttled(body, bytes_per_second))
+                        } else {
+                            unauthorized()
+                        }
+                    }
+                }),
+            )
+            .route(
+                &format!("/fresh/{name}"),
+                get(move |headers: HeaderMap| {
+                    let authorized = is_authorized(&headers, &fresh_authorization);
+                    let body = fresh_body.clone();
+                    let cut = authorized.then(|| {
+                        fresh_counter.fetch_add(1, Ordering::Relaxed);
+                        let mut cuts = fresh_cuts.lock().unwrap_or_else(|p| p.into_inner());
+                        (cuts.remaining > 0).then(|| {
+                            cuts.remaining -= 1;
+                            cuts.after_bytes
+                        })
+                    });
+                    let cuts = fresh_cuts.clone();
+                    async move {
+                        match cut {
+                            None => unauthorized(),
+                            Some(cut) => with_length(body, bytes_per_second, cut, cuts),
+                        }
+                    }
+                }),
+            );
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let url = format!(
-            "http://{IMAGE_USER}:{password}@{}/{name}",
-            listener.local_addr()?
-        );
+        let address = listener.local_addr()?;
+        let url = format!("http://{IMAGE_USER}:{password}@{address}/{name}");
+        let fresh_url = format!("http://{IMAGE_USER}:{password}@{address}/fresh/{name}");
         let task = serve(runtime, listener, app)?;
         Ok(Self {
             url,
+            fresh_url,
             password,
             downloads,
+            cuts,
             task,
         })
+    }
+
+    /// The same file under `/fresh/` (credentials in it, like [`ImageServer::url`]): an
+    /// image configured with this URL and no `sha256` gets a base of its own.
+    pub fn fresh_url(&self) -> &str {
+        &self.fresh_url
+    }
+
+    /// Cuts each of the next `downloads` under `/fresh/` after `after_bytes` bytes: the
+    /// response announces the whole `Content-Length`, and the connection is reset.
+    pub fn cut_next_downloads(&self, downloads: usize, after_bytes: usize) {
+        let mut cuts = self.cuts.lock().unwrap_or_else(|p| p.into_inner());
+        cuts.remaining = downloads;
+        cuts.after_bytes = after_bytes;
+    }
+
+    /// When the last download was cut, if one was.
+    pub fn last_cut(&self) -> Option<Instant> {
+        self.cuts.lock().unwrap_or_else(|p| p.into_inner()).last
     }
 
     /// The file's URL, with the credentials in it (`http://USER:PASSWORD@…`).
@@ -125,22 +180,72 @@ impl ImageServer {
     }
 }
 
-/// `body` in 1 MiB chunks, paced to `bytes_per_second` when set.
-fn throttled(body: Bytes, bytes_per_second: Option<u64>) -> axum::body::Body {
-    const CHUNK: usize = 1 << 20;
-    let Some(rate) = bytes_per_second.filter(|r| *r > 0) else {
-        return axum::body::Body::from(body);
+fn is_authorized(headers: &HeaderMap, authorization: &str) -> bool {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .is_some_and(|value| value.as_bytes() == authorization.as_bytes())
+}
+
+fn unauthorized() -> axum::http::Response<axum::body::Body> {
+    let mut refused = axum::http::Response::new(axum::body::Body::empty());
+    *refused.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+    refused
+}
+
+/// `body` with its `Content-Length`, paced like [`throttled`]; with `cut`, only that
+/// many bytes, then an error that makes the server reset the connection (recorded in
+/// `cuts` as the time of the cut).
+fn with_length(
+    body: Bytes,
+    bytes_per_second: Option<u64>,
+    cut: Option<usize>,
+    cuts: Arc<Mutex<Cuts>>,
+) -> axum::http::Response<axum::body::Body> {
+    use futures::StreamExt;
+    let length = body.len();
+    let sent = match cut {
+        Some(bytes) => body.slice(..bytes.min(length)),
+        None => body,
     };
-    let pause = Duration::from_secs_f64(CHUNK as f64 / rate as f64);
-    let chunks = futures::stream::unfold(body, move |mut rest| async move {
+    let stream = paced(sent, bytes_per_second).chain(futures::stream::iter(cut).map(move |_| {
+        cuts.lock().unwrap_or_else(|p| p.into_inner()).last = Some(Instant::now());
+        Err(std::io::Error::other("download cut by the test"))
+    }));
+    let mut response = axum::http::Response::new(axum::body::Body::from_stream(stream));
+    response
+        .headers_mut()
+        .insert(axum::http::header::CONTENT_LENGTH, length.into());
+    response
+}
+
+/// `body` in 1 MiB chunks, paced to `bytes_per_second` when set.
+fn paced(
+    body: Bytes,
+    bytes_per_second: Option<u64>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    const CHUNK: usize = 1 << 20;
+    let pause = bytes_per_second
+        .filter(|r| *r > 0)
+        .map(|rate| Duration::from_secs_f64(CHUNK as f64 / rate as f64));
+    futures::stream::unfold(body, move |mut rest| async move {
         if rest.is_empty() {
             return None;
         }
         let chunk = rest.split_to(rest.len().min(CHUNK));
-        tokio::time::sleep(pause).await;
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
         Some((Ok::<_, std::io::Error>(chunk), rest))
-    });
-    axum::body::Body::from_stream(chunks)
+    })
+}
+
+/// `body`, paced like [`paced`] when `bytes_per_second` is set.
+fn throttled(body: Bytes, bytes_per_second: Option<u64>) -> axum::body::Body {
+    if bytes_per_second.is_some_and(|r| r > 0) {
+        axum::body::Body::from_stream(paced(body, bytes_per_second))
+    } else {
+        axum::body::Body::from(body)
+    }
 }
 
 impl Drop for ImageServer {

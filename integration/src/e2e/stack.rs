@@ -39,6 +39,9 @@ use crate::process::{Daemon, process_tree, wait_until};
 use crate::reference_provider::workspace_binary;
 use crate::sshd::{Sshd, SshdOptions, free_port};
 
+mod inputs;
+pub use inputs::TmpfsPool;
+
 /// The NAT network's gateway, inside the namespace.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 123, 1);
 /// The provider name Proxies use.

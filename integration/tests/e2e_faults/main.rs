@@ -8,7 +8,17 @@
 //! 3. the operator SIGKILLed while the VM provisions, then restarted;
 //! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
 //!    new instance, and its Events name the old and the new id;
-//! 5. the Proxy deleted while its VM provisions: nothing is left.
+//! 5. the Proxy deleted while its VM provisions: nothing is left;
+//! 6. the image download cut mid-stream (a base no pool has yet), until the Proxy's
+//!    status names the cause: the retry downloads it again, nothing half-written stays;
+//! 7. the storage pool's disk full (a second host whose pool is a 64 MiB tmpfs): the
+//!    status names the pool, the host and the fix, nothing half-written stays, and once
+//!    the tmpfs is grown the Proxy becomes Ready;
+//! 8. the provider answering each error class of the contract (the reference provider,
+//!    registered as a second provider, injects them): the condition's reason and the
+//!    Events say what the operator does, and clearing the fault converges;
+//! 9. two kvm-agents on one hypervisor (unsupported): what `docs/kvm-agent.md` says
+//!    happens, happens.
 //!
 //! `FAULTS=agent-killed,operator-killed` runs only those cases, in the table's order (see
 //! [`CASES`]); by default every case runs.
@@ -23,9 +33,13 @@
 
 mod agent_killed;
 mod deleted_while_provisioning;
+mod download_cut;
 mod operator_killed;
+mod pool_full;
+mod provider_errors;
 mod ssh_dropped;
 mod support;
+mod two_agents;
 
 use std::time::Duration;
 
@@ -38,6 +52,10 @@ const CASES: &[&str] = &[
     "ssh-dropped",
     "operator-killed",
     "deleted-while-provisioning",
+    "download-cut",
+    "pool-full",
+    "provider-errors",
+    "two-agents",
 ];
 
 /// One row of the printed table.
@@ -89,6 +107,26 @@ async fn run_case(name: &str, stack: &mut Stack) -> Vec<Row> {
             "Proxy deleted mid-provisioning",
             "kubectl delete while the VM boots",
             deleted_while_provisioning::proxy_deleted_while_provisioning(stack).await,
+        )],
+        "download-cut" => vec![Row::new(
+            "image download cut",
+            "connection reset halfway through a new base, until reported",
+            download_cut::download_cut_mid_stream(stack).await,
+        )],
+        "pool-full" => vec![Row::new(
+            "storage pool full",
+            "64 MiB tmpfs pool; time from growing it to 1 GiB",
+            pool_full::pool_full(stack).await,
+        )],
+        "provider-errors" => provider_errors::provider_errors(stack)
+            .await
+            .into_iter()
+            .map(|(case, injected, converged)| Row::new(case, injected, converged))
+            .collect(),
+        "two-agents" => vec![Row::new(
+            "two agents, one hypervisor",
+            "a second kvm-agent serve as provider kvm-b; time to Ready",
+            two_agents::two_agents_on_one_hypervisor(stack).await,
         )],
         other => unreachable!("no case {other}"),
     }

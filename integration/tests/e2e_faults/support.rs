@@ -11,13 +11,24 @@ pub(crate) const READY_WITHIN: Duration = Duration::from_secs(600);
 /// A Proxy of the stack's provider, host, image and machine type, health-checked
 /// against the stack's target server.
 pub(crate) fn manifest(stack: &Stack, name: &str) -> String {
+    manifest_placed(stack, name, PROVIDER, HOST, IMAGE)
+}
+
+/// Like [`manifest`], with another provider, host or image.
+pub(crate) fn manifest_placed(
+    stack: &Stack,
+    name: &str,
+    provider: &str,
+    host: &str,
+    image: &str,
+) -> String {
     format!(
         "apiVersion: egressproxy.dev/v1alpha1\n\
          kind: Proxy\n\
          metadata: {{name: {name}}}\n\
          spec:\n\
-         \x20 provider: {PROVIDER}\n\
-         \x20 placement: {{host: {HOST}, machineType: {MACHINE_TYPE}, image: {IMAGE}}}\n\
+         \x20 provider: {provider}\n\
+         \x20 placement: {{host: {host}, machineType: {MACHINE_TYPE}, image: {image}}}\n\
          \x20 healthCheck: {{type: Http, url: \"{url}\", periodSeconds: 5, timeoutSeconds: 3}}\n\
          \x20 provisioningTimeoutSeconds: 240\n",
         url = stack.target.url(),

@@ -240,6 +240,7 @@ impl ImageCache {
             let job = Job {
                 host: host.clone(),
                 pool: host.config().storage_pool.clone(),
+                image_name: image_name.to_owned(),
                 image: image.clone(),
                 names,
                 options: self.options.clone(),

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::cache::{BaseImage, BaseNames, ImageCacheOptions};
 use super::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
-    delete_half_written, inspect,
+    delete_half_written, inspect, pool_available,
 };
 use crate::classification::ErrorClass;
 use crate::config::ImageConfig;
@@ -82,6 +82,8 @@ impl Progress {
 pub(super) struct Job {
     pub(super) host: Arc<HostPool>,
     pub(super) pool: String,
+    /// The image's name in the configuration.
+    pub(super) image_name: String,
     pub(super) image: ImageConfig,
     pub(super) names: BaseNames,
     pub(super) options: ImageCacheOptions,
@@ -201,6 +203,8 @@ impl Job {
         // Held by the upload task until its libvirt call returns, even after this future
         // is dropped (timeout): `run` waits for it before deleting a failed volume.
         let uploading = self.uploading.clone().lock_owned().await;
+        // A full pool fails here, named, before a volume exists.
+        self.ensure_space(length).await?;
         create_upload_target(host, pool, &names.base, length, self.call_deadline()).await?;
         *created = true;
         let upload = tokio::spawn({
@@ -212,7 +216,7 @@ impl Job {
             }
             .in_current_span()
         });
-        upload
+        let upload = upload
             .await
             .unwrap_or_else(|join| {
                 Err(TransportError::Worker {
@@ -221,11 +225,34 @@ impl Job {
                     reason: join.to_string(),
                 })
             })
-            .map_err(|e| take_failure().unwrap_or_else(|| e.into()))?;
+            .map_err(|e| take_failure().unwrap_or_else(|| e.into()));
+        if let Err(error) = upload {
+            // libvirt reports a pool that filled up during the upload as its helper's
+            // end of file: name the cause when the pool has no room for the rest.
+            let rest = length.saturating_sub(self.progress.received());
+            return Err(self.ensure_space(rest).await.err().unwrap_or(error));
+        }
         let inspected = inspect(host, pool, &names.base, self.call_deadline()).await?;
         check_format(image, &inspected)?;
         create_marker(host, pool, &names.marker, self.call_deadline()).await?;
         Ok((inspected.path, inspected.capacity))
+    }
+}
+
+impl Job {
+    /// Fails with [`ImageError::PoolFull`] when the pool has less than `needed` bytes free.
+    async fn ensure_space(&self, needed: u64) -> Result<(), ImageError> {
+        let available = pool_available(&self.host, &self.pool, self.call_deadline()).await?;
+        if available >= needed {
+            return Ok(());
+        }
+        Err(ImageError::PoolFull {
+            host: self.host.name().to_owned(),
+            pool: self.pool.clone(),
+            image: self.image_name.clone(),
+            needed,
+            available,
+        })
     }
 }
 

@@ -65,6 +65,28 @@ pub enum ImageError {
         actual: String,
     },
 
+    /// A storage pool has less free space than a base image needs: libvirt would only
+    /// report its upload helper's end of file, which names neither the cause nor the pool.
+    #[error(
+        "storage pool {pool} on host {host} is full: {} free, image {image} needs {}; \
+         free space in the pool or grow its filesystem (retried with backoff), or place \
+         the Proxy on another host",
+        mib(*available),
+        mib(*needed)
+    )]
+    PoolFull {
+        /// Host name from the configuration.
+        host: String,
+        /// The storage pool.
+        pool: String,
+        /// The image's name in the configuration.
+        image: String,
+        /// Bytes the upload still needs.
+        needed: u64,
+        /// Bytes the pool has free.
+        available: u64,
+    },
+
     /// A caller's deadline passed while the download of a base image it needs goes on
     /// (detached, under `transport.imageDownloadTimeout`); a later Create finds it done.
     #[error(
@@ -118,6 +140,11 @@ pub enum ImageError {
     Shared(Arc<ImageError>),
 }
 
+/// `bytes` in MiB with one decimal, for messages people read.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
 /// 5xx, 429 (too many requests) and 408 (timeout) may pass; other statuses will not.
 fn http_status_is_transient(status: u16) -> bool {
     matches!(status, 500..=599 | 429 | 408)
@@ -153,6 +180,7 @@ impl ImageError {
             ImageError::Fetch { .. } => of(C::Transient, "IMAGE_UNREACHABLE"),
             ImageError::Truncated { .. } => of(C::Transient, "IMAGE_TRUNCATED"),
             ImageError::Checksum { .. } => of(C::Permanent, "IMAGE_CHECKSUM_MISMATCH"),
+            ImageError::PoolFull { .. } => of(C::Transient, "POOL_FULL"),
             ImageError::Downloading { retry_in, .. } => {
                 of(C::Transient, "IMAGE_DOWNLOADING").retry_after(*retry_in)
             }

@@ -44,6 +44,23 @@ pub(super) fn refresh_pool(pool: &StoragePool) -> Result<(), virt::error::Error>
     }
 }
 
+/// The bytes free in `pool`, after a refresh (libvirt's figure is otherwise that of
+/// the last refresh).
+pub(super) async fn pool_available(
+    host: &Arc<HostPool>,
+    pool: &str,
+    deadline: Instant,
+) -> Result<u64, ImageError> {
+    let pool = pool.to_owned();
+    let op = LibvirtOp::new("virStoragePoolGetInfo");
+    host.call(op, deadline, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&pool)?;
+        refresh_pool(&pool)?;
+        Ok(pool.info()?.available)
+    })
+    .await
+}
+
 /// What step 3 found.
 pub(super) enum Existing {
     Complete { path: String, capacity: u64 },

@@ -240,6 +240,17 @@ pub(super) fn mapping_table() -> Vec<(Error, egressproxy_provider::ErrorClass, &
             "IMAGE_CHECKSUM_MISMATCH",
         ),
         (
+            Error::Image(ImageError::PoolFull {
+                host: "hv".into(),
+                pool: "default".into(),
+                image: "debian".into(),
+                needed: 2 << 20,
+                available: 1 << 20,
+            }),
+            C::Transient,
+            "POOL_FULL",
+        ),
+        (
             Error::Image(ImageError::Downloading {
                 image: "debian".into(),
                 host: "hv".into(),
