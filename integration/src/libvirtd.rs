@@ -268,6 +268,7 @@ impl Libvirtd {
     }
 
     /// SIGSTOPs libvirtd and its children: connections are accepted but never answered.
+    /// Guests adopted from an earlier daemon ([`Libvirtd::restart_daemon`]) keep running.
     pub fn pause(&mut self) -> anyhow::Result<()> {
         self.daemon
             .as_mut()
