@@ -39,7 +39,8 @@ type keyPair struct {
 }
 
 // writePKI generates a fresh CA, a serving certificate for loopback and the in-cluster
-// names, an admin client certificate (group system:masters) and a service-account key.
+// names, an admin client certificate (group system:masters) and a service-account key,
+// unless the directory already holds them.
 func writePKI(dir string) (pkiFiles, error) {
 	pkiDir := filepath.Join(dir, "pki")
 	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
@@ -51,6 +52,12 @@ func writePKI(dir string) (pkiFiles, error) {
 		adminCert: filepath.Join(pkiDir, "admin.crt"), adminKey: filepath.Join(pkiDir, "admin.key"),
 		serviceAccountKey: filepath.Join(pkiDir, "sa.key"),
 		serviceAccountPub: filepath.Join(pkiDir, "sa.pub"),
+	}
+	// A restart with the same --dir keeps the certificates and keys of the run before,
+	// so clients and kubeconfigs made for that run keep working.
+	if allExist(p.caCert, p.caKey, p.servingCert, p.servingKey, p.adminCert, p.adminKey,
+		p.serviceAccountKey, p.serviceAccountPub) {
+		return p, nil
 	}
 
 	ca, err := newCA()
@@ -180,4 +187,14 @@ func writePEM(path string, block *pem.Block) error {
 		return fmt.Errorf("write %s: %v", path, err)
 	}
 	return nil
+}
+
+// allExist reports whether every one of paths exists.
+func allExist(paths ...string) bool {
+	for _, path := range paths {
+		if _, err := os.Stat(path); err != nil {
+			return false
+		}
+	}
+	return true
 }

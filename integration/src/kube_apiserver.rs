@@ -17,6 +17,9 @@
 //!    one: useful with `cargo nextest`, which runs every test in a process of its own.
 //! 4. A harness that fails to start is reported with the tail of its log, which says what
 //!    to do (port in use, no tool built, ...).
+//! 5. [`KubeApiserver::restart`] crashes the harness and starts it again on the same port
+//!    with the same `--dir`: etcd keeps its data and the harness keeps its certificates,
+//!    so every client, kubeconfig and relay of the run before keeps working.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -60,7 +63,10 @@ pub struct StartOptions {
 pub struct KubeApiserver {
     kubeconfig: PathBuf,
     server: String,
-    harness: Option<Harness>,
+    /// The harness's `--dir` (certificates, etcd's data); `None` for an external cluster.
+    dir: Option<PathBuf>,
+    /// Behind a lock so that [`KubeApiserver::restart`] works on the [`shared`] one.
+    harness: Mutex<Option<Harness>>,
 }
 
 #[derive(Debug)]
@@ -77,6 +83,7 @@ struct Readiness {
     ready: bool,
     kubeconfig: PathBuf,
     server: String,
+    dir: PathBuf,
 }
 
 /// The apiserver shared by every test of this process, started on first use.
@@ -100,43 +107,65 @@ pub fn shared() -> anyhow::Result<&'static KubeApiserver> {
 impl KubeApiserver {
     /// Starts a new apiserver with its own etcd and waits until it is ready.
     pub fn start(options: &StartOptions) -> anyhow::Result<Self> {
-        let binary = match &options.harness {
-            Some(path) => path.clone(),
-            None => tools::bin("kube-harness")?,
-        };
-        let mut command = Command::new(&binary);
-        command
-            .arg("--exit-on-stdin-eof")
-            .arg(format!("--port={}", options.port.unwrap_or(0)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("spawn {}", binary.display()))?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().context("harness stdout")?;
-        let stderr = child.stderr.take().context("harness stderr")?;
-        let log_tail = LogTail::follow(stderr);
-        let mut harness = Harness {
-            child,
-            stdin,
-            log_tail,
-        };
-
-        let readiness = match wait_ready(stdout, &mut harness) {
-            Ok(readiness) => readiness,
-            Err(err) => {
-                let tail = harness.log_tail.text();
-                harness.stop();
-                return Err(err.context(format!("kube-harness log (last lines):\n{tail}")));
-            }
-        };
+        let (harness, readiness) = Harness::start(options, None)?;
         Ok(Self {
             kubeconfig: readiness.kubeconfig,
             server: readiness.server,
-            harness: Some(harness),
+            dir: Some(readiness.dir),
+            harness: Mutex::new(Some(harness)),
         })
+    }
+
+    /// Restarts the apiserver in place, as a crashed control plane comes back: SIGKILLs
+    /// the harness (so it removes nothing), then starts it again on the same port with the
+    /// same `--dir`, where etcd finds its data and the harness its certificates. Requests
+    /// and watches of clients fail until it is ready again (seconds); then the same
+    /// kubeconfig works.
+    ///
+    /// On the [`shared`] apiserver this disturbs every test of the process: call it only
+    /// from a test binary that runs a single test (as `e2e_faults`).
+    pub fn restart(&self) -> anyhow::Result<()> {
+        let dir = self
+            .dir
+            .clone()
+            .context("an external cluster cannot be restarted from here")?;
+        let port = self
+            .server
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+            .with_context(|| format!("no port in {}", self.server))?;
+        let mut harness = self
+            .harness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let ca = std::fs::read(dir.join("pki/ca.crt")).context("read the harness's CA")?;
+        if let Some(mut old) = harness.take() {
+            old.kill();
+        }
+        let options = StartOptions {
+            port: Some(port),
+            harness: None,
+        };
+        let (started, readiness) = Harness::start(&options, Some(&dir))?;
+        *harness = Some(started);
+        if std::fs::read(dir.join("pki/ca.crt")).ok().as_ref() != Some(&ca) {
+            bail!(
+                "the restarted kube-harness made new certificates, so no client of the run \
+                 before can reach it: it predates keeping them; rebuild it with \
+                 `integration/tools/install-go-tools.sh kube-harness`"
+            );
+        }
+        if readiness.server != self.server || readiness.kubeconfig != self.kubeconfig {
+            bail!(
+                "the restarted apiserver moved: {} and {} instead of {} and {}",
+                readiness.server,
+                readiness.kubeconfig.display(),
+                self.server,
+                self.kubeconfig.display()
+            );
+        }
+        Ok(())
     }
 
     /// Uses a cluster that something else runs, described by `kubeconfig`.
@@ -152,7 +181,8 @@ impl KubeApiserver {
         Ok(Self {
             kubeconfig,
             server,
-            harness: None,
+            dir: None,
+            harness: Mutex::new(None),
         })
     }
 
@@ -168,7 +198,11 @@ impl KubeApiserver {
 
     /// The process id of the harness, when this process started it.
     pub fn harness_pid(&self) -> Option<u32> {
-        self.harness.as_ref().map(|harness| harness.child.id())
+        self.harness
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+            .map(|harness| harness.child.id())
     }
 
     /// A client configuration for the admin.
@@ -189,13 +223,63 @@ impl KubeApiserver {
 
 impl Drop for KubeApiserver {
     fn drop(&mut self) {
-        if let Some(harness) = &mut self.harness {
+        let harness = self
+            .harness
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(harness) = harness {
             harness.stop();
         }
     }
 }
 
 impl Harness {
+    /// Starts `kube-harness` (in `dir` when given, else in a directory of its own) and
+    /// waits until it reports ready.
+    fn start(options: &StartOptions, dir: Option<&Path>) -> anyhow::Result<(Self, Readiness)> {
+        let binary = match &options.harness {
+            Some(path) => path.clone(),
+            None => tools::bin("kube-harness")?,
+        };
+        let mut command = Command::new(&binary);
+        command
+            .arg("--exit-on-stdin-eof")
+            .arg(format!("--port={}", options.port.unwrap_or(0)));
+        if let Some(dir) = dir {
+            command.arg("--dir").arg(dir);
+        }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("spawn {}", binary.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("harness stdout")?;
+        let stderr = child.stderr.take().context("harness stderr")?;
+        let log_tail = LogTail::follow(stderr);
+        let mut harness = Harness {
+            child,
+            stdin,
+            log_tail,
+        };
+        match wait_ready(stdout, &mut harness) {
+            Ok(readiness) => Ok((harness, readiness)),
+            Err(err) => {
+                let tail = harness.log_tail.text();
+                harness.stop();
+                Err(err.context(format!("kube-harness log (last lines):\n{tail}")))
+            }
+        }
+    }
+
+    /// SIGKILLs the harness: no clean-up of its own runs, so its directory stays.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Closes stdin (the harness then stops the apiserver and removes its directory),
     /// waits for it, and kills it if it does not exit in time.
     fn stop(&mut self) {

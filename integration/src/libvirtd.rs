@@ -28,6 +28,12 @@
 //! The socket lives on the shared filesystem, so processes outside the namespace (sshd, the
 //! agent) reach it. [`Libvirtd::pause`]/[`Libvirtd::resume`] SIGSTOP/SIGCONT the daemon and
 //! its children; drop (also on panic) stops it and removes the directory.
+//!
+//! [`Libvirtd::restart`] stops the whole tree, guests included. [`Libvirtd::restart_daemon`]
+//! is what a restart of libvirtd on a hypervisor does: only libvirtd stops; its guests and
+//! dnsmasq keep running (re-parented to this process, which reaps them: see
+//! [`crate::process::Adopted`]), and the new libvirtd, with the same directories, finds
+//! them in its state directory and reconnects to them. Drop stops those guests too.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -37,7 +43,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::process::{Daemon, wait_until};
+use crate::process::{Adopted, Daemon, process_tree, wait_until};
 
 /// Where libvirtd's private directories are mounted inside its namespace.
 const MOUNTS: [(&str, &str); 5] = [
@@ -53,6 +59,8 @@ const MOUNTS: [(&str, &str); 5] = [
 pub struct Libvirtd {
     // Declared first so the daemon stops before its namespace and directory go.
     daemon: Option<Daemon>,
+    /// Guests and dnsmasq that outlived an earlier libvirtd ([`Libvirtd::restart_daemon`]).
+    adopted: Adopted,
     netns: Option<NetNs>,
     dir: tempfile::TempDir,
 }
@@ -165,6 +173,7 @@ impl Libvirtd {
 
         let mut libvirtd = Self {
             daemon: None,
+            adopted: Adopted::default(),
             netns,
             dir,
         };
@@ -259,6 +268,7 @@ impl Libvirtd {
     }
 
     /// SIGSTOPs libvirtd and its children: connections are accepted but never answered.
+    /// Guests adopted from an earlier daemon ([`Libvirtd::restart_daemon`]) keep running.
     pub fn pause(&mut self) -> anyhow::Result<()> {
         self.daemon
             .as_mut()
@@ -275,10 +285,49 @@ impl Libvirtd {
     }
 
     /// Stops libvirtd and starts it again with the same directories (state persists).
+    /// Its guests stop too; see [`Libvirtd::restart_daemon`] for a restart that keeps them.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut daemon) = self.daemon.take() {
             daemon.stop();
         }
         self.spawn()
+    }
+
+    /// Stops libvirtd alone (SIGTERM, as `systemctl restart libvirtd` does) and starts it
+    /// again with the same directories; the guests keep running and the new daemon
+    /// reconnects to them. See the module docs.
+    pub fn restart_daemon(&mut self) -> anyhow::Result<()> {
+        let libvirtd = self.libvirtd_pid()?;
+        let daemon = self.daemon.as_mut().context("libvirtd is not running")?;
+        let root = daemon.pid();
+        let before = process_tree(root);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(libvirtd)?),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .context("SIGTERM to libvirtd")?;
+        // tini exits once libvirtd has; what it leaves is re-parented to this process.
+        daemon.wait_for_exit(Duration::from_secs(60))?;
+        self.daemon = None;
+        let survivors: Vec<u32> = before
+            .into_iter()
+            .filter(|pid| *pid != root && *pid != libvirtd)
+            .collect();
+        self.adopted.adopt(&survivors);
+        self.spawn()
+    }
+
+    /// Processes that outlived an earlier libvirtd and still run (its guests, dnsmasq).
+    pub fn adopted(&self) -> Vec<u32> {
+        self.adopted.running()
+    }
+}
+
+impl Drop for Libvirtd {
+    fn drop(&mut self) {
+        // Guests of an earlier daemon first, as `Daemon::stop` stops a daemon's guests
+        // before the daemon; then the daemon, before the namespace and directory go.
+        self.adopted.stop();
+        drop(self.daemon.take());
     }
 }

@@ -12,6 +12,10 @@
 //! 2. [`Daemon::pause`] stops every process of the tree (SIGSTOP); [`Daemon::resume`] continues
 //!    them. A paused daemon accepts TCP or unix connections in the kernel's backlog but never
 //!    answers: exactly what a hung host looks like to a client.
+//! 3. Processes a daemon leaves running when it exits on purpose (the guests of a libvirtd
+//!    that is restarted alone) are re-parented to this process; [`Adopted`] reaps each the
+//!    moment it exits (a zombie would look alive to whoever kills it, and libvirtd waits
+//!    for a killed guest to vanish) and stops those still running when dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -104,6 +108,22 @@ impl Daemon {
         Ok(())
     }
 
+    /// Waits up to `within` for the daemon to exit on its own (after a signal to one of its
+    /// processes, say) and reaps it; its descendants are left alone (they are re-parented
+    /// to this process). Fails, leaving the daemon to [`Daemon::stop`], when it still runs.
+    pub fn wait_for_exit(&mut self, within: Duration) -> anyhow::Result<()> {
+        let child = self.child.as_mut().context("the daemon was stopped")?;
+        let deadline = Instant::now() + within;
+        while child.try_wait()?.is_none() {
+            if Instant::now() >= deadline {
+                bail!("{} still runs after {within:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = None;
+        Ok(())
+    }
+
     /// Terminates the whole tree and reaps the child; idempotent.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
@@ -139,6 +159,60 @@ impl Daemon {
         send_all(&[pid], Signal::SIGKILL);
         let _ = child.wait();
         wait_until_reaped(&rest, Duration::from_secs(2));
+    }
+}
+
+/// Processes this process adopted as their child subreaper; see the module docs.
+#[derive(Debug, Default)]
+pub struct Adopted {
+    pids: Vec<u32>,
+    reapers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Adopted {
+    /// Adopts those of `candidates` that run as children of this process (re-parented to
+    /// it after their parent exited): each gets a thread that reaps it once it exits.
+    pub fn adopt(&mut self, candidates: &[u32]) {
+        let me = std::process::id();
+        for pid in candidates {
+            if parent_pid(*pid) != Some(me) {
+                continue;
+            }
+            let Ok(target) = to_pid(*pid) else { continue };
+            self.pids.push(*pid);
+            self.reapers.push(std::thread::spawn(move || {
+                let _ = nix::sys::wait::waitpid(target, None);
+            }));
+        }
+    }
+
+    /// The adopted processes that still run.
+    pub fn running(&self) -> Vec<u32> {
+        self.pids.iter().copied().filter(|p| exists(*p)).collect()
+    }
+
+    /// SIGTERMs every adopted process tree, SIGKILLs what is left after 10 s, and waits
+    /// until each is reaped; idempotent.
+    pub fn stop(&mut self) {
+        let trees: Vec<u32> = self.pids.iter().flat_map(|p| process_tree(*p)).collect();
+        send_all(&trees, Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until && self.pids.iter().any(|p| exists(*p)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        send_all(&trees, Signal::SIGKILL);
+        for reaper in self.reapers.drain(..) {
+            let _ = reaper.join();
+        }
+        // Their own children (dnsmasq's lease helper) may have been orphaned to us too.
+        wait_until_reaped(&trees, Duration::from_secs(5));
+        self.pids.clear();
+    }
+}
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -15,6 +15,9 @@
 //! `Match` block).
 //!
 //! The server keeps its port across [`Sshd::restart`], so the same `known_hosts` stays valid.
+//! [`Sshd::restart_with_other_host_key`] restarts it presenting the second host key (a
+//! reinstalled hypervisor, or a man in the middle, to a client that knows the first);
+//! [`Sshd::restart_with_own_host_key`] goes back to the first.
 //! It runs as root (tests run as root) and is stopped on drop.
 
 use std::net::{TcpListener, TcpStream};
@@ -252,6 +255,34 @@ impl Sshd {
     /// SIGCONTs what [`Sshd::pause`] stopped.
     pub fn resume(&mut self) -> anyhow::Result<()> {
         self.daemon()?.resume()
+    }
+
+    /// Like [`Sshd::restart`], presenting the host key of
+    /// [`Sshd::other_host_key_known_hosts`] from now on.
+    pub fn restart_with_other_host_key(&mut self) -> anyhow::Result<()> {
+        self.restart_with_host_key("other_host_ed25519")
+    }
+
+    /// Like [`Sshd::restart`], presenting the host key of [`Sshd::known_hosts`] again.
+    pub fn restart_with_own_host_key(&mut self) -> anyhow::Result<()> {
+        self.restart_with_host_key("host_ed25519")
+    }
+
+    fn restart_with_host_key(&mut self, name: &str) -> anyhow::Result<()> {
+        let config = std::fs::read_to_string(self.path("sshd_config"))?;
+        let host_key = format!("HostKey {}", self.path(name).display());
+        let config: Vec<String> = config
+            .lines()
+            .map(|line| {
+                if line.starts_with("HostKey ") {
+                    host_key.clone()
+                } else {
+                    line.to_owned()
+                }
+            })
+            .collect();
+        std::fs::write(self.path("sshd_config"), config.join("\n") + "\n")?;
+        self.restart()
     }
 
     /// Kills sshd and all its sessions, then starts it again on the same port and keys.

@@ -320,6 +320,54 @@ async fn a_stopped_harness_leaves_nothing_behind() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_harness_keeps_its_address_certificates_and_data() -> anyhow::Result<()> {
+    let apiserver =
+        tokio::task::spawn_blocking(|| KubeApiserver::start(&StartOptions::default())).await??;
+    let first_pid = apiserver.harness_pid().context("harness pid")?;
+    let client = apiserver.admin_client().await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let kept = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("kept".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("written".to_owned(), "before".to_owned())].into()),
+        ..ConfigMap::default()
+    };
+    configmaps.create(&PostParams::default(), &kept).await?;
+
+    tokio::task::block_in_place(|| apiserver.restart())?;
+
+    assert_ne!(
+        apiserver.harness_pid(),
+        Some(first_pid),
+        "a new harness runs"
+    );
+    assert!(
+        !process_alive(&first_pid.to_string()),
+        "the old one is gone"
+    );
+    // The client made before the restart: same address, same CA, same admin certificate.
+    let read = configmaps.get("kept").await?;
+    assert_eq!(
+        read.data
+            .unwrap_or_default()
+            .get("written")
+            .map(String::as_str),
+        Some("before"),
+        "etcd kept the object"
+    );
+    let dir = apiserver
+        .kubeconfig_path()
+        .parent()
+        .context("kubeconfig dir")?
+        .to_owned();
+    tokio::task::spawn_blocking(move || drop(apiserver)).await?;
+    assert!(!dir.exists(), "{} was not removed", dir.display());
+    Ok(())
+}
+
 /// Set for the child process of [`the_shared_harness_dies_with_a_panicking_test_process`]:
 /// the file to write the harness's directory and pid to.
 const PANIC_PROBE_ENV: &str = "EGRESSPROXY_TEST_PANIC_PROBE";

@@ -17,6 +17,13 @@
 //! Dropping the stack (also while a test unwinds) stops the operator and the agent,
 //! then the servers, sshd and libvirtd with its guests, deletes the namespace and the
 //! user, and removes every directory. [`Stack::footprint`] then lists what is still there.
+//!
+//! Faults that restart or hang a part in place (libvirtd alone, the apiserver, sshd with
+//! another host key) are methods in `stack/restarts.rs`: [`Stack::restart_libvirtd`],
+//! [`Stack::pause_libvirtd`], [`Stack::restart_apiserver`],
+//! [`Stack::restart_sshd_with_other_host_key`].
+
+mod restarts;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -69,6 +76,7 @@ pub struct Stack {
     agent: Option<Process>,
     release: Option<Release>,
     agent_port: u16,
+    call_timeout: Duration,
     relays: Vec<LoopbackRelay>,
     /// The target of proxied requests.
     pub target: TargetServer,
@@ -103,6 +111,9 @@ pub struct Footprint {
     user: String,
     paths: Vec<PathBuf>,
     pids: Vec<u32>,
+    /// libvirtd's directory: a process whose command line names it (a guest's QEMU,
+    /// dnsmasq) is left over, whichever libvirtd started it.
+    libvirt_dir: PathBuf,
 }
 
 /// What [`Stack::start_with`] changes.
@@ -113,7 +124,13 @@ pub struct StackOptions {
     /// Install the operator and the agent with the Helm chart ([`super::release`])
     /// instead of starting them from config files written here.
     pub through_chart: bool,
+    /// The deadline of each call: the operator's `callTimeout` to the agent and the
+    /// agent's `transport.defaultCallTimeout` ([`DEFAULT_CALL_TIMEOUT`] when `None`).
+    pub call_timeout: Option<Duration>,
 }
+
+/// See [`StackOptions::call_timeout`].
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The operator or the agent: a process started here, or a Deployment of the chart.
 #[derive(Debug)]
@@ -180,6 +197,7 @@ impl Stack {
             agent: None,
             release: None,
             agent_port: free_port()?,
+            call_timeout: options.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
             relays: Vec::new(),
             target,
             images,
@@ -246,11 +264,12 @@ impl Stack {
              \x20   firmware: uefi\n\
              \x20   guestAgent: install\n\
              transport:\n\
-             \x20 defaultCallTimeout: 60s\n",
+             \x20 defaultCallTimeout: {call_timeout}s\n",
             address = self.sshd.address(),
             user = self.user.name(),
             socket = self.libvirtd.socket().display(),
             url = self.images.url(),
+            call_timeout = self.call_timeout.as_secs(),
         );
         let pad = " ".repeat(indent);
         Ok(config.lines().map(|l| format!("{pad}{l}\n")).collect())
@@ -282,8 +301,9 @@ impl Stack {
         std::fs::write(
             self.providers_config(),
             format!(
-                "providers:\n  {PROVIDER}:\n    endpoint: http://127.0.0.1:{}\n    callTimeout: 60s\n",
-                self.agent_port
+                "providers:\n  {PROVIDER}:\n    endpoint: http://127.0.0.1:{}\n    callTimeout: {}s\n",
+                self.agent_port,
+                self.call_timeout.as_secs()
             ),
         )?;
         Ok(())
@@ -387,6 +407,12 @@ impl Stack {
     /// The agent's pid, while it runs.
     pub fn agent_pid(&self) -> Option<u32> {
         self.agent.as_ref().map(Process::pid)
+    }
+
+    /// The deadline of each call of the operator and the agent
+    /// ([`StackOptions::call_timeout`]).
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
     }
 
     /// The agent's port on loopback.
@@ -585,6 +611,7 @@ impl Stack {
                 Path::new("/etc/netns").join(self.netns()),
             ],
             pids,
+            libvirt_dir: self.libvirtd.dir().to_owned(),
         }
     }
 }
@@ -616,6 +643,7 @@ impl Footprint {
         {
             left.push(format!("processes of {}", self.user));
         }
+        left.extend(processes_naming(&self.libvirt_dir));
         for path in &self.paths {
             if path.exists() {
                 left.push(format!("path {}", path.display()));
@@ -637,6 +665,29 @@ impl Drop for Stack {
         // The remaining fields drop in order: servers, sshd, libvirtd (its guests and
         // namespace), the user, the directory.
     }
+}
+
+/// Processes (pid and command line) whose command line contains `path`.
+fn processes_naming(path: &Path) -> Vec<String> {
+    let needle = path.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(&needle).then(|| {
+                format!(
+                    "process {} naming {needle}: {}",
+                    e.file_name().to_string_lossy(),
+                    cmdline.trim()
+                )
+            })
+        })
+        .collect()
 }
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {

@@ -9,16 +9,24 @@
 //! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
 //!    new instance, and its Events name the old and the new id;
 //! 5. the Proxy deleted while its VM provisions: nothing is left;
-//! 6. the image download cut mid-stream (a base no pool has yet), until the Proxy's
-//!    status names the cause: the retry downloads it again, nothing half-written stays;
-//! 7. the storage pool's disk full (a second host whose pool is a 64 MiB tmpfs): the
-//!    status names the pool, the host and the fix, nothing half-written stays, and once
-//!    the tmpfs is grown the Proxy becomes Ready;
-//! 8. the provider answering each error class of the contract (the reference provider,
-//!    registered as a second provider, injects them): the condition's reason and the
-//!    Events say what the operator does, and clearing the fault converges;
-//! 9. two kvm-agents on one hypervisor (unsupported): what `docs/kvm-agent.md` says
-//!    happens, happens.
+//! 6. libvirtd restarted alone while the VM starts: the guest keeps running, the new
+//!    daemon reconnects to it;
+//! 7. libvirtd hung (SIGSTOP) for longer than the call deadline while the VM provisions,
+//!    then continued: the calls end with a deadline error, nothing hangs;
+//! 8. the kube-apiserver crashed and restarted on the same data while the VM provisions:
+//!    the operator's watches recover;
+//! 9. the hypervisor presenting another SSH host key: the agent refuses it and the Proxy
+//!    says which host and what to do; with the known key back it becomes Ready;
+//! 10. the image download cut mid-stream (a base no pool has yet), until the Proxy's
+//!     status names the cause: the retry downloads it again, nothing half-written stays;
+//! 11. the storage pool's disk full (a second host whose pool is a 64 MiB tmpfs): the
+//!     status names the pool, the host and the fix, nothing half-written stays, and once
+//!     the tmpfs is grown the Proxy becomes Ready;
+//! 12. the provider answering each error class of the contract (the reference provider,
+//!     registered as a second provider, injects them): the condition's reason and the
+//!     Events say what the operator does, and clearing the fault converges;
+//! 13. two kvm-agents on one hypervisor (unsupported): what `docs/kvm-agent.md` says
+//!     happens, happens.
 //!
 //! `FAULTS=agent-killed,operator-killed` runs only those cases, in the table's order (see
 //! [`CASES`]); by default every case runs.
@@ -28,12 +36,18 @@
 //! seeds, NVRAM files; there must be none).
 //!
 //! One stack serves all cases, one VM at a time (two cores). The image is served at
-//! 40 MiB/s so that the first case can act during the download. Needs what
-//! `e2e_proxy.rs` needs.
+//! 40 MiB/s so that the first case can act during the download, and every call has a
+//! deadline of [`CALL_TIMEOUT`], so that a hang outlasts it soon. Needs what
+//! `e2e_proxy.rs` needs. This binary has a single test: the apiserver case restarts the
+//! apiserver every test of the process shares.
 
 mod agent_killed;
+mod apiserver_restarted;
 mod deleted_while_provisioning;
 mod download_cut;
+mod host_key_changed;
+mod libvirtd_hung;
+mod libvirtd_restarted;
 mod operator_killed;
 mod pool_full;
 mod provider_errors;
@@ -52,11 +66,20 @@ const CASES: &[&str] = &[
     "ssh-dropped",
     "operator-killed",
     "deleted-while-provisioning",
+    "libvirtd-restarted",
+    "libvirtd-hung",
+    "apiserver-restarted",
+    "host-key-changed",
     "download-cut",
     "pool-full",
     "provider-errors",
     "two-agents",
 ];
+
+/// The operator's and the agent's deadline of each call in this stack (the default is
+/// 60 s): short enough that the hung-libvirtd case outlasts it soon, long enough for a
+/// Create on two loaded cores.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One row of the printed table.
 struct Row {
@@ -108,6 +131,48 @@ async fn run_case(name: &str, stack: &mut Stack) -> Vec<Row> {
             "kubectl delete while the VM boots",
             deleted_while_provisioning::proxy_deleted_while_provisioning(stack).await,
         )],
+        "libvirtd-restarted" => vec![Row::new(
+            "libvirtd restarted while the VM starts",
+            "libvirtd alone SIGTERMed and started again; its booting guest keeps running",
+            libvirtd_restarted::libvirtd_restarted_while_the_vm_starts(stack).await,
+        )],
+        "libvirtd-hung" => {
+            let (converged, _hung_for) =
+                libvirtd_hung::libvirtd_hung_while_provisioning(stack).await;
+            vec![Row::new(
+                "libvirtd hung while provisioning",
+                "SIGSTOP of libvirtd and its guests past the call deadline, then SIGCONT",
+                converged,
+            )]
+        }
+        "apiserver-restarted" => {
+            let (converged, _down_for, kept_running) =
+                apiserver_restarted::apiserver_restarted_while_provisioning(stack).await;
+            vec![Row::new(
+                "kube-apiserver restarted mid-provisioning",
+                if kept_running {
+                    "SIGKILL, start on the same port and data (the operator kept running)"
+                } else {
+                    "SIGKILL, start on the same port and data (the operator lost its Lease and was restarted)"
+                },
+                converged,
+            )]
+        }
+        "host-key-changed" => {
+            let (refused, converged) = host_key_changed::host_key_changed(stack).await;
+            vec![
+                Row::new(
+                    "SSH host key changed",
+                    "sshd restarted with another host key, Proxy applied (time until refused)",
+                    refused,
+                ),
+                Row::new(
+                    "SSH host key restored",
+                    "sshd restarted with its own key, retry annotation set",
+                    converged,
+                ),
+            ]
+        }
         "download-cut" => vec![Row::new(
             "image download cut",
             "connection reset halfway through a new base, until reported",
@@ -171,6 +236,7 @@ async fn faults_converge_to_one_ready_vm() {
     let cases = selected_cases();
     let options = StackOptions {
         image_bytes_per_second: Some(40 << 20),
+        call_timeout: Some(CALL_TIMEOUT),
         ..StackOptions::default()
     };
     let mut stack = Stack::start_with("e2e-faults", &options)
