@@ -37,7 +37,7 @@ use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
 use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
 use kvm_agent::provider::instances::Instances;
 use kvm_agent::transport::pool::Pool;
-use support::{median, percentile};
+use support::{Targets, median, percentile};
 use virt::connect::Connect;
 use virt::stream::Stream;
 
@@ -105,11 +105,13 @@ fn main() -> anyhow::Result<()> {
         ms(direct),
         ms(percentile(&direct_times, 0.9))
     );
-    println!(
-        "   => agent / direct {ratio:.2}x, target <= 1.2x: {}",
-        if ratio <= 1.2 { "MET" } else { "MISSED" }
+    let mut targets = Targets::default();
+    targets.check(
+        &format!("agent / direct = {ratio:.2}x"),
+        "<= 1.2x",
+        ratio <= 1.2,
     );
-    Ok(())
+    targets.finish()
 }
 
 fn request(key: &str) -> pb::CreateInstanceRequest {

@@ -34,7 +34,7 @@ use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::Config;
 use kvm_agent::images::cache::{ImageCache, ImageCacheOptions};
 use sha2::{Digest, Sha256};
-use support::{median, verdict, write_ssh_wrapper};
+use support::{Targets, median, write_ssh_wrapper};
 use virt::connect::Connect;
 
 const CHILD_ENV: &str = "KVM_AGENT_BENCH_CHILD";
@@ -156,22 +156,16 @@ fn main() -> anyhow::Result<()> {
         ),
     ];
     println!();
+    let mut verdicts = Targets::default();
     for (what, target, met) in &targets {
-        verdict(what, target, *met);
+        verdicts.check(what, target, *met);
     }
     println!(
         "   all runs, agent: {}; curl|virsh: {}",
         list(&agent),
         list(&baseline)
     );
-    // A missed target fails the run, so it cannot pass unnoticed in CI or a script.
-    let missed: Vec<&str> = targets
-        .iter()
-        .filter(|(_, _, met)| !met)
-        .map(|(what, _, _)| what.as_str())
-        .collect();
-    anyhow::ensure!(missed.is_empty(), "target missed: {}", missed.join("; "));
-    Ok(())
+    verdicts.finish()
 }
 
 /// The agent side: one `ensure_base`, then `<millis> <VmHWM KiB>` on stdout.

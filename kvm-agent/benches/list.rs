@@ -26,7 +26,7 @@ use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
 use kvm_agent::provider::instances::Instances;
 use kvm_agent::provider::service::KvmProvider;
 use kvm_agent::transport::pool::Pool;
-use support::ssh_and_local_config;
+use support::{Targets, ssh_and_local_config};
 use virt::connect::Connect;
 
 const SWEEPS: usize = 5;
@@ -115,11 +115,9 @@ fn main() -> anyhow::Result<()> {
         "   virsh list --all --name (names only, local)  {:>8.0} ms",
         started.elapsed().as_secs_f64() * 1000.0
     );
-    println!(
-        "   => median sweep < 1 s: {}",
-        if met { "MET" } else { "MISSED" }
-    );
-    Ok(())
+    let mut targets = Targets::default();
+    targets.check("median sweep, SSH and local mode", "< 1 s", met);
+    targets.finish()
 }
 
 /// Every page of ListInstances with the default page size, as the operator asks for them.

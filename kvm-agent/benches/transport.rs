@@ -26,7 +26,7 @@ use egressproxy_integration::sshd::Sshd;
 use kvm_agent::transport::bulk::upload_volume;
 use kvm_agent::transport::call::LibvirtOp;
 use kvm_agent::transport::pool::{HostPool, Pool};
-use support::{median, percentile, ssh_and_local_config, verdict, write_ssh_wrapper};
+use support::{Targets, median, percentile, ssh_and_local_config, write_ssh_wrapper};
 use virt::connect::Connect;
 use virt::stream::Stream;
 
@@ -40,6 +40,7 @@ fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
     let upload_bytes = upload_mib * 1024 * 1024;
+    let mut targets = Targets::default();
     virt::error::clear_error_callback();
     kvm_agent::transport::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
 
@@ -140,7 +141,7 @@ fn main() -> anyhow::Result<()> {
     }
     let (agent_ssh, qemu_ssh_calls) = (&samples[0], &samples[1]);
     let ratio = median(agent_ssh).as_secs_f64() / median(qemu_ssh_calls).as_secs_f64();
-    verdict(
+    targets.check(
         &format!("agent SSH / qemu+ssh:// median = {ratio:.2}x"),
         "<= 1.10x",
         ratio <= 1.10,
@@ -165,12 +166,12 @@ fn main() -> anyhow::Result<()> {
     throughput_row("raw SSH: ssh host 'cat >/dev/null'", upload_bytes, raw_ssh);
     let vs_libvirt = qemu_ssh_upload.as_secs_f64() / agent_upload.as_secs_f64();
     let vs_raw = raw_ssh.as_secs_f64() / agent_upload.as_secs_f64();
-    verdict(
+    targets.check(
         &format!("agent / qemu+ssh:// throughput = {vs_libvirt:.2}x"),
         ">= 0.90x",
         vs_libvirt >= 0.9,
     );
-    verdict(
+    targets.check(
         &format!("agent / raw SSH throughput = {vs_raw:.2}x"),
         ">= 0.80x",
         vs_raw >= 0.8,
@@ -200,13 +201,13 @@ fn main() -> anyhow::Result<()> {
         fmt_duration(*during.iter().max().unwrap_or(&Duration::ZERO)),
     );
     let max_added = added(*during.iter().max().unwrap_or(&Duration::ZERO));
-    verdict(
+    targets.check(
         &format!("largest added delay = {}", fmt_duration(max_added)),
         "<= 10 ms",
         max_added <= Duration::from_millis(10),
     );
     drop(pool);
-    Ok(())
+    targets.finish()
 }
 
 fn deadline() -> tokio::time::Instant {

@@ -26,12 +26,35 @@ pub fn median(samples: &[Duration]) -> Duration {
     percentile(samples, 0.5)
 }
 
-/// Prints a `=> what  target ...  MET|MISSED` line.
-pub fn verdict(what: &str, target: &str, ok: bool) {
-    println!(
-        "   => {what:<50} target {target:<9} {}",
-        if ok { "MET" } else { "MISSED" }
-    );
+/// The targets a benchmark checks: each prints a `=> what  target ...  MET|MISSED`
+/// line, and [`Targets::finish`] fails the run when one was missed, so a missed target
+/// cannot pass unnoticed in a script or CI.
+#[derive(Debug, Default)]
+pub struct Targets {
+    missed: Vec<String>,
+}
+
+impl Targets {
+    /// Prints the verdict on `what` against `target`, and records it when missed.
+    pub fn check(&mut self, what: &str, target: &str, ok: bool) {
+        println!(
+            "   => {what:<50} target {target:<9} {}",
+            if ok { "MET" } else { "MISSED" }
+        );
+        if !ok {
+            self.missed.push(format!("{what} (target {target})"));
+        }
+    }
+
+    /// An error naming every missed target, if any.
+    pub fn finish(self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.missed.is_empty(),
+            "target missed: {}",
+            self.missed.join("; ")
+        );
+        Ok(())
+    }
 }
 
 /// Two hosts on `libvirtd`: `ssh` through `sshd` and `local` on its socket, with
