@@ -261,22 +261,7 @@ async fn scenario(stack: &Stack) {
 
     // 6. Delete: nothing of the instance is left, the cached base stays.
     let before_delete = Stack::files_in(&stack.pool_dir());
-    stack
-        .kubectl(&["delete", "proxy", PROXY, "--wait=false"])
-        .unwrap();
-    wait_for("the Proxy to be gone", Duration::from_secs(120), || {
-        stack
-            .kubectl(&["get", "proxies", "-o", "name"])
-            .unwrap_or_default()
-            .trim()
-            .is_empty()
-    })
-    .await;
-    assert_eq!(
-        stack.domains().unwrap(),
-        Vec::<String>::new(),
-        "no domain is left"
-    );
+    stack.delete_proxy(PROXY, Duration::from_secs(120)).await;
     let bases: Vec<String> = before_delete
         .iter()
         .filter(|f| f.starts_with("egressproxy-base-"))
@@ -403,22 +388,7 @@ async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
         rendered.starts_with("rendered for ") && !rendered.contains("{{"),
         "cloud-init rendered the template: {rendered:?}"
     );
-    stack
-        .kubectl(&["delete", "proxy", NAME, "--wait=false"])
-        .unwrap();
-    wait_for(
-        "the jinja Proxy to be gone",
-        Duration::from_secs(120),
-        || {
-            stack
-                .kubectl(&["get", "proxies", "-o", "name"])
-                .unwrap_or_default()
-                .trim()
-                .is_empty()
-        },
-    )
-    .await;
-    assert_eq!(stack.domains().unwrap(), Vec::<String>::new());
+    stack.delete_proxy(NAME, Duration::from_secs(120)).await;
 }
 
 fn log_tails(stack: &Stack) -> String {

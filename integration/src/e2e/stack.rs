@@ -23,6 +23,8 @@
 //! [`Stack::pause_libvirtd`], [`Stack::restart_apiserver`],
 //! [`Stack::restart_sshd_with_other_host_key`].
 
+mod footprint;
+mod inspect;
 mod restarts;
 
 use std::net::Ipv4Addr;
@@ -38,15 +40,16 @@ use super::netns::command_in;
 use super::otlp::SpanReceiver;
 use super::relay::LoopbackRelay;
 use super::release::{Release, ReleaseSettings};
-use super::system_user::{SystemUser, user_exists};
+use super::system_user::SystemUser;
 use crate::chart_pod::ChartPod;
 use crate::kube_env::{KubeTestEnv, apply_crds_yaml};
 use crate::libvirtd::Libvirtd;
-use crate::process::{Daemon, process_tree, wait_until};
+use crate::process::{Daemon, wait_until};
 use crate::reference_provider::workspace_binary;
 use crate::sshd::{Sshd, SshdOptions, free_port};
 
 mod inputs;
+pub use footprint::Footprint;
 pub use inputs::TmpfsPool;
 
 /// The NAT network's gateway, inside the namespace.
@@ -102,18 +105,6 @@ impl std::fmt::Debug for Stack {
             .field("user", &self.user.name())
             .finish_non_exhaustive()
     }
-}
-
-/// What a finished run may have left behind.
-#[derive(Debug, Clone)]
-pub struct Footprint {
-    netns: String,
-    user: String,
-    paths: Vec<PathBuf>,
-    pids: Vec<u32>,
-    /// libvirtd's directory: a process whose command line names it (a guest's QEMU,
-    /// dnsmasq) is left over, whichever libvirtd started it.
-    libvirt_dir: PathBuf,
 }
 
 /// What [`Stack::start_with`] changes.
@@ -454,203 +445,6 @@ impl Stack {
     pub fn kubeconfig(&self) -> &Path {
         self.kube.apiserver().kubeconfig_path()
     }
-
-    /// Field `path` (a kubectl jsonpath) of Proxy `name`; empty when the Proxy or the
-    /// field does not exist (yet).
-    pub fn proxy_field(&self, name: &str, path: &str) -> String {
-        self.kubectl(&["get", "proxy", name, "-o", &format!("jsonpath={path}")])
-            .unwrap_or_default()
-    }
-
-    /// `kubectl ARGS` against the apiserver, in this run's namespace.
-    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(["--namespace", &self.kube.namespace])
-            .args(args)
-            .output()
-            .context("run kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8(out.stdout)?)
-    }
-
-    /// `kubectl apply -f -` of `manifest`.
-    pub fn kubectl_apply(&self, manifest: &str) -> anyhow::Result<()> {
-        use std::io::Write;
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(["--namespace", &self.kube.namespace, "apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("kubectl stdin")?
-            .write_all(manifest.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
-    }
-
-    /// `virsh ARGS` against the private libvirtd.
-    pub fn virsh(&self, args: &[&str]) -> anyhow::Result<String> {
-        virsh(&self.libvirtd, args)
-    }
-
-    /// The contents of `path` in running `domain`'s guest, read through its
-    /// qemu-guest-agent (`guest-file-open`, `-read`, `-close`).
-    pub fn read_guest_file(&self, domain: &str, path: &str) -> anyhow::Result<String> {
-        use base64::Engine;
-        let call = |command: serde_json::Value| -> anyhow::Result<serde_json::Value> {
-            let out = self.virsh(&["qemu-agent-command", domain, &command.to_string()])?;
-            let answer: serde_json::Value = serde_json::from_str(&out)
-                .with_context(|| format!("qemu-guest-agent's answer: {out}"))?;
-            Ok(answer["return"].clone())
-        };
-        let handle = call(serde_json::json!({
-            "execute": "guest-file-open",
-            "arguments": {"path": path, "mode": "r"},
-        }))?;
-        let mut bytes = Vec::new();
-        loop {
-            let chunk = call(serde_json::json!({
-                "execute": "guest-file-read",
-                "arguments": {"handle": handle, "count": 65536},
-            }))?;
-            let data = chunk["buf-b64"].as_str().unwrap_or_default();
-            bytes.extend(base64::engine::general_purpose::STANDARD.decode(data)?);
-            if chunk["eof"].as_bool() != Some(false) {
-                break;
-            }
-        }
-        call(serde_json::json!({
-            "execute": "guest-file-close",
-            "arguments": {"handle": handle},
-        }))?;
-        String::from_utf8(bytes).with_context(|| format!("{path} in the guest is not UTF-8"))
-    }
-
-    /// Names of every domain (defined or running), sorted.
-    pub fn domains(&self) -> anyhow::Result<Vec<String>> {
-        let mut names: Vec<String> = self
-            .virsh(&["list", "--all", "--name"])?
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect();
-        names.sort();
-        Ok(names)
-    }
-
-    /// Names of the files in `dir`, sorted (none when it does not exist).
-    pub fn files_in(dir: &Path) -> Vec<String> {
-        let mut files: Vec<String> = std::fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        files.sort();
-        files
-    }
-
-    /// `curl ARGS` run inside the network namespace: stdout, or the error.
-    pub fn curl_in_netns(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = command_in(self.netns(), "curl").args(args).output()?;
-        if !out.status.success() {
-            bail!(
-                "curl {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// What to look for after the stack is dropped.
-    pub fn footprint(&self) -> Footprint {
-        let mut pids = Vec::new();
-        for process in [&self.operator, &self.agent].into_iter().flatten() {
-            pids.extend(process_tree(process.pid()));
-        }
-        if let Ok(pid) = self.libvirtd.libvirtd_pid() {
-            pids.extend(process_tree(pid));
-        }
-        Footprint {
-            netns: self.netns().to_owned(),
-            user: self.user.name().to_owned(),
-            paths: vec![
-                self.dir.path().to_owned(),
-                self.libvirtd.dir().to_owned(),
-                self.sshd
-                    .log()
-                    .parent()
-                    .map(Path::to_owned)
-                    .unwrap_or_default(),
-                Path::new("/home").join(self.user.name()),
-                // The chart install's hosts file for the namespace.
-                Path::new("/etc/netns").join(self.netns()),
-            ],
-            pids,
-            libvirt_dir: self.libvirtd.dir().to_owned(),
-        }
-    }
-}
-
-impl Footprint {
-    /// Everything of the run that still exists: processes, the namespace, the user,
-    /// directories. Empty after a clean tear-down.
-    pub fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        for pid in &self.pids {
-            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                left.push(format!("process {pid}: {}", stat.trim()));
-            }
-        }
-        let netns = Command::new("ip").args(["netns", "list"]).output();
-        if let Ok(out) = netns
-            && String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .any(|n| n == self.netns)
-        {
-            left.push(format!("network namespace {}", self.netns));
-        }
-        if user_exists(&self.user) {
-            left.push(format!("user {}", self.user));
-        }
-        let by_user = Command::new("pgrep").args(["-u", &self.user]).output();
-        if let Ok(out) = by_user
-            && !out.stdout.is_empty()
-        {
-            left.push(format!("processes of {}", self.user));
-        }
-        left.extend(processes_naming(&self.libvirt_dir));
-        for path in &self.paths {
-            if path.exists() {
-                left.push(format!("path {}", path.display()));
-            }
-        }
-        left
-    }
 }
 
 impl Drop for Stack {
@@ -665,29 +459,6 @@ impl Drop for Stack {
         // The remaining fields drop in order: servers, sshd, libvirtd (its guests and
         // namespace), the user, the directory.
     }
-}
-
-/// Processes (pid and command line) whose command line contains `path`.
-fn processes_naming(path: &Path) -> Vec<String> {
-    let needle = path.display().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter_map(|e| {
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(&needle).then(|| {
-                format!(
-                    "process {} naming {needle}: {}",
-                    e.file_name().to_string_lossy(),
-                    cmdline.trim()
-                )
-            })
-        })
-        .collect()
 }
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {

@@ -83,26 +83,7 @@ pub(crate) fn assert_one_vm(stack: &Stack, name: &str) {
 
 /// Deletes the Proxy `name`, waits until no Proxy is left, and checks that no VM is.
 pub(crate) async fn delete(stack: &Stack, name: &str) {
-    stack
-        .kubectl(&["delete", "proxy", name, "--wait=false"])
-        .unwrap();
-    wait_for(
-        &format!("{name} to be gone"),
-        Duration::from_secs(180),
-        || {
-            stack
-                .kubectl(&["get", "proxies", "-o", "name"])
-                .unwrap_or_default()
-                .trim()
-                .is_empty()
-        },
-    )
-    .await;
-    assert_eq!(
-        stack.domains().unwrap(),
-        Vec::<String>::new(),
-        "no VM after deleting {name}"
-    );
+    stack.delete_proxy(name, Duration::from_secs(180)).await;
 }
 
 /// The cached base images in the pool (and their completion markers).
