@@ -391,19 +391,6 @@ async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
     stack.delete_proxy(NAME, Duration::from_secs(120)).await;
 }
 
-fn log_tails(stack: &Stack) -> String {
-    ["operator.log", "kvm-agent.log"]
-        .iter()
-        .map(|name| {
-            let text = std::fs::read_to_string(stack.dir().join(name)).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(40)..];
-            format!("--- {name} (last lines)\n{}", tail.join("\n"))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
     use futures::FutureExt;
@@ -422,7 +409,7 @@ async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
         .catch_unwind()
         .await;
     if outcome.is_err() {
-        eprintln!("{}", log_tails(&stack));
+        eprintln!("{}", stack.log_tails());
     }
     tokio::task::spawn_blocking(move || drop(stack))
         .await

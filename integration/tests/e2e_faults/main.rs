@@ -258,14 +258,7 @@ async fn faults_converge_to_one_ready_vm() {
     .await;
     print_table(&rows);
     if outcome.is_err() {
-        for name in ["operator.log", "kvm-agent.log"] {
-            let text = std::fs::read_to_string(stack.dir().join(name)).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!(
-                "--- {name}\n{}",
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            );
-        }
+        eprintln!("{}", stack.log_tails());
     }
     tokio::task::spawn_blocking(move || drop(stack))
         .await

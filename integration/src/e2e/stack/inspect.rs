@@ -163,4 +163,19 @@ impl Stack {
             "no VM is left after deleting {name}"
         );
     }
+
+    /// The last 40 lines of the operator's and the agent's logs, for a failed test's
+    /// output.
+    pub fn log_tails(&self) -> String {
+        ["operator.log", "kvm-agent.log"]
+            .iter()
+            .map(|name| {
+                let text = std::fs::read_to_string(self.dir().join(name)).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(40)..];
+                format!("--- {name} (last lines)\n{}", tail.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
