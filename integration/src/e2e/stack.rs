@@ -14,6 +14,9 @@
 //!    there), with loopback relays to the apiserver, the agent and the span receiver;
 //! 7. a target HTTP server on the gateway address, for requests through the proxies.
 //!
+//! Every guest's serial console is recorded under [`CONSOLES_DIR`]
+//! (`stack/consoles.rs`), and [`Stack::log_tails`] shows its last lines when a test fails.
+//!
 //! Dropping the stack (also while a test unwinds) stops the operator and the agent,
 //! then the servers, sshd and libvirtd with its guests, deletes the namespace and the
 //! user, and removes every directory. [`Stack::footprint`] then lists what is still there.
@@ -23,6 +26,7 @@
 //! [`Stack::pause_libvirtd`], [`Stack::restart_apiserver`],
 //! [`Stack::restart_sshd_with_other_host_key`].
 
+mod consoles;
 mod footprint;
 mod inspect;
 mod restarts;
@@ -34,6 +38,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use self::consoles::ConsoleRecorder;
 use super::guest_image::guest_image;
 use super::http_servers::{ImageServer, TargetServer};
 use super::netns::command_in;
@@ -70,6 +75,9 @@ const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egress
 const KVM_AGENT_DOC: &str = include_str!("../../../docs/kvm-agent.md");
 /// The file in [`Stack::dir`] with every span received, one JSON object a line.
 pub const SPANS_FILE: &str = "spans.jsonl";
+
+/// The folder of [`Stack::dir`] with each guest's serial console, `<domain>.log`.
+pub const CONSOLES_DIR: &str = "consoles";
 /// How long `kvm-agent serve` may take to listen (it checks its hosts first).
 const AGENT_START: Duration = Duration::from_secs(120);
 
@@ -90,6 +98,8 @@ pub struct Stack {
     /// The Kubernetes side: client and this run's namespace.
     pub kube: KubeTestEnv,
     sshd: Sshd,
+    /// Held for its drop, which stops recording before libvirtd goes.
+    _consoles: ConsoleRecorder,
     libvirtd: Libvirtd,
     user: SystemUser,
     dir: tempfile::TempDir,
@@ -182,6 +192,7 @@ impl Stack {
         let dir = tempfile::Builder::new().prefix("e2e-").tempdir()?;
         let spans = SpanReceiver::start(&handle, Some(dir.path().join(SPANS_FILE)))?;
         let target = TargetServer::start(&handle, &netns, GATEWAY)?;
+        let consoles = ConsoleRecorder::start(libvirtd.uri(), dir.path().join(CONSOLES_DIR))?;
 
         let mut stack = Self {
             operator: None,
@@ -195,6 +206,7 @@ impl Stack {
             spans,
             kube,
             sshd,
+            _consoles: consoles,
             libvirtd,
             user,
             dir,
@@ -456,8 +468,8 @@ impl Drop for Stack {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-        // The remaining fields drop in order: servers, sshd, libvirtd (its guests and
-        // namespace), the user, the directory.
+        // The remaining fields drop in order: servers, sshd, the console recorder,
+        // libvirtd (its guests and namespace), the user, the directory.
     }
 }
 

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use egressproxy_integration::e2e::stack::Stack;
 use egressproxy_integration::e2e::wait_for;
 
-use crate::support::{READY_WITHIN, assert_one_vm, delete, events, manifest, wait_ready};
+use crate::support::{
+    READY_WITHIN, assert_one_vm, delete, events, manifest, replaced_chain, wait_ready,
+};
 
 /// Leaves the Proxy `crash` Ready; returns the time to converge and its instance id.
 pub(crate) async fn operator_killed_during_provisioning(stack: &mut Stack) -> (Duration, String) {
@@ -54,10 +56,8 @@ pub(crate) async fn vm_destroyed_behind_the_operators_back(stack: &Stack, old: &
         "the Events name the old instance {old}:\n{events}"
     );
     assert!(
-        events
-            .lines()
-            .any(|l| l.starts_with("Replaced: ") && l.contains(old) && l.contains(&new)),
-        "a Replaced event names the old instance {old} and the new one {new}:\n{events}"
+        replaced_chain(&events, old, &new),
+        "Replaced events lead from the old instance {old} to the new one {new}:\n{events}"
     );
     delete(stack, "crash").await;
     converged

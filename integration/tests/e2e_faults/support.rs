@@ -56,6 +56,27 @@ pub(crate) fn events(stack: &Stack, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Whether the `Replaced` Events (`instance A → B (...)`) lead from instance `old` to
+/// `new`: in one step, or in several when a replacement was itself replaced (a guest
+/// that did not boot within the provisioning timeout).
+pub(crate) fn replaced_chain(events: &str, old: &str, new: &str) -> bool {
+    let steps: std::collections::HashMap<&str, &str> = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("Replaced: instance "))
+        .filter_map(|l| l.split_once(" → "))
+        .filter_map(|(from, rest)| Some((from, rest.split_whitespace().next()?)))
+        .collect();
+    let mut at = old;
+    for _ in 0..=steps.len() {
+        match steps.get(at) {
+            Some(&next) if next == new => return true,
+            Some(&next) => at = next,
+            None => return false,
+        }
+    }
+    false
+}
+
 pub(crate) fn running_domains(stack: &Stack) -> Vec<String> {
     stack
         .virsh(&["list", "--name"])
@@ -105,4 +126,35 @@ pub(crate) fn leaks(stack: &Stack) -> Vec<String> {
     );
     leaks.extend(Stack::files_in(&stack.nvram_dir()));
     leaks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replaced_chain;
+
+    /// Events of a VM destroyed whose first replacement did not boot in time.
+    const TWICE_REPLACED: &str = "\
+Created: created instance hv1/k-0 with provider kvm
+InstanceStopped: instance hv1/k-0 stopped (shut off): replacing it
+Replaced: instance hv1/k-0 → hv1/k-1 (stopped (shut off)); replacement 1
+ProvisioningTimedOut: instance hv1/k-1 was not ready within spec.provisioningTimeoutSeconds (240s): replacing it
+Replaced: instance hv1/k-1 → hv1/k-2 (not ready within 240s); replacement 2
+";
+
+    #[test]
+    fn replaced_chain_follows_one_or_several_replacements() {
+        assert!(replaced_chain(TWICE_REPLACED, "hv1/k-0", "hv1/k-1"));
+        assert!(replaced_chain(TWICE_REPLACED, "hv1/k-0", "hv1/k-2"));
+        assert!(replaced_chain(TWICE_REPLACED, "hv1/k-1", "hv1/k-2"));
+    }
+
+    #[test]
+    fn replaced_chain_needs_every_step() {
+        assert!(!replaced_chain(TWICE_REPLACED, "hv1/k-2", "hv1/k-0"));
+        assert!(!replaced_chain(TWICE_REPLACED, "hv1/k-0", "hv1/k-3"));
+        let gap = TWICE_REPLACED.replace("Replaced: instance hv1/k-0", "Other: instance hv1/k-0");
+        assert!(!replaced_chain(&gap, "hv1/k-0", "hv1/k-2"));
+        let cycle = "Replaced: instance a → b (x)\nReplaced: instance b → a (x)\n";
+        assert!(!replaced_chain(cycle, "a", "c"));
+    }
 }

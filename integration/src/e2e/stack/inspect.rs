@@ -164,10 +164,10 @@ impl Stack {
         );
     }
 
-    /// The last 40 lines of the operator's and the agent's logs, for a failed test's
-    /// output.
+    /// The last 40 lines of the operator's and the agent's logs and the last lines of
+    /// every guest console, for a failed test's output.
     pub fn log_tails(&self) -> String {
-        ["operator.log", "kvm-agent.log"]
+        let logs = ["operator.log", "kvm-agent.log"]
             .iter()
             .map(|name| {
                 let text = std::fs::read_to_string(self.dir().join(name)).unwrap_or_default();
@@ -176,6 +176,8 @@ impl Stack {
                 format!("--- {name} (last lines)\n{}", tail.join("\n"))
             })
             .collect::<Vec<_>>()
-            .join("\n")
+            .join("\n");
+        let consoles = super::consoles::tails(&self.dir().join(super::CONSOLES_DIR));
+        format!("{logs}\n{consoles}")
     }
 }
