@@ -345,6 +345,10 @@ async fn a_permanent_error_waits_for_a_fixed_spec() {
         error.contains("placement.image") && error.contains("debian-12"),
         "{error}"
     );
+    assert!(
+        !error.contains("reconcile-requested-at"),
+        "a fixed spec retries by itself, no annotation needed: {error}"
+    );
     h.wait_event("egress", "InvalidSpec").await;
     let calls = total_calls(&h).await;
     // The absence of a retry shows only over time: a backoff retry would come within
@@ -895,6 +899,77 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         .unwrap();
     h.wait_deleted("orphaned", "the annotation to release the finalizer")
         .await;
+}
+
+#[tokio::test]
+async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
+    let h = Harness::start("taken").await;
+    let port = proxy_port().await;
+    let spec =
+        serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "user-data", "key": "v"}}});
+    h.create("egress", port, spec).await;
+    let waiting = h
+        .wait_for("egress", "the Secret to be missing", |p| {
+            reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
+        })
+        .await;
+    // An instance under this Proxy's first key, tagged by another cluster's operator.
+    let uid = waiting.metadata.uid.clone().unwrap();
+    let request = pb::CreateInstanceRequest {
+        key: format!("{uid}-0"),
+        tags: [
+            ("egressproxy.dev/cluster".to_string(), "another".to_string()),
+            ("egressproxy.dev/uid".to_string(), uid.clone()),
+        ]
+        .into(),
+        placement: Some(pb::Placement {
+            location: None,
+            machine_type: "small".into(),
+            image: "debian-12".into(),
+        }),
+        cloud_init: Some(pb::CloudInit {
+            user_data: b"#cloud-config\n# theirs\n".to_vec(),
+            vendor_data: None,
+        }),
+        proxy_port: u32::from(port),
+        ..Default::default()
+    };
+    let theirs = h
+        .provider_client()
+        .await
+        .create_instance(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap()
+        .id;
+
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "user-data"},
+        "stringData": {"v": "#cloud-config\n# ours\n"},
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = h.env.namespaced();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let ready = h.wait_ready("egress").await;
+    let status = ready.status.unwrap();
+    assert_eq!(status.instance_key, Some(format!("{uid}-1")));
+    h.wait_event("egress", "InstanceKeyTaken").await;
+    let ours = h.instances().await;
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    let theirs = h
+        .provider_client()
+        .await
+        .get_instance(pb::GetInstanceRequest { id: theirs })
+        .await;
+    assert!(
+        theirs.is_ok(),
+        "the other cluster's instance survives: {theirs:?}"
+    );
 }
 
 #[tokio::test]

@@ -444,7 +444,16 @@ async fn the_retry_annotation_retries_a_failed_proxy_at_once() {
     let h = Harness::start("retry-now", None).await;
     h.fail_next_create("image URL answered 404").await;
     h.create("egress", "reference").await;
-    h.wait_phase("egress", Phase::Failed).await;
+    let failed = h.wait_phase("egress", Phase::Failed).await;
+    let error = failed.status.unwrap().last_error.unwrap();
+    let command = format!(
+        "kubectl annotate proxy -n {} egress --overwrite egressproxy.dev/reconcile-requested-at=",
+        h.env.namespace
+    );
+    assert!(
+        error.contains("image URL answered 404") && error.contains(&command),
+        "the message says how to retry at once: {error}"
+    );
     let retry = serde_json::json!({"metadata": {"annotations": {
         "egressproxy.dev/reconcile-requested-at": "2026-11-30T12:00:00Z"
     }}});

@@ -207,6 +207,9 @@ async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
         .filter(|i| i.key == key)
         .map(|i| i.id)
         .collect();
+    if stale.is_empty() {
+        return skip_taken_key(pass, &key).await;
+    }
     for id in &stale {
         pass.provider.delete(id).await?;
     }
@@ -217,6 +220,30 @@ async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
     );
     pass.publish(EventType::Warning, reason, &note).await;
     forget_instance(pass, &stale, "made from an older spec".into());
+    pass.set(condition::PROVISIONED, false, reason, &note);
+    pass.set(condition::READY, false, reason, &note);
+    Ok(Next::Done(Action::requeue(
+        pass.ctx.replace_backoff.next(&pass.key.uid),
+    )))
+}
+
+/// Our key is taken by an instance not tagged as this Proxy's (made by hand, or by an
+/// operator with another cluster name). It may be someone's: leave it, say so, and
+/// create under the next key.
+async fn skip_taken_key(pass: &mut Pass<'_>, key: &str) -> Result<Next> {
+    let reason = "InstanceKeyTaken";
+    let note = format!(
+        "key {key} is taken at provider {} by an instance not tagged {}={} and {}={}, so not this Proxy's: \
+         left alone, creating under the next key; delete that instance at the provider if nothing uses it",
+        pass.provider.name(),
+        tags::CLUSTER,
+        pass.ctx.cluster_name,
+        tags::UID,
+        pass.key.uid,
+    );
+    pass.publish(EventType::Warning, reason, &note).await;
+    pass.status.instance_key = None;
+    pass.status.replacements = pass.status.replacements.saturating_add(1);
     pass.set(condition::PROVISIONED, false, reason, &note);
     pass.set(condition::READY, false, reason, &note);
     Ok(Next::Done(Action::requeue(

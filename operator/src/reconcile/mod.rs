@@ -230,6 +230,20 @@ async fn passes(pass: &mut Pass<'_>) -> Result<Action> {
     Ok(Action::requeue(pass.ctx.poll_backoff.next(&pass.key.uid)))
 }
 
+/// What a failed reconcile tells the user. An error a person fixes outside the Proxy
+/// (at the provider, in the operator's config) is retried only slowly, and no change of
+/// the Proxy announces the fix: its message ends with the command that retries at once.
+fn failure_message(error: &Error, key: &ProxyKey) -> String {
+    let message = error.describe();
+    if !error.is_permanent() || error.retry() == Retry::OnSpecChange {
+        return message;
+    }
+    format!(
+        "{message}; once fixed, retry at once with: kubectl annotate proxy -n {} {} --overwrite {RETRY_ANNOTATION}=\"$(date -Is)\"",
+        key.namespace, key.name
+    )
+}
+
 /// Records a failed reconcile in `status` and says when to retry.
 async fn fail(
     ctx: &Context,
@@ -238,7 +252,7 @@ async fn fail(
     status: &mut ProxyStatus,
     error: Error,
 ) -> Action {
-    let message = error.describe();
+    let message = failure_message(&error, key);
     tracing::warn!(proxy = %key, error = %message, "reconcile step failed");
     ctx.metrics.failed(error.class_label());
     status.observed_generation = proxy.metadata.generation;
