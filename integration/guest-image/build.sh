@@ -95,8 +95,9 @@ rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/log/*
 
 log "assembling the disk"
 # GRUB as one standalone EFI binary at the removable-media path, so OVMF boots it
-# without NVRAM entries, with its configuration embedded.
-sed "s/@ROOT_UUID@/$root_uuid/g" "$here/files/grub-early.cfg" >"$work/grub-early.cfg"
+# without NVRAM entries, with its configuration embedded. GRUB's embedded configuration
+# knows no comments (each prints "Unknown command" on the console), so they go.
+sed -e "s/@ROOT_UUID@/$root_uuid/g" -e '/^#/d' "$here/files/grub-early.cfg" >"$work/grub-early.cfg"
 grub-mkimage -O x86_64-efi -o "$work/BOOTX64.EFI" -p /EFI/BOOT -c "$work/grub-early.cfg" \
   part_gpt fat ext2 search search_fs_uuid linux boot echo normal configfile gzio efi_gop all_video
 
