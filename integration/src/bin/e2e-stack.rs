@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack};
+use egressproxy_integration::e2e::stack::{
+    CONSOLES_DIR, HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack,
+};
 
 const SAMPLE: &str = include_str!("../../../docs/examples/proxy-squid.yaml");
 const READY_WITHIN: Duration = Duration::from_secs(900);
@@ -90,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
          \n\
          traces (one JSON span a line): {dir}/{SPANS_FILE}\n\
          logs: {dir}/operator.log {dir}/kvm-agent.log\n\
+         the VM's serial console: {dir}/{CONSOLES_DIR}/\n\
          stop and remove everything: make demo-down\n",
         ready = applied.elapsed().as_secs_f64(),
         total = started.elapsed().as_secs_f64(),

@@ -76,6 +76,9 @@ const KVM_AGENT_DOC: &str = include_str!("../../../docs/kvm-agent.md");
 /// The file in [`Stack::dir`] with every span received, one JSON object a line.
 pub const SPANS_FILE: &str = "spans.jsonl";
 
+/// The operator's log line once it has read its provider config and leads.
+pub const OPERATOR_STARTED: &str = "egressproxy operator started";
+
 /// The folder of [`Stack::dir`] with each guest's serial console, `<domain>.log`.
 pub const CONSOLES_DIR: &str = "consoles";
 /// How long `kvm-agent serve` may take to listen (it checks its hosts first).
@@ -84,6 +87,9 @@ const AGENT_START: Duration = Duration::from_secs(120);
 /// The running stack. See the module docs.
 pub struct Stack {
     operator: Option<Process>,
+    /// The length of `operator.log` when the latest operator was started: it logs
+    /// [`OPERATOR_STARTED`] after that offset once it has read its provider config.
+    operator_log_from: usize,
     agent: Option<Process>,
     release: Option<Release>,
     agent_port: u16,
@@ -196,6 +202,7 @@ impl Stack {
 
         let mut stack = Self {
             operator: None,
+            operator_log_from: 0,
             agent: None,
             release: None,
             agent_port: free_port()?,
@@ -367,6 +374,7 @@ impl Stack {
     /// Starts the operator inside the network namespace.
     pub async fn start_operator(&mut self) -> anyhow::Result<()> {
         let log = self.dir.path().join("operator.log");
+        self.operator_log_from = std::fs::read(&log).map_or(0, |text| text.len());
         if let Some(release) = &self.release {
             let pod = release.start_operator(&self.kube, &log).await?;
             self.operator = Some(Process::Pod(pod));

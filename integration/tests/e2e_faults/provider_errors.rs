@@ -87,9 +87,10 @@ const CLASSES: &[Class] = &[
     },
     Class {
         class: ErrorClass::AlreadyExists,
-        // The key is taken by an attempt the operator does not know: it deletes what
-        // the key names and creates under the next key, with the replace backoff.
-        reason: "StaleAttemptReplaced",
+        // The key is taken, but no instance tagged as the Proxy's holds it: the
+        // operator leaves it alone and creates under the next key, with the replace
+        // backoff.
+        reason: "InstanceKeyTaken",
         needs_a_person: false,
         shows_message: false,
         row: "provider ALREADY_EXISTS",
@@ -190,12 +191,12 @@ async fn create_fails_with(
     } else {
         assert_ne!(phase, "Failed", "{:?} is retried by itself", class.class);
     }
-    if class.reason == "StaleAttemptReplaced" {
+    if class.reason == "InstanceKeyTaken" {
         assert!(
             events
                 .lines()
-                .any(|l| l.starts_with("StaleAttemptReplaced: ")),
-            "a StaleAttemptReplaced Event says the key was taken:\n{events}"
+                .any(|l| l.starts_with("InstanceKeyTaken: ") && l.contains("left alone")),
+            "an InstanceKeyTaken Event says the key was taken and its instance left alone:\n{events}"
         );
     }
     control

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use super::{HOST, Stack};
+use super::{HOST, OPERATOR_STARTED, Stack};
 use crate::e2e::relay::LoopbackRelay;
 use crate::e2e::wait_for;
 
@@ -113,13 +113,27 @@ impl Stack {
             .clone();
         self.relays
             .push(LoopbackRelay::start(&handle, self.netns(), port)?);
+        // An operator that has not read its config yet would take the new text as its
+        // first and never log a reload: wait until the latest one has started.
+        let log = self.dir().join("operator.log");
+        let from = self.operator_log_from;
+        wait_for(
+            "the operator to read its provider config",
+            Duration::from_secs(120),
+            || {
+                std::fs::read(&log).is_ok_and(|text| {
+                    String::from_utf8_lossy(text.get(from..).unwrap_or_default())
+                        .contains(OPERATOR_STARTED)
+                })
+            },
+        )
+        .await;
         let path = self.providers_config();
         let mut config = std::fs::read_to_string(&path)?;
         config.push_str(&format!(
             "  {name}:\n    endpoint: http://127.0.0.1:{port}\n    callTimeout: 60s\n"
         ));
         std::fs::write(&path, config)?;
-        let log = self.dir().join("operator.log");
         let quoted = format!("\"{name}\"");
         wait_for(
             &format!("the operator to read provider {name}"),
