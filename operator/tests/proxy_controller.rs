@@ -901,9 +901,11 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         .await;
 }
 
-#[tokio::test]
-async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
-    let h = Harness::start("taken").await;
+/// Creates Proxy `egress`, whose cloud-init Secret does not exist yet, and plants an
+/// instance under its first key, tagged with `cluster` and its UID, from other
+/// user-data. Then creates the Secret, so the Proxy's own Create meets that key taken.
+/// Returns the Proxy's UID and the planted instance's id.
+async fn plant_under_first_key(h: &Harness, cluster: &str) -> (String, String) {
     let port = proxy_port().await;
     let spec =
         serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "user-data", "key": "v"}}});
@@ -913,12 +915,11 @@ async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
             reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
         })
         .await;
-    // An instance under this Proxy's first key, tagged by another cluster's operator.
     let uid = waiting.metadata.uid.clone().unwrap();
     let request = pb::CreateInstanceRequest {
         key: format!("{uid}-0"),
         tags: [
-            ("egressproxy.dev/cluster".to_string(), "another".to_string()),
+            ("egressproxy.dev/cluster".to_string(), cluster.to_string()),
             ("egressproxy.dev/uid".to_string(), uid.clone()),
         ]
         .into(),
@@ -928,13 +929,13 @@ async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
             image: "debian-12".into(),
         }),
         cloud_init: Some(pb::CloudInit {
-            user_data: b"#cloud-config\n# theirs\n".to_vec(),
+            user_data: b"#cloud-config\n# planted\n".to_vec(),
             vendor_data: None,
         }),
         proxy_port: u32::from(port),
         ..Default::default()
     };
-    let theirs = h
+    let planted = h
         .provider_client()
         .await
         .create_instance(request)
@@ -944,10 +945,9 @@ async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
         .instance
         .unwrap()
         .id;
-
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "user-data"},
-        "stringData": {"v": "#cloud-config\n# ours\n"},
+        "stringData": {"v": "#cloud-config\n# the Proxy's own\n"},
     }))
     .unwrap();
     let secrets: Api<Secret> = h.env.namespaced();
@@ -955,9 +955,16 @@ async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
+    (uid, planted)
+}
+
+#[tokio::test]
+async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
+    let h = Harness::start("taken").await;
+    // Tagged by another cluster's operator: not this Proxy's.
+    let (uid, theirs) = plant_under_first_key(&h, "another").await;
     let ready = h.wait_ready("egress").await;
-    let status = ready.status.unwrap();
-    assert_eq!(status.instance_key, Some(format!("{uid}-1")));
+    assert_eq!(ready.status.unwrap().instance_key, Some(format!("{uid}-1")));
     h.wait_event("egress", "InstanceKeyTaken").await;
     let ours = h.instances().await;
     assert_eq!(ours.len(), 1, "{ours:?}");
@@ -975,60 +982,10 @@ async fn a_key_taken_by_an_instance_of_someone_else_is_left_alone() {
 #[tokio::test]
 async fn an_instance_left_by_an_unfinished_attempt_with_an_older_spec_is_replaced() {
     let h = Harness::start("stale").await;
-    let port = proxy_port().await;
-    let spec =
-        serde_json::json!({"cloudInit": {"userDataSecretRef": {"name": "user-data", "key": "v"}}});
-    h.create("egress", port, spec).await;
-    let waiting = h
-        .wait_for("egress", "the Secret to be missing", |p| {
-            reason(p, "Ready").as_deref() == Some("CloudInitSecretUnavailable")
-        })
-        .await;
-    // An earlier attempt's instance under this Proxy's first key, from another spec.
-    let uid = waiting.metadata.uid.clone().unwrap();
-    let request = pb::CreateInstanceRequest {
-        key: format!("{uid}-0"),
-        tags: [
-            ("egressproxy.dev/cluster".to_string(), h.cluster.clone()),
-            ("egressproxy.dev/uid".to_string(), uid.clone()),
-        ]
-        .into(),
-        placement: Some(pb::Placement {
-            location: None,
-            machine_type: "small".into(),
-            image: "debian-12".into(),
-        }),
-        cloud_init: Some(pb::CloudInit {
-            user_data: b"#cloud-config\n# older\n".to_vec(),
-            vendor_data: None,
-        }),
-        proxy_port: u32::from(port),
-        ..Default::default()
-    };
-    let stale = h
-        .provider_client()
-        .await
-        .create_instance(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap()
-        .id;
-
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "user-data"},
-        "stringData": {"v": "#cloud-config\n# newer\n"},
-    }))
-    .unwrap();
-    let secrets: Api<Secret> = h.env.namespaced();
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    // An earlier attempt's instance: this cluster's, this Proxy's, another spec.
+    let (uid, stale) = plant_under_first_key(&h, &h.cluster).await;
     let ready = h.wait_ready("egress").await;
-    let status = ready.status.unwrap();
-    assert_eq!(status.instance_key, Some(format!("{uid}-1")));
+    assert_eq!(ready.status.unwrap().instance_key, Some(format!("{uid}-1")));
     h.wait_event("egress", "StaleAttemptReplaced").await;
     let instances = h.instances().await;
     assert_eq!(instances.len(), 1, "{instances:?}");

@@ -53,15 +53,11 @@ impl Stack {
         self.kill_agent();
         self.start_agent().await?;
         // The log is appended to: the old agent's "listening on" is already in it.
-        wait_for(
+        wait_for_log_line(
+            &log,
+            written,
+            "listening on",
             "the restarted agent to listen",
-            Duration::from_secs(120),
-            || {
-                std::fs::read(&log).is_ok_and(|text| {
-                    String::from_utf8_lossy(text.get(written..).unwrap_or_default())
-                        .contains("listening on")
-                })
-            },
         )
         .await;
         Ok(())
@@ -116,16 +112,11 @@ impl Stack {
         // An operator that has not read its config yet would take the new text as its
         // first and never log a reload: wait until the latest one has started.
         let log = self.dir().join("operator.log");
-        let from = self.operator_log_from;
-        wait_for(
+        wait_for_log_line(
+            &log,
+            self.operator_log_from,
+            OPERATOR_STARTED,
             "the operator to read its provider config",
-            Duration::from_secs(120),
-            || {
-                std::fs::read(&log).is_ok_and(|text| {
-                    String::from_utf8_lossy(text.get(from..).unwrap_or_default())
-                        .contains(OPERATOR_STARTED)
-                })
-            },
         )
         .await;
         let path = self.providers_config();
@@ -148,6 +139,17 @@ impl Stack {
         .await;
         Ok(())
     }
+}
+
+/// Waits (up to 2 minutes) until `log`, past its first `from` bytes (what earlier
+/// processes appended), contains `line`.
+async fn wait_for_log_line(log: &Path, from: usize, line: &str, what: &str) {
+    wait_for(what, Duration::from_secs(120), || {
+        std::fs::read(log).is_ok_and(|text| {
+            String::from_utf8_lossy(text.get(from..).unwrap_or_default()).contains(line)
+        })
+    })
+    .await;
 }
 
 /// A storage pool on its own tmpfs; see [`Stack::add_tmpfs_pool`].
