@@ -188,13 +188,18 @@ pub(crate) fn tails(dir: &Path) -> String {
         .iter()
         .map(|path| {
             let text = printable(&std::fs::read(path).unwrap_or_default());
-            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-            let tail = &lines[lines.len().saturating_sub(TAIL_LINES)..];
             let name = path.file_name().unwrap_or_default().to_string_lossy();
-            format!("--- console {name} (last lines)\n{}", tail.join("\n"))
+            last_lines(&format!("console {name}"), &text, TAIL_LINES)
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `--- title (last lines)` and the last `count` non-blank lines of `text`.
+pub(crate) fn last_lines(title: &str, text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = &lines[lines.len().saturating_sub(count)..];
+    format!("--- {title} (last lines)\n{}", tail.join("\n"))
 }
 
 /// `bytes` as text without terminal control sequences (firmware and GRUB draw with

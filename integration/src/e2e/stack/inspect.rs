@@ -171,9 +171,7 @@ impl Stack {
             .iter()
             .map(|name| {
                 let text = std::fs::read_to_string(self.dir().join(name)).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                let tail = &lines[lines.len().saturating_sub(40)..];
-                format!("--- {name} (last lines)\n{}", tail.join("\n"))
+                super::consoles::last_lines(name, &text, 40)
             })
             .collect::<Vec<_>>()
             .join("\n");
