@@ -11,8 +11,10 @@ CHART := charts/egressproxy
 
 .PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e faults guest-image bench fuzz
 
-## ci: set up the machine, then every check and test (what .ci/run runs)
-ci: setup fmt-check lint breaking generate-check test
+## ci: set up the machine, then every check and test (what .ci/run runs), each stage
+## timed; the Go tools and the Rust workspace build side by side
+ci:
+	integration/tools/ci.sh
 
 ## setup: install system packages (root), build the pinned Go test tools, make the Python venv
 setup: setup-system setup-tools
@@ -72,9 +74,10 @@ generate:
 generate-check: generate
 	@git diff --exit-code -- proto $(CRD) $(CHART)/README.md || { echo "generated files drifted: run 'make generate' and commit the result"; exit 1; }
 
-## test: build every binary the tests spawn, then run every test
+## test: build every binary the tests spawn, then run every test (one build of every
+## target, so the binaries and the tests share one feature set and nothing builds twice)
 test:
-	cargo build --workspace --bins --locked
+	cargo build --workspace --all-targets --locked
 	cargo test --workspace --locked --no-fail-fast
 
 ## fuzz: the hostile-input property tests, run long (FUZZ_CASES cases each; `make test`

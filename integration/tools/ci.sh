@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `make ci`: every stage CI runs, in order, each timed. A table of the stages' wall times
+# is printed at the end, also when a stage fails, so a slow or red run says where its
+# time went.
+#
+# Three builds run side by side: the Go-built test tools (mostly the kube-apiserver),
+# the Rust workspace and the end-to-end tests' guest image. Each leaves cores idle at
+# times (module and package downloads, single-threaded links, dpkg), so together they
+# take little more than the longest of the three.
+#
+# Usage: integration/tools/ci.sh        (from `make ci`, as root on a fresh machine)
+# Env:   CI_STAGE_TIMES  also write the table (tab-separated) to this file
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+times=$(mktemp)
+logs=$(mktemp -d)
+run_start=$SECONDS
+
+report() {
+  local rc=$?
+  {
+    echo
+    echo "ci stages (wall time):"
+    printf '  %-16s %8s  %s\n' stage seconds result
+    while IFS=$'\t' read -r name seconds status; do
+      printf '  %-16s %8s  %s\n' "$name" "$seconds" "$([ "$status" = 0 ] && echo ok || echo "FAILED ($status)")"
+    done <"$times"
+    printf '  %-16s %8s\n' total $((SECONDS - run_start))
+  } >&2
+  if [ -n "${CI_STAGE_TIMES:-}" ]; then cp "$times" "$CI_STAGE_TIMES"; fi
+  rm -rf "$times" "$logs"
+  exit "$rc"
+}
+trap report EXIT
+
+# stage NAME COMMAND...: runs COMMAND and records its wall time and exit status.
+stage() {
+  local name=$1
+  shift
+  local start=$SECONDS status=0
+  echo "==> ci: $name" >&2
+  "$@" || status=$?
+  printf '%s\t%s\t%s\n' "$name" $((SECONDS - start)) "$status" >>"$times"
+  return "$status"
+}
+
+stage setup-system make setup-system
+
+# The tools and the guest image build in the background with their output kept aside,
+# printed once the workspace build is done, so the logs do not interleave.
+(stage setup-tools make setup-tools >"$logs/setup-tools.log" 2>&1) &
+tools=$!
+(stage guest-image make guest-image >"$logs/guest-image.log" 2>&1) &
+image=$!
+failed=0
+stage build cargo build --workspace --all-targets --locked || failed=1
+wait "$tools" || failed=1
+cat "$logs/setup-tools.log" >&2
+wait "$image" || failed=1
+cat "$logs/guest-image.log" >&2
+if [ "$failed" -ne 0 ]; then
+  exit 1
+fi
+
+stage fmt-check make fmt-check
+stage lint make lint
+stage breaking make breaking
+stage generate-check make generate-check
+stage test make test
