@@ -15,6 +15,7 @@ pub mod client;
 pub mod conformance;
 mod deadline;
 pub mod error;
+pub mod paging;
 pub mod reference;
 pub mod server;
 pub mod telemetry;

@@ -79,6 +79,7 @@ async fn an_expired_grpc_timeout_answers_deadline_exceeded_with_error_info() {
         remaining: Some(1),
         effect: FaultEffect::Hang,
         message: String::new(),
+        retry_after: None,
     });
     let started = Instant::now();
     let request = pb::GetInstanceRequest { id: "x".into() }.encode_to_vec();
@@ -177,6 +178,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     remaining: Some(1),
                     effect: FaultEffect::Hang,
                     message: String::new(),
+                    retry_after: None,
                 });
                 let request = pb::GetCapabilitiesRequest {}.encode_to_vec();
                 raw_call(address, "GetCapabilities", &request, "200m").await
@@ -187,6 +189,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     remaining: Some(1),
                     effect: FaultEffect::Fail(ErrorClass::Transient),
                     message: "injected".into(),
+                    retry_after: None,
                 });
                 client
                     .get_plugin_info(pb::GetPluginInfoRequest {})
