@@ -39,7 +39,7 @@ from grpc_status import rpc_status
 
 SERVICE = "egressproxy.provider.v1.Provider"
 DOMAIN = "egressproxy.dev"
-CONTRACT_VERSION = "1.0.0"
+CONTRACT_VERSION = "1.1.0"
 MACHINE_TYPES = ("small", "medium")
 IMAGES = ("debian-12",)
 HOSTS = ("local",)
