@@ -59,7 +59,7 @@ chart-lint:
 dockerfile-lint:
 	$(HADOLINT) deploy/docker/*.Dockerfile
 
-## breaking: buf breaking against the previous commit of main
+## breaking: buf breaking against the previous commit of main and against contract 1.0
 breaking:
 	integration/tools/buf-breaking.sh "$(BUF)"
 

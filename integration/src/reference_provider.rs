@@ -42,7 +42,8 @@ pub struct ReferenceProvider {
 
 impl ReferenceProvider {
     /// Starts the provider with extra command-line `args` (for example
-    /// `["--provisioning-delay", "0s"]`) and waits until it listens.
+    /// `["--provisioning-delay", "0s"]`) and waits until it listens. It serves its test
+    /// controls (`--fault-injection`): tests inject faults through them.
     pub fn start(args: &[&str]) -> anyhow::Result<Self> {
         Self::start_at("127.0.0.1:0", args)
     }
@@ -52,7 +53,7 @@ impl ReferenceProvider {
         let binary = workspace_binary("reference-provider")?;
         let (child, address) = spawn_listening(
             Command::new(&binary)
-                .args(["--listen", listen])
+                .args(["--listen", listen, "--fault-injection"])
                 .args(args)
                 .stdin(Stdio::null())
                 .stderr(Stdio::inherit()),

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Builds the pinned Go test tooling (grpcurl, buf, helm, kube-harness) from the Go module proxy into
-# one cache directory. A warm run finds every binary at its pinned version and builds
-# nothing. Test tooling only: the product is Rust.
+# Builds the pinned Go test tooling (grpcurl, buf, helm, kube-harness, the protoc-gen-go and
+# protoc-gen-go-grpc plugins, and the Go client's dependencies) from the Go module proxy
+# into one cache directory. A warm run finds every binary at its pinned version and
+# builds nothing. Test tooling only: the product is Rust.
 #
 # Usage: integration/tools/install-go-tools.sh [TOOL...]   # prints the bin directory
-#        With TOOL names (grpcurl, buf, helm, kube-harness), builds only those.
+#        With TOOL names (grpcurl, buf, helm, kube-harness, protoc-gen-go,
+#        protoc-gen-go-grpc, go-client), builds only those.
 # Env:   EGRESSPROXY_TOOLS_DIR  cache directory (default: $XDG_CACHE_HOME/egressproxy/tools)
 set -euo pipefail
 
 GRPCURL_VERSION=v1.9.4
 BUF_VERSION=v1.75.0
 HELM_VERSION=v3.22.0
+# The plugins docs/contract.md's Go code generation names (buf.gen.go.yaml runs them).
+PROTOC_GEN_GO_VERSION=v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 
 cache="${EGRESSPROXY_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/egressproxy/tools}"
 bin="$cache/bin"
@@ -30,8 +35,8 @@ fi
 requested=("$@")
 for name in "${requested[@]}"; do
   case "$name" in
-    grpcurl | buf | helm | kube-harness) ;;
-    *) echo "install-go-tools: unknown tool '$name': choose from grpcurl, buf, helm, kube-harness" >&2; exit 2 ;;
+    grpcurl | buf | helm | kube-harness | protoc-gen-go | protoc-gen-go-grpc | go-client) ;;
+    *) echo "install-go-tools: unknown tool '$name': choose from grpcurl, buf, helm, kube-harness, protoc-gen-go, protoc-gen-go-grpc, go-client" >&2; exit 2 ;;
   esac
 done
 wanted() {
@@ -41,10 +46,9 @@ wanted() {
   return 1
 }
 
-# install NAME MODULE_PATH VERSION: go install unless $bin/NAME.version already says VERSION.
-install() {
+# ensure NAME MODULE_PATH VERSION: go install unless $bin/NAME.version already says VERSION.
+ensure() {
   local name=$1 pkg=$2 version=$3
-  wanted "$name" || return 0
   if [ -x "$bin/$name" ] && [ "$(cat "$bin/$name.version" 2>/dev/null)" = "$version" ]; then
     return 0
   fi
@@ -56,10 +60,42 @@ install() {
   echo "$version" >"$bin/$name.version"
 }
 
+# install NAME MODULE_PATH VERSION: ensure NAME when it was asked for (or nothing was).
+install() {
+  wanted "$1" || return 0
+  ensure "$@"
+}
+
 install grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl "$GRPCURL_VERSION"
 install buf github.com/bufbuild/buf/cmd/buf "$BUF_VERSION"
 install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+install protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
+install protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
 
+# go-client: the Go client of integration/go-client is generated and built by its test
+# (integration/tests/go_client.rs), from the proto of the checkout. Here it is generated
+# and built once the same way, so its modules are downloaded and compiled into Go's
+# caches and the test's build is a warm one. Keyed on a hash of its go.mod, go.sum and
+# sources.
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+client_src="$repo/integration/go-client"
+client_key="$(cd "$client_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
+if wanted go-client && [ "$(cat "$bin/go-client.version" 2>/dev/null)" != "$client_key" ]; then
+  ensure buf github.com/bufbuild/buf/cmd/buf "$BUF_VERSION"
+  ensure protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
+  ensure protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
+  echo "install-go-tools: building the Go client once (downloads and compiles grpc-go and protobuf)" >&2
+  work="$(mktemp -d)"
+  cp "$client_src"/main.go "$client_src"/go.mod "$client_src"/go.sum "$work"/
+  if ! (cd "$repo" && PATH="$bin:$PATH" "$bin/buf" generate --template buf.gen.go.yaml -o "$work" >&2) \
+     || ! (cd "$work" && GOFLAGS=-mod=readonly go build -o /dev/null . >&2); then
+    rm -rf "$work"
+    echo "install-go-tools: building the Go client failed (see above). Check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY)) and rerun." >&2
+    exit 1
+  fi
+  rm -rf "$work"
+  echo "$client_key" >"$bin/go-client.version"
+fi
 
 # kube-harness: a real kube-apiserver with an embedded etcd, built from the Go module in
 # integration/kube-harness (see docs/testing/kube-apiserver.md). Keyed on a hash of that

@@ -689,6 +689,8 @@ async fn list_fails_when_one_configured_host_is_unreachable() {
     .await;
     assert_eq!(agent.instances.config().hosts.len(), 2);
     let key = "uid-list-partial";
+    // Create also asks hv2 whether the key is there; hv2 cannot answer and is skipped,
+    // so a host that is down does not stop Creates on the others.
     let created = agent.create(&request(key)).await.unwrap();
     assert_eq!(created.id, format!("hv1/{key}"));
 
@@ -709,6 +711,70 @@ async fn list_fails_when_one_configured_host_is_unreachable() {
     agent
         .instances
         .delete(&created.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(agent.guest_host.domains().is_empty());
+}
+
+/// A key names one instance whatever host a request names: the key created on hv1 is
+/// found from a Create naming hv2 (ALREADY_EXISTS: the placement differs) and from one
+/// naming no host once hv2 is the first host. Before, each host was asked alone and
+/// the second Create made a second instance of the key on hv2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_one_instance_across_hosts() {
+    let second = GuestHost::start();
+    let agent = agent_with(FaultHook::default(), |yaml| {
+        let hv2 = second
+            .config_yaml("unused", "unused")
+            .split("machineTypes:\n")
+            .next()
+            .unwrap()
+            .strip_prefix("hosts:\n")
+            .unwrap()
+            .replace("- name: hv1", "- name: hv2");
+        yaml.replace("machineTypes:\n", &format!("{hv2}machineTypes:\n"))
+    })
+    .await;
+    let key = "uid-two-hosts";
+    let on = |host: Option<&str>| {
+        let mut request = request(key);
+        request.placement.as_mut().unwrap().location =
+            host.map(|h| pb::placement::Location::Host(h.into()));
+        request
+    };
+    let created = agent.create(&on(Some("hv1"))).await.unwrap();
+    assert_eq!(created.id, format!("hv1/{key}"));
+
+    let err = agent.create(&on(Some("hv2"))).await.unwrap_err();
+    assert_eq!(err.class, ErrorClass::AlreadyExists, "{err}");
+    assert!(err.message.contains("hv1"), "{err}");
+    assert!(second.domains().is_empty(), "{:?}", second.domains());
+
+    // The same request again: the same instance.
+    let again = agent.create(&on(Some("hv1"))).await.unwrap();
+    assert_eq!(again.id, created.id);
+    agent
+        .instances
+        .delete(&created.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+
+    // Made with no location on hv1, then asked for with no location by an agent whose
+    // first host is hv2: the same instance, not a second one on hv2.
+    let anywhere = agent.create(&on(None)).await.unwrap();
+    assert_eq!(anywhere.id, format!("hv1/{key}"));
+    let mut reordered = (**agent.instances.config()).clone();
+    reordered.hosts.reverse();
+    let reordered = Arc::new(reordered);
+    let found = Instances::new(reordered.clone(), Arc::new(Pool::new(&reordered).unwrap()))
+        .create(&on(None), deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(found.id, anywhere.id);
+    assert!(second.domains().is_empty(), "{:?}", second.domains());
+    agent
+        .instances
+        .delete(&anywhere.id, deadline_in(GENEROUS))
         .await
         .unwrap();
     assert!(agent.guest_host.domains().is_empty());

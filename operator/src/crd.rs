@@ -232,7 +232,9 @@ pub struct ProxyStatus {
     #[serde(default)]
     #[schemars(range(max = 2147483647), extend("format" = "int32"))]
     pub replacements: u32,
-    /// Addresses the proxy is reachable at.
+    /// Addresses the proxy is reachable at: first the one the operator uses and checks
+    /// (the first internal address of an IP family it reaches), then the rest in the
+    /// provider's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<ProxyAddress>,
     /// The `metadata.generation` this status describes.

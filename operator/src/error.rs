@@ -210,6 +210,48 @@ mod tests {
         }
     }
 
+    /// The contract's error table tells callers what to do per class; the operator's
+    /// retry policy must be what it says. Before, the table said permanent errors and
+    /// ALREADY_EXISTS are retried only after a spec change, while the operator retries
+    /// them slowly (a fix outside the spec announces itself no other way).
+    #[test]
+    fn the_contracts_error_table_says_what_the_operator_does() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/contract.md"))
+                .unwrap();
+        // The class table: | class | gRPC code | details | caller does |.
+        let caller_does = |code: &str| -> String {
+            doc.lines()
+                .map(|line| line.split('|').map(str::trim).collect::<Vec<_>>())
+                .find(|cells| cells.len() == 6 && cells[2] == format!("`{code}`"))
+                .map(|cells| cells[4].to_lowercase())
+                .unwrap_or_else(|| panic!("docs/contract.md's error table has no row for {code}"))
+        };
+        for (class, code) in [
+            (ErrorClass::Transient, "UNAVAILABLE"),
+            (ErrorClass::DeadlineExceeded, "DEADLINE_EXCEEDED"),
+            (ErrorClass::Permanent, "FAILED_PRECONDITION"),
+            (ErrorClass::InvalidArgument, "INVALID_ARGUMENT"),
+            (ErrorClass::AlreadyExists, "ALREADY_EXISTS"),
+            (ErrorClass::QuotaExhausted, "RESOURCE_EXHAUSTED"),
+        ] {
+            let error = ProviderError::new(class, "x").with_retry_after(
+                (class == ErrorClass::QuotaExhausted).then_some(Duration::from_secs(30)),
+            );
+            let wanted = match provider(error).retry() {
+                Retry::Backoff => "backoff",
+                Retry::After(_) => "retryinfo",
+                Retry::Slowly => "slowly",
+                Retry::OnSpecChange => "new request",
+            };
+            let said = caller_does(code);
+            assert!(
+                said.contains(wanted),
+                "{code}: the contract says {said:?}, the operator does {wanted:?}"
+            );
+        }
+    }
+
     #[test]
     fn provider_error_classes_map_to_retry_policies() {
         let cases = [

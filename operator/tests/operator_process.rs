@@ -120,6 +120,7 @@ async fn an_operator_killed_mid_create_leaves_exactly_one_instance() {
                 },
             )),
             message: String::new(),
+            retry_after: None,
         })
         .await
         .unwrap();

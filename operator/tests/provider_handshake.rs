@@ -48,6 +48,7 @@ async fn concurrent_callers_share_one_handshake() {
                 },
             )),
             message: String::new(),
+            retry_after: None,
         })
         .await
         .unwrap();
@@ -73,6 +74,7 @@ async fn callers_waiting_on_a_failed_handshake_share_its_failure() {
                 control::ErrorClass::Transient.into(),
             )),
             message: "starting up".into(),
+            retry_after: None,
         })
         .await
         .unwrap();

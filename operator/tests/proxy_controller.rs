@@ -405,6 +405,7 @@ async fn an_unavailable_provider_is_retried_until_it_answers() {
                 control::ErrorClass::Transient.into(),
             )),
             message: "hypervisor unreachable".into(),
+            retry_after: None,
         })
         .await
         .unwrap();

@@ -191,6 +191,7 @@ impl Harness {
                     control::ErrorClass::Permanent.into(),
                 )),
                 message: message.into(),
+                retry_after: None,
             })
             .await
             .unwrap();

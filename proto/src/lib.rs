@@ -15,6 +15,7 @@ pub mod client;
 pub mod conformance;
 mod deadline;
 pub mod error;
+pub mod paging;
 pub mod reference;
 pub mod server;
 pub mod telemetry;
@@ -31,7 +32,7 @@ pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from
 /// `GetPluginInfo`; callers refuse a provider whose major version differs.
-pub const CONTRACT_VERSION: &str = "1.0.0";
+pub const CONTRACT_VERSION: &str = "1.1.0";
 
 /// Generated protobuf and gRPC code.
 #[allow(unreachable_pub, missing_debug_implementations, clippy::all)]

@@ -1,8 +1,14 @@
 //! Request checks every provider applies the same way, so callers see one set of
 //! limits and field names whatever the infrastructure. Each check collects every
 //! violation, so a user fixes a request in one round.
+//!
+//! The limits are the contract's (`provider.proto`, the limits table in
+//! `docs/contract.md`): a provider accepts every value within them, and answers one
+//! past them with INVALID_ARGUMENT naming the field. A map entry is named by
+//! [`map_entry_path`].
 
 use crate::ProviderError;
+use crate::error::bounded;
 use crate::pb;
 
 /// Largest accepted `cloud_init.user_data` (and `vendor_data`), in bytes.
@@ -11,8 +17,16 @@ pub const MAX_USER_DATA_BYTES: usize = 64 * 1024;
 pub const MAX_KEY_LEN: usize = 128;
 /// Largest accepted tag key or value, in bytes.
 pub const MAX_TAG_BYTES: usize = 256;
-/// Most tags on one instance.
+/// Most tags on one instance (and entries in a tag selector).
 pub const MAX_TAGS: usize = 64;
+/// The default limit of a string field without a limit of its own, in bytes (CSI's).
+pub const MAX_STRING_BYTES: usize = 128;
+/// Largest accepted `name`, in bytes (`namespace/name` of a Kubernetes object fits).
+pub const MAX_NAME_BYTES: usize = 512;
+/// Largest accepted `placement.host`, in bytes (a DNS name fits).
+pub const MAX_HOST_BYTES: usize = 256;
+/// Largest instance id a provider returns, in bytes; a longer one names no instance.
+pub const MAX_ID_BYTES: usize = 512;
 
 #[derive(Default)]
 struct Violations(Vec<(String, String)>);
@@ -46,22 +60,16 @@ impl Violations {
 pub fn check_create_request(request: &pb::CreateInstanceRequest) -> Result<(), ProviderError> {
     let mut violations = Violations::default();
     check_key(&request.key, &mut violations);
-    if request.tags.len() > MAX_TAGS {
+    if request.name.len() > MAX_NAME_BYTES {
         violations.add(
-            "tags",
-            format!("at most {MAX_TAGS} tags, got {}", request.tags.len()),
+            "name",
+            format!(
+                "{} bytes is over the {MAX_NAME_BYTES}-byte limit",
+                request.name.len()
+            ),
         );
     }
-    for (key, value) in &request.tags {
-        if key.is_empty() || key.len() > MAX_TAG_BYTES || value.len() > MAX_TAG_BYTES {
-            violations.add(
-                format!("tags[{key:?}]"),
-                format!(
-                    "tag keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"
-                ),
-            );
-        }
-    }
+    check_tags("tags", &request.tags, &mut violations);
     match &request.placement {
         None => violations.add("placement", "required: set machine_type and image"),
         Some(placement) => check_placement(placement, &mut violations),
@@ -96,6 +104,67 @@ pub fn check_create_request(request: &pb::CreateInstanceRequest) -> Result<(), P
     violations.into_result()
 }
 
+/// Checks a ListInstances request: the selector's size and entries (the page token is
+/// the provider's to check, see [`crate::paging`]).
+pub fn check_list_request(request: &pb::ListInstancesRequest) -> Result<(), ProviderError> {
+    let mut violations = Violations::default();
+    check_tags("tag_selector", &request.tag_selector, &mut violations);
+    violations.into_result()
+}
+
+/// The field path of entry `key` of map field `map`: `tags["egressproxy.dev/uid"]`,
+/// with exactly `"` and `\` escaped by a backslash and every other character as it is.
+/// A key within the map's limit ([`MAX_TAG_BYTES`]) is written whole, so the path names
+/// the entry exactly; a longer one is cut to its first 128 characters and marked
+/// `…(N bytes)` inside the quotes, like any echoed value.
+pub fn map_entry_path(map: &str, key: &str) -> String {
+    let shown = if key.len() <= MAX_TAG_BYTES {
+        key.to_owned()
+    } else {
+        bounded::cut_word(key)
+    };
+    let mut path = String::with_capacity(map.len() + shown.len() + 4);
+    path.push_str(map);
+    path.push_str("[\"");
+    for c in shown.chars() {
+        if matches!(c, '"' | '\\') {
+            path.push('\\');
+        }
+        path.push(c);
+    }
+    path.push_str("\"]");
+    path
+}
+
+fn check_tags(
+    field: &str,
+    tags: &std::collections::HashMap<String, String>,
+    violations: &mut Violations,
+) {
+    if tags.len() > MAX_TAGS {
+        violations.add(
+            field,
+            format!("at most {MAX_TAGS} entries, got {}", tags.len()),
+        );
+    }
+    let mut keys: Vec<&String> = tags.keys().collect();
+    keys.sort();
+    for key in keys {
+        let value = &tags[key];
+        if key.is_empty() || key.len() > MAX_TAG_BYTES || value.len() > MAX_TAG_BYTES {
+            violations.add(
+                map_entry_path(field, key),
+                format!(
+                    "keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES} \
+                     (this key is {} bytes, its value {})",
+                    key.len(),
+                    value.len()
+                ),
+            );
+        }
+    }
+}
+
 /// Checks that a placement names a machine type and an image.
 pub fn check_placement_request(placement: Option<&pb::Placement>) -> Result<(), ProviderError> {
     let mut violations = Violations::default();
@@ -117,11 +186,18 @@ pub fn check_id(id: &str) -> Result<(), ProviderError> {
     Ok(())
 }
 
+/// Whether `key` is a valid idempotency key: 1 to [`MAX_KEY_LEN`] characters of
+/// `[A-Za-z0-9._-]`, nothing else (no whitespace, no line end).
+pub fn is_valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_KEY_LEN
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 fn check_key(key: &str, violations: &mut Violations) {
-    let valid_chars = key
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if key.is_empty() || key.len() > MAX_KEY_LEN || !valid_chars {
+    if !is_valid_key(key) {
         violations.add(
             "key",
             format!("must be 1 to {MAX_KEY_LEN} characters of [A-Za-z0-9._-]"),
@@ -148,6 +224,25 @@ fn check_placement(placement: &pb::Placement, violations: &mut Violations) {
         ),
         _ => {}
     }
+    let mut limit = |field: &str, value: &str, max: usize| {
+        if value.len() > max {
+            violations.add(
+                field,
+                format!("{} bytes is over the {max}-byte limit", value.len()),
+            );
+        }
+    };
+    match &placement.location {
+        Some(Location::Host(host)) => limit("placement.host", host, MAX_HOST_BYTES),
+        Some(Location::Zone(zone)) => limit("placement.zone", zone, MAX_STRING_BYTES),
+        None => {}
+    }
+    limit(
+        "placement.machine_type",
+        &placement.machine_type,
+        MAX_STRING_BYTES,
+    );
+    limit("placement.image", &placement.image, MAX_STRING_BYTES);
 }
 
 #[cfg(test)]
@@ -228,6 +323,80 @@ mod tests {
         let debug = format!("{request:?}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(debug.contains("32 bytes redacted"), "{debug}");
+    }
+
+    #[test]
+    fn map_entry_paths_escape_only_quotes_and_backslashes_and_name_the_entry_whole() {
+        assert_eq!(
+            map_entry_path("tags", "egressproxy.dev/uid"),
+            r#"tags["egressproxy.dev/uid"]"#
+        );
+        assert_eq!(
+            map_entry_path("tags", "a\"b\\c\td\né\0"),
+            "tags[\"a\\\"b\\\\c\td\né\0\"]"
+        );
+        let longest = "k".repeat(MAX_TAG_BYTES);
+        assert_eq!(
+            map_entry_path("tags", &longest),
+            format!("tags[\"{longest}\"]")
+        );
+        let too_long = "k".repeat(4000);
+        assert_eq!(
+            map_entry_path("tags", &too_long),
+            format!("tags[\"{}…(4000 bytes)\"]", "k".repeat(128))
+        );
+    }
+
+    #[test]
+    fn a_tag_at_the_limit_is_named_whole_by_the_status_a_caller_receives() {
+        let mut request = valid();
+        let key = format!("\"{}", "k".repeat(MAX_TAG_BYTES - 1));
+        request
+            .tags
+            .insert(key.clone(), "v".repeat(MAX_TAG_BYTES + 1));
+        let status = check_create_request(&request).unwrap_err().to_status();
+        let decoded = ProviderError::from_status(&status);
+        assert_eq!(
+            decoded.field_violations[0].field,
+            map_entry_path("tags", &key)
+        );
+    }
+
+    #[test]
+    fn string_limits_name_their_fields() {
+        let mut request = valid();
+        request.name = "n".repeat(MAX_NAME_BYTES + 1);
+        request.placement = Some(pb::Placement {
+            location: Some(pb::placement::Location::Host(
+                "h".repeat(MAX_HOST_BYTES + 1),
+            )),
+            machine_type: "m".repeat(MAX_STRING_BYTES + 1),
+            image: "i".repeat(MAX_STRING_BYTES + 1),
+        });
+        assert_eq!(
+            fields(check_create_request(&request)),
+            [
+                "name",
+                "placement.host",
+                "placement.machine_type",
+                "placement.image"
+            ]
+        );
+        request.name = "n".repeat(MAX_NAME_BYTES);
+        request.placement = Some(pb::Placement {
+            location: Some(pb::placement::Location::Host("h".repeat(MAX_HOST_BYTES))),
+            machine_type: "m".repeat(MAX_STRING_BYTES),
+            image: "i".repeat(MAX_STRING_BYTES),
+        });
+        check_create_request(&request).unwrap();
+    }
+
+    #[test]
+    fn a_key_with_a_line_end_is_refused() {
+        for key in ["key\n", "key\r\n", "a b", "a/b", "é", "\nkey"] {
+            assert!(!is_valid_key(key), "{key:?}");
+        }
+        assert!(is_valid_key(&"K".repeat(MAX_KEY_LEN)));
     }
 
     #[test]

@@ -70,6 +70,7 @@ async fn a_hung_call_fails_at_the_client_deadline() {
         remaining: Some(1),
         effect: FaultEffect::Hang,
         message: String::new(),
+        retry_after: None,
     });
     let mut options = ClientOptions::new(format!("http://{}", server.address));
     options.call_timeout = Duration::from_millis(300);
@@ -127,6 +128,7 @@ async fn shutdown_flips_health_and_drains_in_flight_calls() {
         remaining: Some(1),
         effect: FaultEffect::Latency(Duration::from_millis(500)),
         message: String::new(),
+        retry_after: None,
     });
     let mut client = server.client();
     let in_flight =
@@ -213,6 +215,7 @@ async fn control_service_forces_state_and_counts_calls() {
                 control::ErrorClass::QuotaExhausted.into(),
             )),
             message: "no capacity".into(),
+            retry_after: None,
         })
         .await
         .unwrap();

@@ -21,6 +21,7 @@ use tonic_types::StatusExt;
 async fn start() -> (SocketAddr, MemoryProvider) {
     let provider = MemoryProvider::new(ReferenceConfig {
         provisioning_delay: Duration::from_millis(100),
+        deleting_delay: Duration::from_secs(60),
         ..ReferenceConfig::default()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -79,6 +80,7 @@ async fn an_expired_grpc_timeout_answers_deadline_exceeded_with_error_info() {
         remaining: Some(1),
         effect: FaultEffect::Hang,
         message: String::new(),
+        retry_after: None,
     });
     let started = Instant::now();
     let request = pb::GetInstanceRequest { id: "x".into() }.encode_to_vec();
@@ -177,9 +179,34 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     remaining: Some(1),
                     effect: FaultEffect::Hang,
                     message: String::new(),
+                    retry_after: None,
                 });
                 let request = pb::GetCapabilitiesRequest {}.encode_to_vec();
                 raw_call(address, "GetCapabilities", &request, "200m").await
+            }
+            "INVALID_PAGE_TOKEN" => client
+                .list_instances(pb::ListInstancesRequest {
+                    page_token: "not-a-page-token".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            "KEY_BEING_DELETED" => {
+                let made = client
+                    .create_instance(request("deleted", 3128))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .instance
+                    .unwrap();
+                client
+                    .delete_instance(pb::DeleteInstanceRequest { id: made.id })
+                    .await
+                    .unwrap();
+                client
+                    .create_instance(request("deleted", 3128))
+                    .await
+                    .unwrap_err()
             }
             "INJECTED_FAULT" => {
                 provider.faults().inject(Fault {
@@ -187,6 +214,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     remaining: Some(1),
                     effect: FaultEffect::Fail(ErrorClass::Transient),
                     message: "injected".into(),
+                    retry_after: None,
                 });
                 client
                     .get_plugin_info(pb::GetPluginInfoRequest {})
@@ -209,7 +237,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         checked += 1;
     }
     assert_eq!(
-        checked, 5,
+        checked, 7,
         "every reason the reference provider sends is checked"
     );
 }

@@ -1,11 +1,16 @@
 """An egressproxy provider written from the proto and docs/contract.md alone.
 
 Instances live in memory; each turns RUNNING with the address 127.0.0.1 a moment after
-Create. It shows, in plain grpcio, what any provider must do beyond the proto:
+Create, and stays DELETING a moment after Delete. It shows, in plain grpcio, what any
+provider must do beyond the proto:
 
 - errors as google.rpc.Status in the grpc-status-details-bin trailer, with ErrorInfo
-  (domain egressproxy.dev, an UPPER_SNAKE_CASE reason) and BadRequest field violations;
+  (domain egressproxy.dev, an UPPER_SNAKE_CASE reason) and BadRequest field violations,
+  a map entry named tags["key"] with only `"` and `\` escaped;
 - echoed input bounded, so an error never outgrows a client's 16 KiB metadata limit;
+- page tokens it can tell from anything it did not issue, and pages bounded in bytes;
+- while an instance is DELETING, Create of its key answers UNAVAILABLE, reason
+  KEY_BEING_DELETED;
 - grpc.health.v1 SERVING for "" and egressproxy.provider.v1.Provider;
 - server reflection v1 (grpcio-reflection ships only v1alpha: the same servicer is
   also registered under the v1 name, whose messages are identical on the wire) and the
@@ -16,6 +21,8 @@ Usage: python provider.py --generated DIR [--listen 127.0.0.1:0]
 """
 
 import argparse
+import base64
+import hashlib
 import re
 import sys
 import threading
@@ -32,50 +39,93 @@ from grpc_status import rpc_status
 
 SERVICE = "egressproxy.provider.v1.Provider"
 DOMAIN = "egressproxy.dev"
+CONTRACT_VERSION = "1.1.0"
 MACHINE_TYPES = ("small", "medium")
 IMAGES = ("debian-12",)
 HOSTS = ("local",)
-PROVISIONING_SECONDS = 0.2
+PROVISIONING_SECONDS, DELETING_SECONDS = 0.2, 0.2
 MAX_KEY_LEN, MAX_TAGS, MAX_TAG_BYTES, MAX_USER_DATA = 128, 64, 256, 64 * 1024
-KEY_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MAX_NAME, MAX_STRING, MAX_HOST = 512, 128, 256
+# fullmatch: with match and `$`, "key\n" would pass (`$` matches before a final line feed).
+KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 4096  # the 4 MiB every caller accepts, less room
+MAX_FIELD_PATH, MAX_DESCRIPTION, MAX_MESSAGE, MAX_DETAILS = 1024, 512, 1024, 8 * 1024
+TOKEN_CONTEXT = b"python-example/page-token/v1\0"
 
 
-def bound(text, limit=1024):
+def cut_word(word):
+    return word if len(word) <= 128 else f"{word[:128]}…({len(word.encode())} bytes)"
+
+
+def bound(text, limit=MAX_MESSAGE):
     """Cuts every word over 128 characters, then the whole text to `limit` bytes."""
-    words = [w if len(w) <= 128 else f"{w[:128]}…({len(w.encode())} bytes)" for w in text.split(" ")]
-    text = " ".join(words)
+    text = " ".join(cut_word(w) for w in text.split(" "))
     raw = text.encode()
     if len(raw) <= limit:
         return text
     return raw[: limit - 20].decode(errors="ignore") + f"…({len(raw)} bytes)"
 
 
+def field_path(path):
+    """A field path is sent whole up to 1 KiB (any map entry within the limits fits)."""
+    return path if len(path.encode()) <= MAX_FIELD_PATH else bound(path, MAX_DESCRIPTION)
+
+
+def page_token(last_id):
+    """The last id of a page with a checksum, so a token this provider did not issue
+    (made up, or an issued one changed) is refused instead of read as a position."""
+    encoded = base64.urlsafe_b64encode(last_id.encode()).decode().rstrip("=")
+    checksum = hashlib.sha256(TOKEN_CONTEXT + last_id.encode()).hexdigest()[:16]
+    return f"{encoded}.{checksum}"
+
+
+def read_page_token(token):
+    """The last id a token names; None when this provider did not issue it."""
+    encoded, _, _ = token.partition(".")
+    try:
+        last_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except ValueError:
+        return None
+    return last_id if page_token(last_id) == token else None
+
+
 class ContractError(Exception):
     """An error of the contract: a gRPC code, a reason, and the fields at fault."""
 
-    def __init__(self, code, reason, message, violations=()):
+    def __init__(self, code, reason, message, violations=(), retry_after=None):
         super().__init__(message)
         self.code, self.reason, self.message, self.violations = code, reason, message, list(violations)
+        self.retry_after = retry_after  # seconds, sent as RetryInfo
 
     def abort(self, context):
         info = error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN)
         details = [info]
-        if self.violations:
-            details.append(
-                error_details_pb2.BadRequest(
-                    field_violations=[
-                        error_details_pb2.BadRequest.FieldViolation(field=bound(f, 512), description=bound(d, 512))
-                        for f, d in self.violations[:10]
-                    ]
-                )
+        # At most 10 violations, and fewer when the details would pass 8 KiB.
+        violations, size = [], len(self.message.encode()) + 128
+        for field, description in self.violations[:10]:
+            violation = error_details_pb2.BadRequest.FieldViolation(
+                field=field_path(field), description=bound(description, MAX_DESCRIPTION)
             )
+            size += violation.ByteSize() + 8
+            if violations and size > MAX_DETAILS:
+                break
+            violations.append(violation)
+        message = self.message
+        if len(violations) < len(self.violations):
+            message += f" ({len(self.violations) - len(violations)} more field violations not shown: fix these first)"
+        if violations:
+            details.append(error_details_pb2.BadRequest(field_violations=violations))
+        if self.retry_after is not None:
+            retry = error_details_pb2.RetryInfo()
+            retry.retry_delay.FromNanoseconds(int(self.retry_after * 1e9))
+            details.append(retry)
         packed = []
         for detail in details:
             value = any_pb2.Any()
             value.Pack(detail)
             packed.append(value)
-        status = status_pb2.Status(code=self.code, message=bound(self.message), details=packed)
+        status = status_pb2.Status(code=self.code, message=bound(message), details=packed)
         context.abort_with_status(rpc_status.to_status(status))
 
 
@@ -84,10 +134,20 @@ def invalid(violations):
     return ContractError(code_pb2.INVALID_ARGUMENT, "INVALID_ARGUMENT", f"invalid request: {summary}", violations)
 
 
-def tag_path(key):
-    """A map entry's field path: tags["key"] (quotes and backslashes escaped)."""
-    escaped = key.replace("\\", "\\\\").replace('"', '\\"')
-    return f'tags["{escaped}"]'
+def entry_path(field, key):
+    """A map entry's field path: tags["key"], with exactly `"` and `\\` escaped. A key
+    within the limit is written whole; a longer one is cut like an echoed word."""
+    shown = key if len(key.encode()) <= MAX_TAG_BYTES else cut_word(key)
+    escaped = shown.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{field}["{escaped}"]'
+
+
+def check_tags(field, tags, violations):
+    if len(tags) > MAX_TAGS:
+        violations.append((field, f"at most {MAX_TAGS} entries, got {len(tags)}"))
+    for key in sorted(tags):
+        if not key or len(key.encode()) > MAX_TAG_BYTES or len(tags[key].encode()) > MAX_TAG_BYTES:
+            violations.append((entry_path(field, key), f"keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"))
 
 
 def load_generated(directory):
@@ -97,11 +157,20 @@ def load_generated(directory):
     return provider_pb2, provider_pb2_grpc
 
 
+class Record:
+    """One instance: the Instance as created, when, the spec a repeated Create must
+    match, and when Delete was called (DELETING until DELETING_SECONDS later)."""
+
+    def __init__(self, instance, spec):
+        self.instance, self.spec = instance, spec
+        self.created, self.deleted = time.monotonic(), None
+
+
 def build_servicer(pb, pb_grpc):
     class Provider(pb_grpc.ProviderServicer):
         def __init__(self):
             self.lock = threading.Lock()
-            self.instances = {}  # id -> (Instance, created monotonic, spec)
+            self.instances = {}  # id -> Record
             self.ids_by_key = {}
 
         # Every method turns a ContractError into the contract's status.
@@ -111,9 +180,17 @@ def build_servicer(pb, pb_grpc):
             except ContractError as error:
                 error.abort(context)
 
+        def _purge(self):
+            """Removes the instances whose DELETING time is over (with the lock held)."""
+            now = time.monotonic()
+            for instance_id in [i for i, r in self.instances.items() if r.deleted and now - r.deleted >= DELETING_SECONDS]:
+                record = self.instances.pop(instance_id)
+                if self.ids_by_key.get(record.instance.key) == instance_id:
+                    del self.ids_by_key[record.instance.key]
+
         def GetPluginInfo(self, request, context):
             return pb.GetPluginInfoResponse(
-                name="python.example.egressproxy.dev", vendor_version="0.1.0", contract_version="1.0.0",
+                name="python.example.egressproxy.dev", vendor_version="0.1.0", contract_version=CONTRACT_VERSION,
                 manifest={"language": "python", "storage": "memory"},
             )
 
@@ -136,13 +213,11 @@ def build_servicer(pb, pb_grpc):
 
         def _validate_create(self, request):
             violations = []
-            if not KEY_PATTERN.match(request.key):
+            if not KEY_PATTERN.fullmatch(request.key):
                 violations.append(("key", f"must be 1 to {MAX_KEY_LEN} characters of [A-Za-z0-9._-]"))
-            if len(request.tags) > MAX_TAGS:
-                violations.append(("tags", f"at most {MAX_TAGS} tags, got {len(request.tags)}"))
-            for key, value in request.tags.items():
-                if not key or len(key.encode()) > MAX_TAG_BYTES or len(value.encode()) > MAX_TAG_BYTES:
-                    violations.append((tag_path(key), f"tag keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"))
+            if len(request.name.encode()) > MAX_NAME:
+                violations.append(("name", f"over the {MAX_NAME}-byte limit"))
+            check_tags("tags", request.tags, violations)
             self._check_placement(request.placement, request.HasField("placement"), violations)
             if len(request.cloud_init.user_data) > MAX_USER_DATA:
                 violations.append(("cloud_init.user_data", f"over the {MAX_USER_DATA}-byte limit"))
@@ -154,10 +229,12 @@ def build_servicer(pb, pb_grpc):
                 raise invalid(violations)
 
         def _snapshot(self, record):
-            instance, created, _spec = record
             snapshot = pb.Instance()
-            snapshot.CopyFrom(instance)
-            if time.monotonic() - created >= PROVISIONING_SECONDS:
+            snapshot.CopyFrom(record.instance)
+            if record.deleted is not None:
+                snapshot.state = pb.INSTANCE_STATE_DELETING
+                snapshot.state_message = "being deleted"
+            elif time.monotonic() - record.created >= PROVISIONING_SECONDS:
                 snapshot.state = pb.INSTANCE_STATE_RUNNING
                 snapshot.addresses.append(pb.Address(address="127.0.0.1", scope=pb.ADDRESS_SCOPE_INTERNAL, family=pb.IP_FAMILY_V4))
             else:
@@ -169,14 +246,21 @@ def build_servicer(pb, pb_grpc):
             def work():
                 self._validate_create(request)
                 # Idempotency compares the requested placement, cloud-init and port;
-                # name and tags are informational.
+                # name and tags are informational. An unset cloud_init serializes like
+                # an empty one: the same input.
                 spec = (request.placement.SerializeToString(deterministic=True),
                         request.cloud_init.SerializeToString(deterministic=True), request.proxy_port)
                 with self.lock:
+                    self._purge()
                     existing = self.ids_by_key.get(request.key)
                     if existing is not None:
                         record = self.instances[existing]
-                        if record[2] != spec:
+                        if record.deleted is not None:
+                            left = max(DELETING_SECONDS - (time.monotonic() - record.deleted), 0.01)
+                            raise ContractError(code_pb2.UNAVAILABLE, "KEY_BEING_DELETED",
+                                                f"key {request.key} belongs to instance {existing}, which is being deleted: retry once it is gone",
+                                                retry_after=left)
+                        if record.spec != spec:
                             raise ContractError(code_pb2.ALREADY_EXISTS, "ALREADY_EXISTS",
                                                 f"key {request.key} belongs to instance {existing}, created with another placement, cloud-init or proxy port: delete it first or use another key")
                         return pb.CreateInstanceResponse(instance=self._snapshot(record))
@@ -189,7 +273,7 @@ def build_servicer(pb, pb_grpc):
                         placement.host = HOSTS[0]
                     instance = pb.Instance(id=instance_id, key=request.key, name=request.name, create_time=created,
                                            tags=dict(request.tags), placement=placement, proxy_port=request.proxy_port)
-                    record = (instance, time.monotonic(), spec)
+                    record = Record(instance, spec)
                     self.instances[instance_id] = record
                     self.ids_by_key[request.key] = instance_id
                     return pb.CreateInstanceResponse(instance=self._snapshot(record))
@@ -205,6 +289,7 @@ def build_servicer(pb, pb_grpc):
             def work():
                 self._require_id(request.id)
                 with self.lock:
+                    self._purge()
                     record = self.instances.get(request.id)
                     if record is None:
                         raise ContractError(code_pb2.NOT_FOUND, "NOT_FOUND", f"instance {request.id} does not exist")
@@ -216,30 +301,43 @@ def build_servicer(pb, pb_grpc):
             def work():
                 self._require_id(request.id)
                 with self.lock:
-                    record = self.instances.pop(request.id, None)
-                    if record is not None:
-                        self.ids_by_key.pop(record[0].key, None)
+                    record = self.instances.get(request.id)
+                    if record is not None and record.deleted is None:
+                        record.deleted = time.monotonic()
+                    self._purge()
                 return pb.DeleteInstanceResponse()
 
             return self._call(context, work)
 
         def ListInstances(self, request, context):
             def work():
+                violations = []
+                check_tags("tag_selector", request.tag_selector, violations)
+                after = read_page_token(request.page_token) if request.page_token else ""
+                if after is None:
+                    violations.append(("page_token", "not a token this provider issued: pass next_page_token unchanged, or an empty token to start again"))
+                if violations:
+                    raise invalid(violations)
                 size = request.page_size if request.HasField("page_size") and request.page_size else DEFAULT_PAGE_SIZE
                 size = min(size, MAX_PAGE_SIZE)
-                # The token is the last id of the previous page: opaque to callers, and
-                # a walk under concurrent changes never repeats an instance.
+                # The token names the last id of the previous page, so a walk under
+                # concurrent changes never repeats an instance. A page also stops
+                # before 4 MiB, the largest message every caller accepts.
                 with self.lock:
-                    ids = sorted(self.instances)
-                    if request.page_token and not request.page_token.startswith("py-"):
-                        raise invalid([("page_token", "not a token this provider issued: start again with an empty token")])
+                    self._purge()
                     matching = [
-                        self.instances[i] for i in ids
-                        if i > request.page_token
-                        and all(self.instances[i][0].tags.get(k) == v for k, v in request.tag_selector.items())
+                        self.instances[i] for i in sorted(self.instances)
+                        if i > after
+                        and all(self.instances[i].instance.tags.get(k) == v for k, v in request.tag_selector.items())
                     ]
-                    page = [self._snapshot(r) for r in matching[:size]]
-                token = page[-1].id if len(matching) > size else ""
+                    page, size_bytes = [], 0
+                    for record in matching:
+                        snapshot = self._snapshot(record)
+                        size_bytes += snapshot.ByteSize() + 8
+                        if len(page) == size or (page and size_bytes > MAX_RESPONSE_BYTES):
+                            break
+                        page.append(snapshot)
+                token = page_token(page[-1].id) if len(page) < len(matching) else ""
                 return pb.ListInstancesResponse(instances=page, next_page_token=token)
 
             return self._call(context, work)

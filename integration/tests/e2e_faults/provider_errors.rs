@@ -157,6 +157,7 @@ async fn create_fails_with(
             count: None,
             effect: Some(Effect::Fail(class.class as i32)),
             message: message.clone(),
+            retry_after: None,
         })
         .await
         .unwrap();
@@ -230,6 +231,7 @@ async fn instance_not_found(stack: &Stack, control: &mut Control) -> Duration {
             count: Some(1),
             effect: Some(Effect::Fail(ErrorClass::NotFound as i32)),
             message: "injected NotFound".into(),
+            retry_after: None,
         })
         .await
         .unwrap();

@@ -2,10 +2,13 @@
 //!
 //! [`crate::provider::instances::Instances::create`] plans the request, takes the key's lock and
 //! then:
-//! 1. **existing domain** ([`existing_instance`]): a domain for the key whose metadata has
-//!    the same spec digest is started if it is not running and returned; another digest
-//!    is ALREADY_EXISTS naming the key; a domain with the name but not the agent's
-//!    metadata is ALREADY_EXISTS too (it is never touched);
+//! 1. **existing domain** ([`existing_instance`]), on the planned host and then on every
+//!    other configured host, since a key names one instance whatever host it is on: a
+//!    domain for the key whose metadata has the same spec digest is started if it is not
+//!    running and returned; another digest is ALREADY_EXISTS naming the key and its host;
+//!    on the planned host, a domain with the name but not the agent's metadata is
+//!    ALREADY_EXISTS too (it is never touched). Another host that cannot answer within a
+//!    few seconds is skipped and logged, so one host down does not stop Creates;
 //! 2. **base image**: the content-addressed base volume, from the image cache;
 //! 3. **overlay** ([`create_from_base`] from here on): a qcow2 overlay on the base file,
 //!    as large as the machine type's disk and never smaller than the base; created in one
@@ -104,11 +107,23 @@ impl fmt::Debug for FaultHook {
     }
 }
 
-/// Step 1: the key's existing instance (started if need be), `None` when there is none.
+/// Where step 1 looks for the key's domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Where {
+    /// On the host the plan chose: a domain with the name that is not the agent's
+    /// takes the name.
+    Planned,
+    /// On another host: only the agent's own domain for the key matters.
+    Elsewhere,
+}
+
+/// Step 1 on `host`: the key's existing instance (started if need be), `None` when
+/// there is none.
 pub async fn existing_instance(
     host: &Arc<HostPool>,
     plan: &CreatePlan,
     key: &str,
+    place: Where,
     deadline: Instant,
 ) -> Result<Option<pb::Instance>, ProviderError> {
     let domain = plan.names.domain.clone();
@@ -122,6 +137,7 @@ pub async fn existing_instance(
         .await?;
     match found {
         FoundDomain::Nothing => Ok(None),
+        FoundDomain::Foreign if place == Where::Elsewhere => Ok(None),
         FoundDomain::Foreign => Err(Error::DomainNameTaken {
             host: host.name().to_owned(),
             key: key.to_owned(),
@@ -161,7 +177,7 @@ async fn read(
     deadline: Instant,
 ) -> Result<pb::Instance, ProviderError> {
     let names = plan.names.clone();
-    let nic = NicKind::of(&plan.host.attachment());
+    let nic = NicKind::of(&host.config().attachment());
     let snapshot = host
         .call(
             LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone()),

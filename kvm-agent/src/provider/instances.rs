@@ -14,7 +14,9 @@
 //!   instance's name but not the agent's metadata is missing for both (Delete leaves it
 //!   and its volumes alone);
 //! - List fails when any host cannot be reached, so a garbage collector never mistakes
-//!   an unreachable host for an empty one.
+//!   an unreachable host for an empty one;
+//! - Create finds the key's instance on any host, not only the one it plans for; a
+//!   host that cannot answer is skipped (see `existing_elsewhere`).
 
 use std::sync::Arc;
 
@@ -28,12 +30,15 @@ use crate::images::cache::{BaseImage, ImageCache, ImageCacheOptions};
 use crate::libvirt::domains::{self, NicKind};
 use crate::libvirt::host::capabilities::VirtTypes;
 use crate::libvirt::naming::{InstanceId, InstanceNames};
-use crate::provider::create::{self, CreateStep, FaultHook};
+use crate::provider::create::{self, CreateStep, FaultHook, Where};
 use crate::provider::plan::plan_create;
 use crate::provider::state::to_contract_instance;
 use crate::provider::sync::KeyLocks;
 use crate::transport::call::LibvirtOp;
 use crate::transport::pool::{HostPool, Pool};
+
+/// How long Create asks another host whether the key's instance is there.
+const ELSEWHERE_LOOKUP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The instances on every configured host.
 #[derive(Debug, Clone)]
@@ -163,7 +168,13 @@ impl Instances {
         Fut: Future<Output = Result<BaseImage, Error>>,
     {
         if let Some(existing) =
-            create::existing_instance(&host, &plan, &request.key, deadline).await?
+            create::existing_instance(&host, &plan, &request.key, Where::Planned, deadline).await?
+        {
+            return Ok(existing);
+        }
+        if let Some(existing) = self
+            .existing_elsewhere(&host, &plan, &request.key, deadline)
+            .await?
         {
             return Ok(existing);
         }
@@ -180,6 +191,53 @@ impl Instances {
             deadline,
         )
         .await
+    }
+
+    /// The key's instance on a host other than `planned`, if the agent made one there: a
+    /// key names one instance on any host, and an earlier Create may have placed it
+    /// elsewhere (another requested host, or another first host since then). The hosts
+    /// are asked at once, each for at most [`ELSEWHERE_LOOKUP`]; one that cannot answer
+    /// is skipped and logged, so that a host that is down does not stop Creates on the
+    /// others (an instance of the key there is found again by Get, List and garbage
+    /// collection once it is back).
+    async fn existing_elsewhere(
+        &self,
+        planned: &Arc<HostPool>,
+        plan: &crate::provider::plan::CreatePlan,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<pb::Instance>, ProviderError> {
+        let others = self
+            .config
+            .hosts
+            .iter()
+            .filter(|h| h.name != planned.name())
+            .map(|h| self.pool.host(&h.name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bound = deadline.min(Instant::now() + ELSEWHERE_LOOKUP);
+        let answers = futures::future::join_all(
+            others
+                .iter()
+                .map(|other| create::existing_instance(other, plan, key, Where::Elsewhere, bound)),
+        )
+        .await;
+        for (other, answer) in others.iter().zip(answers) {
+            match answer {
+                Ok(Some(existing)) => return Ok(Some(existing)),
+                Ok(None) => {}
+                Err(error) if error.class == egressproxy_provider::ErrorClass::AlreadyExists => {
+                    return Err(error);
+                }
+                Err(error) => tracing::warn!(
+                    host = other.name(),
+                    instance.key = key,
+                    %error,
+                    "create: could not ask this host whether the key's instance is there; \
+                     going on without it"
+                ),
+            }
+        }
+        Ok(None)
     }
 
     /// The instance `id`: state, addresses, tags, placement.

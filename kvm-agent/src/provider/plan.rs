@@ -60,7 +60,7 @@ pub fn plan_create(
     }
     for (key, value) in &request.tags {
         if let Err(e) = check_xml_safe(key).and_then(|()| check_xml_safe(value)) {
-            violations.push((format!("tags[{key:?}]"), e.to_string()));
+            violations.push((validation::map_entry_path("tags", key), e.to_string()));
         }
     }
     let cloud_init = request.cloud_init.clone().unwrap_or_default();

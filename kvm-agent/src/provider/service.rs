@@ -10,16 +10,19 @@
 //! 3. answers errors through the crate's one mapping ([`crate::Error::to_provider_error`],
 //!    then [`ProviderError`] to `tonic::Status`).
 //!
-//! ListInstances pages over the matching instances sorted by id; the page token is the
-//! last id of the previous page, so instances created or deleted between pages neither
-//! repeat nor shift the rest. ValidatePlacement resolves the placement as Create would
+//! ListInstances pages over the matching instances sorted by id with the contract
+//! crate's paging: the token names the last id of the previous page (with a checksum, so
+//! a token the agent did not issue is INVALID_ARGUMENT), instances created or deleted
+//! between pages neither repeat nor shift the rest, and a page stays under 4 MiB. ValidatePlacement resolves the placement as Create would
 //! (unknown names are INVALID_ARGUMENT) and runs `check-host` on the chosen host: a
 //! failed check is FAILED_PRECONDITION listing what to fix; warnings (TCG instead of KVM)
 //! come back as the response's warnings.
 
 use std::time::Duration;
 
-use egressproxy_provider::{CONTRACT_VERSION, ProviderError, parse_grpc_timeout, pb};
+use egressproxy_provider::{
+    CONTRACT_VERSION, ProviderError, paging, parse_grpc_timeout, pb, validation,
+};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
@@ -32,12 +35,17 @@ use crate::transport::call::LibvirtOp;
 
 /// The name GetPluginInfo reports.
 pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
-/// The largest ListInstances page.
-pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Instances per ListInstances page when the caller sets no size: the largest, because
 /// every page costs a full sweep of the hosts whatever its size (a few round trips plus
 /// one metadata read per domain), so fewer pages are cheaper.
-pub(crate) const DEFAULT_PAGE_SIZE: usize = MAX_PAGE_SIZE;
+pub(crate) const DEFAULT_PAGE_SIZE: usize = paging::MAX_PAGE_SIZE;
+/// The optional features the agent has. IPv6: the guest agent and DHCP leases report
+/// the global IPv6 addresses of a guest on an IPv6 network, and the agent passes them on.
+pub(crate) const CAPABILITIES: [pb::Capability; 3] = [
+    pb::Capability::ValidatePlacement,
+    pb::Capability::VendorData,
+    pb::Capability::Ipv6,
+];
 /// How much earlier than the caller's deadline the agent gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 
@@ -128,12 +136,10 @@ impl KvmProvider {
         request: &pb::ListInstancesRequest,
         deadline: Instant,
     ) -> Result<pb::ListInstancesResponse, ProviderError> {
-        let page_size = match request.page_size {
-            None | Some(0) => DEFAULT_PAGE_SIZE,
-            Some(size) => usize::try_from(size)
-                .unwrap_or(MAX_PAGE_SIZE)
-                .min(MAX_PAGE_SIZE),
-        };
+        validation::check_list_request(request)?;
+        // Refuse a foreign token before sweeping the hosts.
+        paging::decode_token(&request.page_token)?;
+        let page_size = paging::page_size(request.page_size, DEFAULT_PAGE_SIZE);
         let mut selector: Vec<(String, String)> = request
             .tag_selector
             .iter()
@@ -142,26 +148,7 @@ impl KvmProvider {
         selector.sort();
         let mut instances = self.instances.list(&selector, deadline).await?;
         instances.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(page(instances, &request.page_token, page_size))
-    }
-}
-
-/// The instances after `token` (all when empty), at most `size`, and the next token.
-fn page(instances: Vec<pb::Instance>, token: &str, size: usize) -> pb::ListInstancesResponse {
-    let mut instances: Vec<pb::Instance> = instances
-        .into_iter()
-        .filter(|i| token.is_empty() || i.id.as_str() > token)
-        .take(size + 1)
-        .collect();
-    let next_page_token = if instances.len() > size {
-        instances.truncate(size);
-        instances.last().map(|i| i.id.clone()).unwrap_or_default()
-    } else {
-        String::new()
-    };
-    pb::ListInstancesResponse {
-        instances,
-        next_page_token,
+        paging::page(instances, &request.page_token, page_size)
     }
 }
 
@@ -200,12 +187,8 @@ impl pb::provider_server::Provider for KvmProvider {
         &self,
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        let capabilities = [
-            pb::Capability::ValidatePlacement,
-            pb::Capability::VendorData,
-        ];
         Ok(Response::new(pb::GetCapabilitiesResponse {
-            capabilities: capabilities.into_iter().map(Into::into).collect(),
+            capabilities: CAPABILITIES.into_iter().map(Into::into).collect(),
         }))
     }
 
@@ -272,43 +255,17 @@ impl pb::provider_server::Provider for KvmProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::state::to_contract_address;
 
-    fn instance(id: &str) -> pb::Instance {
-        pb::Instance {
-            id: id.into(),
-            ..Default::default()
-        }
-    }
-
+    /// Every address family the agent can report is declared: a global IPv6 address
+    /// reaches callers as a V6 address, so CAPABILITY_IPV6 must be there.
     #[test]
-    fn pages_follow_ids_and_end_with_an_empty_token() {
-        let all: Vec<pb::Instance> = ["a/1", "a/2", "b/1", "b/2", "c/1"]
-            .into_iter()
-            .map(instance)
-            .collect();
-        let mut token = String::new();
-        let mut seen = Vec::new();
-        loop {
-            let page = page(all.clone(), &token, 2);
-            assert!(page.instances.len() <= 2);
-            seen.extend(page.instances.into_iter().map(|i| i.id));
-            if page.next_page_token.is_empty() {
-                break;
+    fn every_address_family_reported_is_declared() {
+        for ip in ["192.0.2.10", "2001:db8::10"] {
+            let address = to_contract_address(ip.parse().unwrap());
+            if address.family() == pb::IpFamily::V6 {
+                assert!(CAPABILITIES.contains(&pb::Capability::Ipv6), "{ip}");
             }
-            token = page.next_page_token;
         }
-        assert_eq!(seen, ["a/1", "a/2", "b/1", "b/2", "c/1"]);
-        // A page that ends exactly at the last instance has no next token.
-        assert_eq!(page(all.clone(), "", 5).next_page_token, "");
-        // An instance deleted between pages does not shift the rest.
-        let fewer: Vec<_> = all.into_iter().filter(|i| i.id != "a/2").collect();
-        let next = page(fewer, "a/2", 2);
-        assert_eq!(
-            next.instances
-                .iter()
-                .map(|i| i.id.as_str())
-                .collect::<Vec<_>>(),
-            ["b/1", "b/2"]
-        );
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! [`KeyLocks`]: Create is idempotent on its key, but two concurrent Creates of the same
 //! key would both find no domain and both build one. The lock makes the second wait for
-//! the first and then find what it made. The map holds weak references, so a key's
-//! entry lives only while someone holds or waits for its lock.
+//! the first and then find what it made. It is the key's, whatever host a request names:
+//! a key names one instance on any host. The map holds weak references, so a key's entry
+//! lives only while someone holds or waits for its lock.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -18,7 +19,8 @@ use crate::error::Error;
 pub(crate) struct KeyLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
 
 impl KeyLocks {
-    /// Waits (until `deadline`) for the lock of `key` on `host`.
+    /// Waits (until `deadline`) for the lock of `key`; `host` is the one the caller
+    /// works on, named in the error when the wait times out.
     pub(crate) async fn lock(
         &self,
         host: &str,
@@ -28,12 +30,11 @@ impl KeyLocks {
         let lock = {
             let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
             map.retain(|_, weak| weak.strong_count() > 0);
-            let id = format!("{host}/{key}");
-            match map.get(&id).and_then(Weak::upgrade) {
+            match map.get(key).and_then(Weak::upgrade) {
                 Some(lock) => lock,
                 None => {
                     let lock = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(id, Arc::downgrade(&lock));
+                    map.insert(key.to_owned(), Arc::downgrade(&lock));
                     lock
                 }
             }

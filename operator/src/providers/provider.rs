@@ -206,14 +206,15 @@ impl Provider {
         })
     }
 
-    /// CreateInstance.
+    /// CreateInstance. An answer without an instance (or its id) is a provider bug:
+    /// reported and retried like a transient error, never recorded as an empty id.
     pub async fn create(&self, request: pb::CreateInstanceRequest) -> Result<pb::Instance> {
         let answer = self
             .call("CreateInstance", |mut c| async move {
                 c.create_instance(request).await
             })
             .await?;
-        Ok(answer.instance.unwrap_or_default())
+        self.instance_in(answer.instance, "CreateInstance")
     }
 
     /// GetInstance; `None` when the instance does not exist.

@@ -2,6 +2,7 @@
 //! Event it publishes, and what happens next (another pass, or a requeue).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use egressproxy_provider::{ErrorClass, pb};
@@ -9,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 
 use super::Pass;
-use super::observe;
+use super::observe::{self, probe_address};
 use super::plan::{Cause, Step};
 use super::tags;
 use crate::context::PendingReplacement;
@@ -294,6 +295,23 @@ fn placement(placement: &Placement) -> pb::Placement {
     }
 }
 
+/// The addresses as the status lists them: the one the operator uses (and health-checks)
+/// first, so the `Address` column shows it, then the rest in the provider's order (which
+/// lists `INTERNAL` ones first).
+fn status_addresses(addresses: &[pb::Address], chosen: Option<IpAddr>) -> Vec<ProxyAddress> {
+    let is_chosen = |a: &&pb::Address| a.address.parse::<IpAddr>().ok() == chosen;
+    let first = addresses.iter().find(is_chosen);
+    first
+        .into_iter()
+        .chain(
+            addresses
+                .iter()
+                .filter(|a| first.is_none_or(|f| !std::ptr::eq(*a, f))),
+        )
+        .map(proxy_address)
+        .collect()
+}
+
 /// An address as the status shows it.
 fn proxy_address(address: &pb::Address) -> ProxyAddress {
     ProxyAddress {
@@ -315,15 +333,7 @@ impl Pass<'_> {
     /// Records a running instance's addresses; it is provisioned.
     fn record_running(&mut self, addresses: &[pb::Address]) {
         self.ctx.poll_backoff.reset(&self.key.uid);
-        let mut addresses: Vec<ProxyAddress> = addresses.iter().map(proxy_address).collect();
-        // A stable order (so an unchanged instance writes no status), internal
-        // addresses first: the `Address` column shows the one clients should use.
-        addresses.sort_by(|a, b| {
-            let rank =
-                |p: &ProxyAddress| (p.scope != "Internal", p.family.clone(), p.address.clone());
-            rank(a).cmp(&rank(b))
-        });
-        self.status.addresses = addresses;
+        self.status.addresses = status_addresses(addresses, probe_address(addresses));
         self.set(condition::PROVISIONED, true, "Running", "");
     }
 
@@ -343,5 +353,57 @@ impl Pass<'_> {
     /// The next check while the proxy is coming up or failing below the threshold.
     fn soon(&self) -> Duration {
         self.period().min(Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn address(ip: &str, scope: pb::AddressScope, family: pb::IpFamily) -> pb::Address {
+        let mut address = pb::Address {
+            address: ip.to_owned(),
+            ..pb::Address::default()
+        };
+        address.set_scope(scope);
+        address.set_family(family);
+        address
+    }
+
+    /// Before, the status re-sorted the addresses by scope, family and text, so the
+    /// `Address` column could show another address than the one checked ("10.0.0.10"
+    /// sorts before "10.0.0.9").
+    #[test]
+    fn the_status_lists_the_address_in_use_first_then_the_providers_order() {
+        use pb::{AddressScope::*, IpFamily::*};
+        let addresses = [
+            address("2001:db8::9", Internal, V6),
+            address("10.0.0.9", Internal, V4),
+            address("10.0.0.10", Internal, V4),
+            address("203.0.113.9", External, V4),
+        ];
+        let listed = |chosen: &str| -> Vec<String> {
+            status_addresses(&addresses, chosen.parse().ok())
+                .into_iter()
+                .map(|a| a.address)
+                .collect()
+        };
+        assert_eq!(
+            listed("10.0.0.9"),
+            ["10.0.0.9", "2001:db8::9", "10.0.0.10", "203.0.113.9"]
+        );
+        assert_eq!(
+            listed("2001:db8::9"),
+            ["2001:db8::9", "10.0.0.9", "10.0.0.10", "203.0.113.9"]
+        );
+        assert_eq!(
+            listed("none"),
+            ["2001:db8::9", "10.0.0.9", "10.0.0.10", "203.0.113.9"]
+        );
+        let first = &status_addresses(&addresses, Some("10.0.0.9".parse().unwrap()))[0];
+        assert_eq!(
+            (first.scope.as_str(), first.family.as_str()),
+            ("Internal", "IPv4")
+        );
     }
 }

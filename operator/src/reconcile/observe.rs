@@ -166,17 +166,51 @@ pub async fn cloud_init(ctx: &Context, key: &ProxyKey, proxy: &Proxy) -> Result<
 }
 
 /// The address the proxy is checked at, as the contract tells callers to choose: the
-/// first usable `INTERNAL` address, and an `EXTERNAL` one only when there is none. An
-/// external address is often not reachable from inside the cluster, where the operator
-/// and the proxy's clients run.
+/// first `INTERNAL` address of an IP family the operator reaches, and an `EXTERNAL` one
+/// only when there is none. An external address is often not reachable from inside the
+/// cluster, where the operator and the proxy's clients run; an address of a family the
+/// operator has no route for (IPv6 in an IPv4-only cluster) is tried only when no other
+/// is left.
 pub(crate) fn probe_address(addresses: &[pb::Address]) -> Option<IpAddr> {
-    let usable = |internal: bool| {
-        addresses
+    choose_address(addresses, has_route)
+}
+
+/// [`probe_address`] with the reachability of an address given.
+fn choose_address(addresses: &[pb::Address], reaches: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
+    let usable: Vec<(bool, IpAddr)> = addresses
+        .iter()
+        .filter_map(|a| {
+            let ip = a
+                .address
+                .parse::<IpAddr>()
+                .ok()
+                .filter(|ip| !ip.is_unspecified())?;
+            Some((a.scope() != pb::AddressScope::External, ip))
+        })
+        .collect();
+    let first = |internal: bool, reachable: bool| {
+        usable
             .iter()
-            .filter(move |a| (a.scope() != pb::AddressScope::External) == internal)
-            .find_map(|a| a.address.parse::<IpAddr>().ok())
+            .find(|(is_internal, ip)| *is_internal == internal && (!reachable || reaches(*ip)))
+            .map(|(_, ip)| *ip)
     };
-    usable(true).or_else(|| usable(false))
+    first(true, true)
+        .or_else(|| first(false, true))
+        .or_else(|| first(true, false))
+        .or_else(|| first(false, false))
+}
+
+/// Whether this host has a route to `ip`: the kernel's route lookup for a UDP socket
+/// connected to it (no packet is sent). False for a family the host has no address or
+/// route for.
+fn has_route(ip: IpAddr) -> bool {
+    let any: SocketAddr = match ip {
+        IpAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    std::net::UdpSocket::bind(any)
+        .and_then(|socket| socket.connect(SocketAddr::new(ip, 9)))
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -211,6 +245,43 @@ mod probe_address_tests {
             probe_address(&addresses),
             Some("203.0.113.7".parse().unwrap())
         );
+    }
+
+    /// Before, the first internal address won whatever its family: an IPv6 address
+    /// listed first was checked from an IPv4-only cluster.
+    #[test]
+    fn the_first_internal_address_of_a_family_the_operator_reaches_wins() {
+        let addresses = [
+            address("2001:db8::7", pb::AddressScope::Internal),
+            address("10.0.0.7", pb::AddressScope::Internal),
+            address("203.0.113.7", pb::AddressScope::External),
+        ];
+        let v4_only = |ip: IpAddr| ip.is_ipv4();
+        assert_eq!(
+            choose_address(&addresses, v4_only),
+            Some("10.0.0.7".parse().unwrap())
+        );
+        let both = |_: IpAddr| true;
+        assert_eq!(
+            choose_address(&addresses, both),
+            Some("2001:db8::7".parse().unwrap())
+        );
+        // Nothing internal is reachable: a reachable external one, then anything.
+        let only_public = |ip: IpAddr| ip == "203.0.113.7".parse::<IpAddr>().unwrap();
+        assert_eq!(
+            choose_address(&addresses, only_public),
+            Some("203.0.113.7".parse().unwrap())
+        );
+        let none = |_: IpAddr| false;
+        assert_eq!(
+            choose_address(&addresses, none),
+            Some("2001:db8::7".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn loopback_has_a_route() {
+        assert!(has_route("127.0.0.1".parse().unwrap()));
     }
 
     #[test]

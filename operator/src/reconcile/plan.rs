@@ -497,6 +497,28 @@ mod tests {
         }
     }
 
+    /// A state this operator does not know (from a newer provider) is read as the
+    /// contract says: not usable yet, not an error, never a reason to replace.
+    #[test]
+    fn an_unknown_state_is_read_as_provisioning() {
+        let Instance::Found(mut unknown) = instance(pb::InstanceState::Running, "warming up", true)
+        else {
+            unreachable!()
+        };
+        unknown.state = 99;
+        let step = plan(
+            &spec(),
+            &recorded("small", None),
+            &observed(Instance::Found(unknown), None),
+        );
+        assert_eq!(
+            step,
+            Step::AwaitInstance {
+                message: "warming up".into()
+            }
+        );
+    }
+
     #[test]
     fn the_threshold_comes_from_the_spec() {
         let mut spec = spec();

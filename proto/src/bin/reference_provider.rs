@@ -1,8 +1,10 @@
 //! `reference-provider`: the in-memory reference provider as a gRPC server.
 //!
-//! Serves `egressproxy.provider.v1.Provider`, its test controls
-//! (`egressproxy.reference.v1.ControlService`), health and reflection. Prints
-//! `listening on ADDR` once it accepts connections (useful with `--listen 127.0.0.1:0`).
+//! Serves `egressproxy.provider.v1.Provider`, health and reflection, and with
+//! `--fault-injection` its test controls (`egressproxy.reference.v1.ControlService`:
+//! injected faults, forced states, call counts; off by default, so a user who runs it
+//! as an example gets no way to break it over the network). Prints `listening on ADDR`
+//! once it accepts connections (useful with `--listen 127.0.0.1:0`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -29,6 +31,14 @@ struct Args {
     /// Time from Create until an instance is RUNNING (for example 2s, 500ms, 0s).
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     provisioning_delay: Duration,
+    /// Time from Delete until an instance is gone; it is DELETING meanwhile.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    deleting_delay: Duration,
+    /// Also serve egressproxy.reference.v1.ControlService (fault injection, forced
+    /// states, call counts) on the same port: for tests, never for anything reachable
+    /// by others.
+    #[arg(long)]
+    fault_injection: bool,
     /// Address every running instance reports.
     #[arg(long, default_value = "127.0.0.1")]
     instance_address: IpAddr,
@@ -71,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = telemetry::init("reference-provider", args.verbose)?;
     let provider = MemoryProvider::new(ReferenceConfig {
         provisioning_delay: args.provisioning_delay,
+        deleting_delay: args.deleting_delay,
         address: args.instance_address,
         hosts: args.hosts,
         zones: args.zones,
@@ -96,9 +107,15 @@ async fn main() -> anyhow::Result<()> {
             )
         })?;
     let address = listener.local_addr()?;
-    let server = ProviderServer::new(provider.clone())
-        .with_service(ControlService::new(provider).into_server())
-        .with_tls(tls);
+    let mut server = ProviderServer::new(provider.clone())
+        .with_tls(tls)
+        .with_misbehaviour(args.misbehave);
+    if args.fault_injection {
+        tracing::warn!(
+            "serving egressproxy.reference.v1.ControlService: any client can inject faults"
+        );
+        server = server.with_service(ControlService::new(provider).into_server());
+    }
     println!("listening on {address}");
     tracing::info!(%address, "reference provider serving");
     server.serve(listener, shutdown_signal()).await?;

@@ -14,9 +14,28 @@ pub(crate) struct WalkError {
     pub(crate) got: String,
 }
 
+/// Where a walk gets its pages: a bare client, or the suite (which retries what callers
+/// retry and records the errors it meets).
+pub(crate) trait PageSource {
+    /// One ListInstances call.
+    async fn page(
+        &mut self,
+        request: pb::ListInstancesRequest,
+    ) -> Result<pb::ListInstancesResponse, tonic::Status>;
+}
+
+impl PageSource for Client {
+    async fn page(
+        &mut self,
+        request: pb::ListInstancesRequest,
+    ) -> Result<pb::ListInstancesResponse, tonic::Status> {
+        Ok(self.list_instances(request).await?.into_inner())
+    }
+}
+
 /// One page's instances, per page, in order.
 pub(crate) async fn pages(
-    client: &mut Client,
+    client: &mut impl PageSource,
     tag_selector: HashMap<String, String>,
     page_size: Option<u32>,
 ) -> Result<Vec<Vec<pb::Instance>>, WalkError> {
@@ -35,14 +54,10 @@ pub(crate) async fn pages(
             page_size,
             page_token: page_token.clone(),
         };
-        let page = client
-            .list_instances(request)
-            .await
-            .map_err(|status| WalkError {
-                expected: "ListInstances answers".into(),
-                got: describe::status(&status),
-            })?
-            .into_inner();
+        let page = client.page(request).await.map_err(|status| WalkError {
+            expected: "ListInstances answers".into(),
+            got: describe::status(&status),
+        })?;
         pages.push(page.instances);
         if page.next_page_token.is_empty() {
             return Ok(pages);
@@ -63,7 +78,7 @@ pub(crate) async fn pages(
 
 /// Every instance matching the selector.
 pub(crate) async fn list_all(
-    client: &mut Client,
+    client: &mut impl PageSource,
     tag_selector: HashMap<String, String>,
     page_size: Option<u32>,
 ) -> Result<Vec<pb::Instance>, WalkError> {

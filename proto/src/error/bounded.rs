@@ -9,8 +9,13 @@
 //!    that length and marked `…(N bytes)`, so the sentence around it stays readable;
 //! 2. the message is then cut to [`MAX_MESSAGE_BYTES`], a field violation's
 //!    description to [`MAX_DESCRIPTION_BYTES`];
-//! 3. at most [`MAX_VIOLATIONS`] field violations are sent; the message says how many
-//!    more there were.
+//! 3. a field violation's field path is sent whole up to [`MAX_FIELD_PATH_BYTES`] (a
+//!    path naming a map entry within the map's limits always fits, so it names the
+//!    entry exactly; `validation::map_entry_path` already cuts a key over the limit);
+//!    a longer path is bounded like a description;
+//! 4. at most [`MAX_VIOLATIONS`] field violations are sent, and fewer when the encoded
+//!    details would pass [`MAX_DETAILS_BYTES`]; the message says how many more there
+//!    were.
 
 /// Longest word of caller input echoed in full.
 pub const MAX_ECHO_CHARS: usize = 128;
@@ -20,6 +25,28 @@ pub const MAX_MESSAGE_BYTES: usize = 1024;
 pub const MAX_DESCRIPTION_BYTES: usize = 512;
 /// Most field violations sent in one error.
 pub const MAX_VIOLATIONS: usize = 10;
+/// Longest field path sent whole, in bytes.
+pub const MAX_FIELD_PATH_BYTES: usize = 1024;
+/// Largest encoded `google.rpc.Status` sent in `grpc-status-details-bin`, in bytes.
+/// Base64 makes it a third larger: with the message, the trailers stay under the
+/// 16 KiB of metadata C-core clients accept.
+pub const MAX_DETAILS_BYTES: usize = 8 * 1024;
+
+/// A field path as sent: whole up to [`MAX_FIELD_PATH_BYTES`], bounded beyond.
+pub(crate) fn field_path(path: &str) -> String {
+    if path.len() <= MAX_FIELD_PATH_BYTES {
+        path.to_owned()
+    } else {
+        bound(path, MAX_DESCRIPTION_BYTES)
+    }
+}
+
+/// One word cut to [`MAX_ECHO_CHARS`] characters and marked, when longer.
+pub(crate) fn cut_word(word: &str) -> String {
+    let mut out = String::new();
+    push_word(&mut out, word);
+    out
+}
 
 /// `text` with long words shortened and the whole cut to `max_bytes`.
 pub(crate) fn bound(text: &str, max_bytes: usize) -> String {

@@ -266,17 +266,22 @@ impl ProviderError {
         if let Some(delay) = self.retry_after {
             details.set_retry_info(Some(delay));
         }
+        let mut details_bytes = self.message.len().min(bounded::MAX_MESSAGE_BYTES) + 128;
+        let mut sent = 0;
         for violation in self.field_violations.iter().take(bounded::MAX_VIOLATIONS) {
-            details.add_bad_request_violation(
-                bounded::bound(&violation.field, bounded::MAX_DESCRIPTION_BYTES),
-                bounded::bound(&violation.description, bounded::MAX_DESCRIPTION_BYTES),
-            );
+            let field = bounded::field_path(&violation.field);
+            let description =
+                bounded::bound(&violation.description, bounded::MAX_DESCRIPTION_BYTES);
+            // Each violation costs its two strings and a few bytes of framing.
+            details_bytes += field.len() + description.len() + 8;
+            if sent > 0 && details_bytes > bounded::MAX_DETAILS_BYTES {
+                break;
+            }
+            details.add_bad_request_violation(field, description);
+            sent += 1;
         }
         let mut message = self.message.clone();
-        let unsent = self
-            .field_violations
-            .len()
-            .saturating_sub(bounded::MAX_VIOLATIONS);
+        let unsent = self.field_violations.len() - sent;
         if unsent > 0 {
             message.push_str(&format!(
                 " ({unsent} more field violations not shown: fix these first)"
@@ -413,6 +418,43 @@ mod tests {
                 ErrorClass::DeadlineExceeded,
                 ErrorClass::QuotaExhausted
             ]
+        );
+    }
+
+    #[test]
+    fn maximal_field_paths_are_sent_whole_and_the_details_stay_bounded() {
+        let key = "\"".repeat(crate::validation::MAX_TAG_BYTES);
+        let path = crate::validation::map_entry_path("tags", &key);
+        let mut error = ProviderError::invalid_argument(path.clone(), "é".repeat(400));
+        for n in 0..20 {
+            error = error.with_violation(
+                crate::validation::map_entry_path("tags", &format!("{n:\"<256}")),
+                "too long ".repeat(70),
+            );
+        }
+        let status = error.to_status();
+        assert!(
+            status.details().len() <= bounded::MAX_DETAILS_BYTES,
+            "{} bytes of details",
+            status.details().len()
+        );
+        let response = status.into_http::<tonic::body::Body>();
+        let size: usize = response
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        assert!(size < 14 * 1024, "{size} bytes of metadata");
+        let decoded = ProviderError::from(Status::from_header_map(response.headers()).unwrap());
+        assert_eq!(decoded.field_violations[0].field, path);
+        let sent = decoded.field_violations.len();
+        assert!((1..bounded::MAX_VIOLATIONS).contains(&sent), "{sent} sent");
+        assert!(
+            decoded
+                .message
+                .contains(&format!("{} more field violations", 21 - sent)),
+            "{}",
+            decoded.message
         );
     }
 

@@ -2,6 +2,8 @@
 //! and state forcing over gRPC, so tests (and grpcurl users) can drive a provider that
 //! runs as a separate process.
 
+use std::time::Duration;
+
 use tonic::{Request, Response, Status};
 
 use super::{Fault, FaultEffect, MemoryProvider};
@@ -84,11 +86,17 @@ impl control::control_service_server::ControlService for ControlService {
         } else {
             request.message
         };
+        let retry_after = request
+            .retry_after
+            .map(Duration::try_from)
+            .transpose()
+            .map_err(|_| Status::invalid_argument("retry_after: must not be negative"))?;
         self.provider.faults().inject(Fault {
             method: Some(request.method).filter(|m| !m.is_empty()),
             remaining: request.count,
             effect,
             message,
+            retry_after,
         });
         Ok(Response::new(control::InjectFaultResponse {}))
     }

@@ -31,6 +31,8 @@ pub struct Fault {
     pub effect: FaultEffect,
     /// Message of the injected error.
     pub message: String,
+    /// RetryInfo's delay on the injected error (with [`FaultEffect::Fail`]).
+    pub retry_after: Option<Duration>,
 }
 
 /// The injected faults, shared by the provider and its control service.
@@ -55,25 +57,31 @@ impl Faults {
             return Ok(None);
         };
         match effect {
-            (FaultEffect::Fail(class), message) => {
-                Err(ProviderError::new(class, message).with_reason("INJECTED_FAULT"))
+            (FaultEffect::Fail(class), message, retry_after) => {
+                Err(ProviderError::new(class, message)
+                    .with_reason("INJECTED_FAULT")
+                    .with_retry_after(retry_after))
             }
-            (FaultEffect::Latency(delay), _) => {
+            (FaultEffect::Latency(delay), _, _) => {
                 tokio::time::sleep(delay).await;
                 Ok(None)
             }
-            (FaultEffect::Hang, _) => std::future::pending().await,
-            (FaultEffect::DelayResponse(delay), _) => Ok(Some(delay)),
+            (FaultEffect::Hang, _, _) => std::future::pending().await,
+            (FaultEffect::DelayResponse(delay), _, _) => Ok(Some(delay)),
         }
     }
 
-    fn take(&self, method: &str) -> Option<(FaultEffect, String)> {
+    fn take(&self, method: &str) -> Option<(FaultEffect, String, Option<Duration>)> {
         let mut faults = self.lock();
         let index = faults
             .iter()
             .position(|fault| fault.method.as_deref().is_none_or(|m| m == method))?;
         let fault = &mut faults[index];
-        let taken = (fault.effect.clone(), fault.message.clone());
+        let taken = (
+            fault.effect.clone(),
+            fault.message.clone(),
+            fault.retry_after,
+        );
         if let Some(remaining) = &mut fault.remaining {
             *remaining = remaining.saturating_sub(1);
             if *remaining == 0 {
@@ -100,6 +108,7 @@ mod tests {
             remaining,
             effect: FaultEffect::Fail(class),
             message: "injected".into(),
+            retry_after: None,
         }
     }
 
@@ -137,6 +146,7 @@ mod tests {
             remaining: Some(1),
             effect: FaultEffect::Hang,
             message: String::new(),
+            retry_after: None,
         });
         let hung = tokio::time::timeout(Duration::from_secs(3600), faults.apply("GetInstance"));
         assert!(hung.await.is_err(), "a hung call must not answer");

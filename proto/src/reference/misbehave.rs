@@ -1,15 +1,32 @@
 //! Deliberate contract violations, one per rule, so the conformance suite can be
 //! tested against providers it must reject (`reference-provider --misbehave NAME`).
-//! Each [`Misbehaviour`] names the check that must catch it.
+//! Each [`Misbehaviour`] names the check that must catch it; every check has at least
+//! one (`proto/tests/conformance_suite.rs` runs them all).
 
+use std::collections::HashMap;
+
+use prost::Message;
 use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::ProviderError;
 use crate::error::ERROR_DOMAIN;
 
 /// One way to break the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Misbehaviour {
+    /// Health answers NOT_SERVING for the Provider service.
+    HealthNotServing,
+    /// Reflection does not serve the google.rpc error detail types.
+    ReflectionWithoutErrorTypes,
+    /// GetPluginInfo's vendor_version is `latest`, not a semantic version.
+    NonSemverVersion,
+    /// ValidatePlacement works but GetCapabilities does not declare it.
+    UndeclaredCapability,
+    /// CAPABILITY_VENDOR_DATA is declared, but vendor_data is refused.
+    VendorDataRefused,
+    /// A call carrying `traceparent` is refused.
+    RefusesTraceContext,
     /// ErrorInfo.domain is `egressproxy.example`.
     WrongErrorDomain,
     /// ErrorInfo.reason is lower case.
@@ -18,28 +35,91 @@ pub enum Misbehaviour {
     MissingErrorInfo,
     /// INVALID_ARGUMENT carries no BadRequest.
     MissingBadRequest,
-    /// ListInstances ignores `page_size` (pages of 100).
-    IgnorePageSize,
-    /// A tag selector matches an instance with any of its entries (OR).
-    OrTagMatching,
+    /// A Create without a placement gets a default one instead of INVALID_ARGUMENT.
+    MissingPlacementAccepted,
+    /// Map entries are named with Rust's `{:?}` escaping (`\t`, `\u{..}`).
+    DebugEscapedPaths,
+    /// Field paths longer than 128 characters are cut, so they no longer name the entry.
+    CutFieldPaths,
+    /// Every field violation is sent, descriptions uncut.
+    UnboundedViolations,
+    /// NOT_FOUND echoes the whole id, however long.
+    UnboundedEcho,
+    /// No server-side deadline: tonic answers CANCELLED when grpc-timeout passes, and
+    /// ListInstances is slow enough to meet it.
+    CancelledAtDeadline,
+    /// An unset cloud_init and an empty one are different specs (ALREADY_EXISTS).
+    UnsetCloudInitDiffers,
+    /// The name is compared in an idempotent Create.
+    NameCompared,
+    /// The placement is compared as resolved (with the chosen host), not as requested.
+    ResolvedPlacementCompared,
+    /// cloud_init is not compared in an idempotent Create.
+    CloudInitNotCompared,
+    /// Get of a missing instance is FAILED_PRECONDITION instead of NOT_FOUND.
+    MissingIsPermanent,
+    /// An empty id is NOT_FOUND instead of INVALID_ARGUMENT.
+    EmptyIdNotFound,
+    /// Instances turn RUNNING without an address.
+    RunningWithoutAddress,
     /// Running instances report the address `not-an-ip`.
     AddressNotAnIp,
     /// Instances report another machine type than requested.
     PlacementNotEchoed,
     /// Instances report proxy_port 3128 whatever was requested.
     WrongProxyPort,
+    /// An instance created without a location reports none (not the one chosen).
+    ChosenLocationMissing,
+    /// ListInstances ignores the tag selector.
+    SelectorIgnored,
+    /// A tag selector matches an instance with any of its entries (OR).
+    OrTagMatching,
     /// ListInstances says PROVISIONING where GetInstance says RUNNING.
     ListStateDisagrees,
-    /// Concurrent Creates of one key each make an instance.
-    RacyCreate,
-    /// An empty id is NOT_FOUND instead of INVALID_ARGUMENT.
-    EmptyIdNotFound,
-    /// Deleted instances stay DELETING for ever.
-    DeletingForever,
+    /// ListInstances leaves out create_time.
+    NoCreateTimeInList,
     /// ListInstances returns the same next_page_token for ever.
     CyclingPageToken,
-    /// ValidatePlacement works but GetCapabilities does not declare it.
-    UndeclaredCapability,
+    /// A page token the provider never issued reads as the first page.
+    AcceptsForeignPageToken,
+    /// ListInstances ignores `page_size` (pages of 100).
+    IgnorePageSize,
+    /// A page_size over 1000 is INVALID_ARGUMENT instead of clamped.
+    RefusesLargePageSize,
+    /// A Create arriving within 50 ms of another's new instance returns that instance.
+    MergesConcurrentCreates,
+    /// Concurrent Creates of one key each make an instance.
+    RacyCreate,
+    /// A Create cut off by its deadline leaves an instance its key does not find.
+    OrphansCancelledCreate,
+    /// A 128-character key (the limit) is refused.
+    RefusesBoundary,
+    /// 65 tags (one past the limit) are accepted.
+    AcceptsOnePast,
+    /// A key ending in a line feed is accepted (a `$` regular expression).
+    LaxKeyCharset,
+    /// vendor_data has no size limit.
+    VendorDataUnbounded,
+    /// ValidatePlacement accepts any placement.
+    ValidateAcceptsAnything,
+    /// ValidatePlacement answers without a resolved placement.
+    ValidateResolvesNothing,
+    /// Deleted instances stay DELETING for ever.
+    DeletingForever,
+    /// DELETING instances are left out of ListInstances.
+    DeletingNotListed,
+    /// A Create of a key being deleted answers reason INSTANCE_DELETING.
+    WrongDeletingReason,
+    /// A key whose instance was deleted is ALREADY_EXISTS for ever.
+    KeyReuseRefused,
+    /// Delete of a missing instance is NOT_FOUND.
+    DeleteMissingNotFound,
+    /// Delete of a PROVISIONING instance does nothing.
+    DeleteIgnoredWhileProvisioning,
+    /// The google.rpc.Status in the details has another code than the gRPC status.
+    StatusDetailsMismatch,
+    /// The first CreateInstance answers UNAVAILABLE with no details at all.
+    TransientWithoutErrorInfo,
     /// DeleteInstance also deletes the oldest other instance.
     DeletesForeign,
 }
@@ -47,22 +127,46 @@ pub enum Misbehaviour {
 impl Misbehaviour {
     /// The conformance check that must fail for this misbehaviour.
     pub fn caught_by(self) -> &'static str {
+        use Misbehaviour as M;
         match self {
-            Misbehaviour::WrongErrorDomain
-            | Misbehaviour::LowercaseReason
-            | Misbehaviour::MissingErrorInfo => "error-info-on-every-error",
-            Misbehaviour::MissingBadRequest => "invalid-argument-names-fields",
-            Misbehaviour::IgnorePageSize => "page-size-honoured",
-            Misbehaviour::OrTagMatching => "tag-selector-and",
-            Misbehaviour::AddressNotAnIp => "addresses-parse",
-            Misbehaviour::PlacementNotEchoed | Misbehaviour::WrongProxyPort => "echo",
-            Misbehaviour::ListStateDisagrees => "list-get-agree",
-            Misbehaviour::RacyCreate => "concurrent-creates-one-key",
-            Misbehaviour::EmptyIdNotFound => "empty-id",
-            Misbehaviour::DeletingForever => "delete-twice-then-gone",
-            Misbehaviour::CyclingPageToken => "paging-walks-once",
-            Misbehaviour::UndeclaredCapability => "capabilities-match-behaviour",
-            Misbehaviour::DeletesForeign => "foreign-instance-survives",
+            M::HealthNotServing => "health-serving",
+            M::ReflectionWithoutErrorTypes => "reflection",
+            M::NonSemverVersion => "plugin-info",
+            M::UndeclaredCapability | M::VendorDataRefused => "capabilities-match-behaviour",
+            M::RefusesTraceContext => "trace-context-accepted",
+            M::WrongErrorDomain | M::LowercaseReason | M::MissingErrorInfo => {
+                "error-info-on-every-error"
+            }
+            M::MissingBadRequest | M::MissingPlacementAccepted => "invalid-argument-names-fields",
+            M::DebugEscapedPaths | M::CutFieldPaths => "map-entry-paths",
+            M::UnboundedViolations => "violations-bounded",
+            M::UnboundedEcho => "huge-input-bounded",
+            M::CancelledAtDeadline => "server-deadline",
+            M::UnsetCloudInitDiffers | M::NameCompared => "create-idempotent",
+            M::ResolvedPlacementCompared | M::CloudInitNotCompared => "create-conflict",
+            M::MissingIsPermanent => "get-missing",
+            M::EmptyIdNotFound => "empty-id",
+            M::RunningWithoutAddress => "becomes-running",
+            M::AddressNotAnIp => "addresses-parse",
+            M::PlacementNotEchoed | M::WrongProxyPort | M::ChosenLocationMissing => "echo",
+            M::SelectorIgnored => "list-by-tags",
+            M::OrTagMatching => "tag-selector-and",
+            M::ListStateDisagrees | M::NoCreateTimeInList => "list-get-agree",
+            M::CyclingPageToken => "paging-walks-once",
+            M::AcceptsForeignPageToken => "foreign-page-token",
+            M::IgnorePageSize | M::RefusesLargePageSize => "page-size-honoured",
+            M::MergesConcurrentCreates => "concurrent-creates-distinct-keys",
+            M::RacyCreate => "concurrent-creates-one-key",
+            M::OrphansCancelledCreate => "cancelled-create-converges",
+            M::RefusesBoundary => "limits-at-boundary",
+            M::AcceptsOnePast | M::LaxKeyCharset | M::VendorDataUnbounded => "limits-one-past",
+            M::ValidateAcceptsAnything | M::ValidateResolvesNothing => "validate-placement",
+            M::DeletingForever | M::DeletingNotListed => "delete-twice-then-gone",
+            M::WrongDeletingReason | M::KeyReuseRefused => "key-reuse-after-delete",
+            M::DeleteMissingNotFound => "delete-missing",
+            M::DeleteIgnoredWhileProvisioning => "delete-while-provisioning",
+            M::StatusDetailsMismatch | M::TransientWithoutErrorInfo => "errors-well-formed",
+            M::DeletesForeign => "foreign-instance-survives",
         }
     }
 
@@ -78,14 +182,38 @@ impl Misbehaviour {
             .unwrap_or_default()
     }
 
-    /// Rewrites an error the way this misbehaviour breaks errors (others: unchanged).
-    pub(crate) fn error(self, status: Status) -> Status {
+    /// Encodes `error` the way this misbehaviour breaks errors (others: as the
+    /// contract says).
+    pub(crate) fn encode(self, error: &ProviderError) -> Status {
+        match self {
+            Misbehaviour::UnboundedViolations => {
+                let mut details = ErrorDetails::new();
+                details.set_error_info(&error.reason, ERROR_DOMAIN, HashMap::new());
+                for v in &error.field_violations {
+                    details.add_bad_request_violation(
+                        &v.field,
+                        format!("{} {}", v.description, "x".repeat(600)),
+                    );
+                }
+                Status::with_error_details(error.class.code(), &error.message, details)
+            }
+            Misbehaviour::UnboundedEcho => {
+                let mut details = ErrorDetails::new();
+                details.set_error_info(&error.reason, ERROR_DOMAIN, HashMap::new());
+                Status::with_error_details(error.class.code(), &error.message, details)
+            }
+            _ => self.rewrite(error.to_status()),
+        }
+    }
+
+    /// Rewrites an encoded error the way this misbehaviour breaks errors.
+    fn rewrite(self, status: Status) -> Status {
         let details = status.get_error_details();
         let info = details.error_info();
         let reason = info.map(|i| i.reason.clone()).unwrap_or_default();
         let rebuild = |reason: String, domain: &str, keep_bad_request: bool| {
             let mut rebuilt = ErrorDetails::new();
-            rebuilt.set_error_info(reason, domain, std::collections::HashMap::new());
+            rebuilt.set_error_info(reason, domain, HashMap::new());
             if keep_bad_request && let Some(bad) = details.bad_request() {
                 for v in &bad.field_violations {
                     rebuilt.add_bad_request_violation(&v.field, &v.description);
@@ -98,6 +226,11 @@ impl Misbehaviour {
             Misbehaviour::LowercaseReason => rebuild(reason.to_lowercase(), ERROR_DOMAIN, true),
             Misbehaviour::MissingErrorInfo => Status::new(status.code(), status.message()),
             Misbehaviour::MissingBadRequest => rebuild(reason, ERROR_DOMAIN, false),
+            Misbehaviour::StatusDetailsMismatch => {
+                let mut rpc = tonic_types::Status::decode(status.details()).unwrap_or_default();
+                rpc.code = tonic::Code::Unknown as i32;
+                Status::with_details(status.code(), status.message(), rpc.encode_to_vec().into())
+            }
             _ => status,
         }
     }

@@ -6,14 +6,18 @@
 //!    provider's own catalogue of hosts, machine types and images);
 //! 2. make Create idempotent on the key, and refuse the same key with another spec;
 //! 3. report PROVISIONING until the instance is usable, then RUNNING with addresses;
-//! 4. make Delete of a missing instance succeed, and Get of one NOT_FOUND;
-//! 5. list by tags, paged.
+//! 4. make Delete of a missing instance succeed, and Get of one NOT_FOUND; while an
+//!    instance is DELETING, Create of its key answers UNAVAILABLE (KEY_BEING_DELETED);
+//! 5. list by tags, paged with the crate's [`crate::paging`] (tokens it can recognise,
+//!    pages bounded in count and bytes).
 //!
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
-//! (loopback by default). [`Faults`] and the control service ([`control`]) let tests
-//! inject errors, latency and hangs, and force an instance's state. A [`Misbehaviour`]
-//! breaks one contract rule on purpose, to test the conformance suite.
+//! (loopback by default); a deleted one stays DELETING for
+//! [`ReferenceConfig::deleting_delay`]. [`Faults`] and the control service ([`control`],
+//! served only when asked for) let tests inject errors, latency and hangs, and force an
+//! instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
+//! conformance suite.
 
 pub mod control;
 mod faults;
@@ -30,18 +34,18 @@ pub use faults::{Fault, FaultEffect, Faults};
 pub use misbehave::Misbehaviour;
 
 use crate::pb::{self, InstanceState, placement::Location};
-use crate::{CONTRACT_VERSION, ProviderError, validation};
+use crate::{CONTRACT_VERSION, ProviderError, paging, validation};
 
 /// The provider name the reference provider reports.
 pub const PLUGIN_NAME: &str = "reference.egressproxy.dev";
-const DEFAULT_PAGE_SIZE: usize = 100;
-const MAX_PAGE_SIZE: usize = 1000;
 
 /// What the reference provider offers and how it behaves.
 #[derive(Debug, Clone)]
 pub struct ReferenceConfig {
     /// Time from Create until an instance is RUNNING.
     pub provisioning_delay: Duration,
+    /// Time from Delete until an instance is gone (DELETING meanwhile).
+    pub deleting_delay: Duration,
     /// The address every running instance reports.
     pub address: IpAddr,
     /// Valid `placement.host` names; the first is used when no location is given.
@@ -63,6 +67,7 @@ impl Default for ReferenceConfig {
     fn default() -> Self {
         ReferenceConfig {
             provisioning_delay: Duration::from_secs(2),
+            deleting_delay: Duration::ZERO,
             address: IpAddr::from([127, 0, 0, 1]),
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
@@ -87,22 +92,33 @@ struct State {
     instances: BTreeMap<String, Record>,
     ids_by_key: HashMap<String, String>,
     calls: BTreeMap<String, u64>,
+    /// Keys whose instances are gone (only kept to misbehave).
+    deleted_keys: Vec<String>,
+    /// The last new instance and when it was made (only kept to misbehave).
+    last_created: Option<(Instant, pb::Instance)>,
+    /// Whether a CreateInstance has been answered yet (only kept to misbehave).
+    answered_a_create: bool,
 }
 
 #[derive(Debug)]
 struct Record {
     instance: pb::Instance,
     created: Instant,
+    /// When Delete was called; the instance is DELETING until `deleting_delay` later.
+    deleted: Option<Instant>,
     spec: Spec,
     forced_state: Option<InstanceState>,
 }
 
-/// What must match for a repeated Create to return the existing instance.
+/// What must match for a repeated Create to return the existing instance: the
+/// placement as requested, cloud-init (an unset one is the same as an empty one) and
+/// the port. The name and tags are not part of it.
 #[derive(Debug, PartialEq)]
 struct Spec {
     placement: Option<pb::Placement>,
     cloud_init: Option<pb::CloudInit>,
     proxy_port: u32,
+    name: Option<String>,
 }
 
 impl MemoryProvider {
@@ -138,20 +154,55 @@ impl MemoryProvider {
 
     /// Counts the call, then applies any injected fault; returns how long to hold the
     /// answer back once the work is done.
-    async fn enter(&self, method: &str) -> Result<Option<Duration>, Status> {
+    async fn enter(
+        &self,
+        method: &str,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Option<Duration>, Status> {
         *self.lock().calls.entry(method.to_owned()).or_default() += 1;
-        self.faults.apply(method).await.map_err(Status::from)
+        if self.breaks(Misbehaviour::RefusesTraceContext) && metadata.contains_key("traceparent") {
+            return Err(self.encode(
+                &ProviderError::permanent("this provider does not take trace context")
+                    .with_reason("TRACE_CONTEXT_REFUSED"),
+            ));
+        }
+        self.faults.apply(method).await.map_err(|e| self.encode(&e))
     }
 
     fn breaks(&self, misbehaviour: Misbehaviour) -> bool {
         self.config.misbehave == Some(misbehaviour)
     }
 
-    /// An error as the configured misbehaviour (if any) would send it.
-    fn answer_error(&self, status: Status) -> Status {
+    /// An error as the contract says to send it, or as the configured misbehaviour
+    /// breaks it.
+    fn encode(&self, error: &ProviderError) -> Status {
         match self.config.misbehave {
-            Some(misbehaviour) => misbehaviour.error(status),
-            None => status,
+            Some(misbehaviour) => misbehaviour.encode(error),
+            None => error.to_status(),
+        }
+    }
+
+    /// Removes the instances whose DELETING time is over.
+    fn purge(&self, state: &mut State) {
+        if self.breaks(Misbehaviour::DeletingForever) {
+            return;
+        }
+        let delay = self.config.deleting_delay;
+        let gone: Vec<String> = state
+            .instances
+            .iter()
+            .filter(|(_, record)| record.deleted.is_some_and(|at| at.elapsed() >= delay))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(record) = state.instances.remove(&id) {
+                let key = record.instance.key;
+                if state.ids_by_key.get(&key) == Some(&id) {
+                    state.ids_by_key.remove(&key);
+                }
+                state.deleted_keys.push(key);
+                tracing::info!(instance.id = %id, "instance gone");
+            }
         }
     }
 
@@ -208,13 +259,14 @@ impl MemoryProvider {
     fn snapshot(&self, record: &Record) -> pb::Instance {
         let mut instance = record.instance.clone();
         let provisioned = record.created.elapsed() >= self.config.provisioning_delay;
-        let state = record.forced_state.unwrap_or(if provisioned {
-            InstanceState::Running
-        } else {
-            InstanceState::Provisioning
-        });
+        let state = match (record.deleted, record.forced_state) {
+            (Some(_), _) => InstanceState::Deleting,
+            (None, Some(forced)) => forced,
+            (None, None) if provisioned => InstanceState::Running,
+            (None, None) => InstanceState::Provisioning,
+        };
         instance.set_state(state);
-        if state == InstanceState::Running {
+        if state == InstanceState::Running && !self.breaks(Misbehaviour::RunningWithoutAddress) {
             let address = self.config.address;
             instance.addresses.push(pb::Address {
                 address: if self.breaks(Misbehaviour::AddressNotAnIp) {
@@ -231,10 +283,19 @@ impl MemoryProvider {
                 .into(),
             });
         }
-        if self.breaks(Misbehaviour::PlacementNotEchoed)
-            && let Some(placement) = instance.placement.as_mut()
-        {
-            placement.machine_type = "something-else".into();
+        if let Some(placement) = instance.placement.as_mut() {
+            if self.breaks(Misbehaviour::PlacementNotEchoed) {
+                placement.machine_type = "something-else".into();
+            }
+            if self.breaks(Misbehaviour::ChosenLocationMissing)
+                && record
+                    .spec
+                    .placement
+                    .as_ref()
+                    .is_some_and(|p| p.location.is_none())
+            {
+                placement.location = None;
+            }
         }
         if self.breaks(Misbehaviour::WrongProxyPort) {
             instance.proxy_port = 3128;
@@ -242,88 +303,208 @@ impl MemoryProvider {
         instance.state_message = match state {
             InstanceState::Provisioning => "booting".into(),
             InstanceState::Stopped => "stopped".into(),
+            InstanceState::Deleting => "being deleted".into(),
             _ => String::new(),
         };
         instance
     }
 
-    /// One page of ListInstances: instances after the token that match the selector.
-    fn list_page(
+    /// ListInstances' work: the matching instances, one page of them.
+    fn list(
         &self,
         request: &pb::ListInstancesRequest,
-        page_size: usize,
-    ) -> (Vec<pb::Instance>, String) {
-        let state = self.lock();
-        let start = std::ops::Bound::Excluded(request.page_token.clone());
-        let range = if request.page_token.is_empty() {
-            state.instances.range::<String, _>(..)
-        } else {
-            state.instances.range((start, std::ops::Bound::Unbounded))
+    ) -> Result<pb::ListInstancesResponse, ProviderError> {
+        validation::check_list_request(request)?;
+        let page_size = match request.page_size {
+            _ if self.breaks(Misbehaviour::IgnorePageSize) => paging::DEFAULT_PAGE_SIZE,
+            Some(size)
+                if size as usize > paging::MAX_PAGE_SIZE
+                    && self.breaks(Misbehaviour::RefusesLargePageSize) =>
+            {
+                return Err(ProviderError::invalid_argument(
+                    "page_size",
+                    format!("at most {}", paging::MAX_PAGE_SIZE),
+                ));
+            }
+            requested => paging::page_size(requested, paging::DEFAULT_PAGE_SIZE),
         };
-        let mut instances: Vec<pb::Instance> = range
-            .filter(|(_, record)| {
-                let tags = &record.instance.tags;
-                let matches = |(key, value): (&String, &String)| tags.get(key) == Some(value);
-                if self.breaks(Misbehaviour::OrTagMatching) {
-                    request.tag_selector.iter().any(matches)
-                } else {
-                    request.tag_selector.iter().all(matches)
-                }
-            })
-            .take(page_size + 1)
-            .map(|(_, record)| {
-                let mut instance = self.snapshot(record);
-                if self.breaks(Misbehaviour::ListStateDisagrees)
-                    && instance.state() == InstanceState::Running
-                {
-                    instance.set_state(InstanceState::Provisioning);
-                    instance.addresses.clear();
-                }
-                instance
-            })
-            .collect();
-        let next_page_token = if instances.len() > page_size {
-            instances.truncate(page_size);
-            instances
-                .last()
-                .map(|instance| instance.id.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
-        if self.breaks(Misbehaviour::CyclingPageToken) && !instances.is_empty() {
-            return (instances, "cycle".into());
+        let mut token = request.page_token.as_str();
+        if self.breaks(Misbehaviour::AcceptsForeignPageToken)
+            && paging::decode_token(token).is_err()
+        {
+            token = "";
         }
-        (instances, next_page_token)
+        let mut state = self.lock();
+        self.purge(&mut state);
+        let instances = state.instances.values().filter(|record| {
+            let tags = &record.instance.tags;
+            let matches = |(key, value): (&String, &String)| tags.get(key) == Some(value);
+            if self.breaks(Misbehaviour::DeletingNotListed) && record.deleted.is_some() {
+                false
+            } else if self.breaks(Misbehaviour::SelectorIgnored) {
+                true
+            } else if self.breaks(Misbehaviour::OrTagMatching) {
+                request.tag_selector.iter().any(matches)
+            } else {
+                request.tag_selector.iter().all(matches)
+            }
+        });
+        let instances = instances.map(|record| {
+            let mut instance = self.snapshot(record);
+            if self.breaks(Misbehaviour::ListStateDisagrees)
+                && instance.state() == InstanceState::Running
+            {
+                instance.set_state(InstanceState::Provisioning);
+                instance.addresses.clear();
+            }
+            if self.breaks(Misbehaviour::NoCreateTimeInList) {
+                instance.create_time = None;
+            }
+            instance
+        });
+        let mut page = paging::page(instances, token, page_size)?;
+        if self.breaks(Misbehaviour::CyclingPageToken) && !page.instances.is_empty() {
+            page.next_page_token = paging::encode_token("cycle");
+        }
+        Ok(page)
+    }
+
+    /// The spec a Create is compared by (see [`Spec`]), or as a misbehaviour compares.
+    fn spec(&self, request: &pb::CreateInstanceRequest, resolved: &pb::Placement) -> Spec {
+        let cloud_init = if self.breaks(Misbehaviour::UnsetCloudInitDiffers) {
+            request.cloud_init.clone()
+        } else {
+            Some(request.cloud_init.clone().unwrap_or_default())
+        };
+        Spec {
+            placement: if self.breaks(Misbehaviour::ResolvedPlacementCompared) {
+                Some(resolved.clone())
+            } else {
+                request.placement.clone()
+            },
+            cloud_init: cloud_init.filter(|_| !self.breaks(Misbehaviour::CloudInitNotCompared)),
+            proxy_port: request.proxy_port,
+            name: self
+                .breaks(Misbehaviour::NameCompared)
+                .then(|| request.name.clone()),
+        }
+    }
+
+    /// Checks a Create request as the contract says (or as a misbehaviour does).
+    fn check_create(&self, request: &mut pb::CreateInstanceRequest) -> Result<(), ProviderError> {
+        if self.breaks(Misbehaviour::MissingPlacementAccepted) && request.placement.is_none() {
+            request.placement = Some(pb::Placement {
+                location: None,
+                machine_type: self.config.machine_types[0].clone(),
+                image: self.config.images[0].clone(),
+            });
+        }
+        let mut checked = request.clone();
+        if self.breaks(Misbehaviour::LaxKeyCharset) && checked.key.ends_with('\n') {
+            checked.key.pop();
+        }
+        if self.breaks(Misbehaviour::AcceptsOnePast)
+            && checked.tags.len() == validation::MAX_TAGS + 1
+        {
+            let extra = checked.tags.keys().max().cloned().unwrap_or_default();
+            checked.tags.remove(&extra);
+        }
+        if self.breaks(Misbehaviour::VendorDataUnbounded)
+            && let Some(cloud_init) = checked.cloud_init.as_mut()
+        {
+            cloud_init.vendor_data = cloud_init.vendor_data.take().map(|mut v| {
+                v.truncate(validation::MAX_USER_DATA_BYTES);
+                v
+            });
+        }
+        if self.breaks(Misbehaviour::RefusesBoundary)
+            && request.key.len() >= validation::MAX_KEY_LEN
+        {
+            return Err(ProviderError::invalid_argument(
+                "key",
+                "at most 127 characters",
+            ));
+        }
+        if self.breaks(Misbehaviour::VendorDataRefused)
+            && request
+                .cloud_init
+                .as_ref()
+                .is_some_and(|c| c.vendor_data.is_some())
+        {
+            return Err(ProviderError::invalid_argument(
+                "cloud_init.vendor_data",
+                "vendor_data is not taken",
+            ));
+        }
+        validation::check_create_request(&checked).map_err(|mut error| {
+            for violation in &mut error.field_violations {
+                if self.breaks(Misbehaviour::DebugEscapedPaths)
+                    && let Some(key) = request
+                        .tags
+                        .keys()
+                        .find(|key| validation::map_entry_path("tags", key) == violation.field)
+                {
+                    violation.field = format!("tags[{key:?}]");
+                }
+                if self.breaks(Misbehaviour::CutFieldPaths) {
+                    violation.field = crate::error::bounded::cut_word(&violation.field);
+                }
+            }
+            error
+        })
     }
 
     /// CreateInstance's work: validate, then return the key's instance or make one.
-    fn create(&self, request: pb::CreateInstanceRequest) -> Result<pb::Instance, Status> {
-        validation::check_create_request(&request)?;
+    fn create(
+        &self,
+        mut request: pb::CreateInstanceRequest,
+    ) -> Result<pb::Instance, ProviderError> {
+        self.check_create(&mut request)?;
         let placement = request
             .placement
             .as_ref()
             .expect("validated: placement is set");
         let resolved = self.resolve(placement)?;
-        let spec = Spec {
-            placement: request.placement.clone(),
-            cloud_init: request.cloud_init.clone(),
-            proxy_port: request.proxy_port,
-        };
+        let spec = self.spec(&request, &resolved);
 
         let mut state = self.lock();
+        self.purge(&mut state);
+        if self.breaks(Misbehaviour::KeyReuseRefused) && state.deleted_keys.contains(&request.key) {
+            return Err(ProviderError::already_exists(format!(
+                "key {} was used before",
+                request.key
+            )));
+        }
         if let Some(id) = state.ids_by_key.get(&request.key) {
             let record = &state.instances[id];
+            if let Some(deleted) = record.deleted {
+                let left = self.config.deleting_delay.saturating_sub(deleted.elapsed());
+                let reason = if self.breaks(Misbehaviour::WrongDeletingReason) {
+                    "INSTANCE_DELETING"
+                } else {
+                    "KEY_BEING_DELETED"
+                };
+                return Err(ProviderError::transient(format!(
+                    "key {} belongs to instance {id}, which is being deleted: retry once it is gone",
+                    request.key
+                ))
+                .with_reason(reason)
+                .with_retry_after(Some(left.max(Duration::from_millis(10)))));
+            }
             if record.spec != spec {
                 return Err(ProviderError::already_exists(format!(
                     "key {} belongs to instance {id}, created with a different placement, \
                      cloud-init or proxy port: delete it first or use another key",
                     request.key
-                ))
-                .into());
+                )));
             }
-            let instance = self.snapshot(record);
-            return Ok(instance);
+            return Ok(self.snapshot(record));
+        }
+        if self.breaks(Misbehaviour::MergesConcurrentCreates)
+            && let Some((at, instance)) = &state.last_created
+            && at.elapsed() < Duration::from_millis(50)
+        {
+            return Ok(instance.clone());
         }
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
@@ -338,49 +519,110 @@ impl MemoryProvider {
                 ..Default::default()
             },
             created: Instant::now(),
+            deleted: None,
             spec,
             forced_state: None,
         };
         let instance = self.snapshot(&record);
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
+        state.last_created = Some((Instant::now(), instance.clone()));
         state.ids_by_key.insert(request.key, id.clone());
         state.instances.insert(id, record);
         Ok(instance)
+    }
+
+    /// A Create whose caller's deadline is short stores its instance, then never
+    /// indexes its key: the deadline cuts it off (only to misbehave).
+    async fn create_then_hang(&self, request: pb::CreateInstanceRequest) -> Status {
+        let id = format!("ref-{}", uuid::Uuid::new_v4());
+        let record = Record {
+            instance: pb::Instance {
+                id: id.clone(),
+                key: request.key,
+                name: request.name,
+                create_time: Some(SystemTime::now().into()),
+                tags: request.tags,
+                placement: request.placement,
+                proxy_port: request.proxy_port,
+                ..Default::default()
+            },
+            created: Instant::now(),
+            deleted: None,
+            spec: Spec {
+                placement: None,
+                cloud_init: None,
+                proxy_port: 0,
+                name: None,
+            },
+            forced_state: None,
+        };
+        self.lock().instances.insert(id, record);
+        std::future::pending().await
     }
 }
 
 impl MemoryProvider {
     /// The contract's empty-id check (or the misbehaviour that skips it).
-    fn check_id(&self, id: &str) -> Result<(), Status> {
+    fn check_id(&self, id: &str) -> Result<(), ProviderError> {
         if id.is_empty() && self.breaks(Misbehaviour::EmptyIdNotFound) {
-            return Err(ProviderError::not_found("instance  does not exist").into());
+            return Err(ProviderError::not_found("instance  does not exist"));
         }
-        validation::check_id(id).map_err(|e| self.answer_error(e.into()))
+        validation::check_id(id)
     }
 
-    /// Removes the instance (a missing one is fine).
-    fn delete(&self, id: &str) {
+    /// GetInstance's work.
+    fn get(&self, id: &str) -> Result<pb::Instance, ProviderError> {
+        self.check_id(id)?;
         let mut state = self.lock();
-        if self.breaks(Misbehaviour::DeletingForever) {
-            if let Some(record) = state.instances.get_mut(id) {
-                record.forced_state = Some(InstanceState::Deleting);
-            }
-            return;
+        self.purge(&mut state);
+        match state.instances.get(id) {
+            Some(record) => Ok(self.snapshot(record)),
+            None if self.breaks(Misbehaviour::MissingIsPermanent) => Err(ProviderError::permanent(
+                format!("instance {id} does not exist"),
+            )),
+            None => Err(ProviderError::not_found(format!(
+                "instance {id} does not exist"
+            ))),
         }
-        if let Some(record) = state.instances.remove(id) {
-            state.ids_by_key.remove(&record.instance.key);
-            tracing::info!(instance.id = %id, "deleted instance");
-            if self.breaks(Misbehaviour::DeletesForeign) {
-                let oldest = state
-                    .instances
-                    .iter()
-                    .min_by_key(|(_, record)| record.created)
-                    .map(|(id, _)| id.clone());
-                if let Some(other) = oldest.and_then(|other| state.instances.remove(&other)) {
-                    state.ids_by_key.remove(&other.instance.key);
-                }
+    }
+
+    /// DeleteInstance's work: the instance is DELETING, then gone (a missing one is
+    /// fine).
+    fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        self.check_id(id)?;
+        let mut state = self.lock();
+        self.purge(&mut state);
+        let Some(record) = state.instances.get_mut(id) else {
+            if self.breaks(Misbehaviour::DeleteMissingNotFound) {
+                return Err(ProviderError::not_found(format!(
+                    "instance {id} does not exist"
+                )));
+            }
+            return Ok(());
+        };
+        let provisioning = record.deleted.is_none()
+            && record.forced_state.is_none()
+            && record.created.elapsed() < self.config.provisioning_delay;
+        if provisioning && self.breaks(Misbehaviour::DeleteIgnoredWhileProvisioning) {
+            return Ok(());
+        }
+        if record.deleted.is_none() {
+            record.deleted = Some(Instant::now());
+            tracing::info!(instance.id = %id, "deleting instance");
+        }
+        if self.breaks(Misbehaviour::DeletesForeign) {
+            let oldest = state
+                .instances
+                .iter()
+                .filter(|(other, _)| *other != id)
+                .min_by_key(|(_, record)| record.created)
+                .map(|(id, _)| id.clone());
+            if let Some(other) = oldest.and_then(|other| state.instances.remove(&other)) {
+                state.ids_by_key.remove(&other.instance.key);
             }
         }
+        self.purge(&mut state);
+        Ok(())
     }
 }
 
@@ -402,13 +644,17 @@ fn unknown(what: &str, name: &str, known: &[String]) -> String {
 impl pb::provider_server::Provider for MemoryProvider {
     async fn get_plugin_info(
         &self,
-        _request: Request<pb::GetPluginInfoRequest>,
+        request: Request<pb::GetPluginInfoRequest>,
     ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
-        let hold = self.enter("GetPluginInfo").await?;
+        let hold = self.enter("GetPluginInfo", request.metadata()).await?;
         hold_answer(hold).await;
         Ok(Response::new(pb::GetPluginInfoResponse {
             name: PLUGIN_NAME.into(),
-            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            vendor_version: if self.breaks(Misbehaviour::NonSemverVersion) {
+                "latest".into()
+            } else {
+                env!("CARGO_PKG_VERSION").into()
+            },
             contract_version: self.config.contract_version.clone(),
             manifest: [("storage".to_string(), "memory".to_string())].into(),
         }))
@@ -416,9 +662,9 @@ impl pb::provider_server::Provider for MemoryProvider {
 
     async fn get_capabilities(
         &self,
-        _request: Request<pb::GetCapabilitiesRequest>,
+        request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        let hold = self.enter("GetCapabilities").await?;
+        let hold = self.enter("GetCapabilities", request.metadata()).await?;
         let capabilities = [
             pb::Capability::ValidatePlacement,
             pb::Capability::VendorData,
@@ -439,8 +685,25 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::CreateInstanceRequest>,
     ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
-        let hold = self.enter("CreateInstance").await?;
+        let hold = self.enter("CreateInstance", request.metadata()).await?;
+        if self.breaks(Misbehaviour::TransientWithoutErrorInfo)
+            && !std::mem::replace(&mut self.lock().answered_a_create, true)
+        {
+            return Err(Status::unavailable("busy"));
+        }
+        let short_deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::parse_grpc_timeout)
+            .is_some_and(|timeout| timeout < Duration::from_secs(1));
         let request = request.into_inner();
+        if self.breaks(Misbehaviour::OrphansCancelledCreate)
+            && short_deadline
+            && !self.lock().ids_by_key.contains_key(&request.key)
+        {
+            return Err(self.create_then_hang(request).await);
+        }
         if self.breaks(Misbehaviour::RacyCreate)
             && !self.lock().ids_by_key.contains_key(&request.key)
         {
@@ -449,7 +712,7 @@ impl pb::provider_server::Provider for MemoryProvider {
             tokio::time::sleep(Duration::from_millis(20)).await;
             self.lock().ids_by_key.remove(&request.key);
         }
-        let instance = self.create(request).map_err(|s| self.answer_error(s))?;
+        let instance = self.create(request).map_err(|e| self.encode(&e))?;
         hold_answer(hold).await;
         Ok(Response::new(pb::CreateInstanceResponse {
             instance: Some(instance),
@@ -460,19 +723,10 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::GetInstanceRequest>,
     ) -> Result<Response<pb::GetInstanceResponse>, Status> {
-        let hold = self.enter("GetInstance").await?;
-        let id = request.into_inner().id;
-        self.check_id(&id)?;
-        let instance = {
-            let state = self.lock();
-            let record = state.instances.get(&id);
-            record.map(|record| self.snapshot(record))
-        };
-        let instance = instance.ok_or_else(|| {
-            self.answer_error(
-                ProviderError::not_found(format!("instance {id} does not exist")).into(),
-            )
-        })?;
+        let hold = self.enter("GetInstance", request.metadata()).await?;
+        let instance = self
+            .get(&request.into_inner().id)
+            .map_err(|e| self.encode(&e))?;
         hold_answer(hold).await;
         Ok(Response::new(pb::GetInstanceResponse {
             instance: Some(instance),
@@ -483,10 +737,9 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::DeleteInstanceRequest>,
     ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
-        let hold = self.enter("DeleteInstance").await?;
-        let id = request.into_inner().id;
-        self.check_id(&id)?;
-        self.delete(&id);
+        let hold = self.enter("DeleteInstance", request.metadata()).await?;
+        self.delete(&request.into_inner().id)
+            .map_err(|e| self.encode(&e))?;
         hold_answer(hold).await;
         Ok(Response::new(pb::DeleteInstanceResponse {}))
     }
@@ -495,35 +748,36 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
-        let hold = self.enter("ListInstances").await?;
-        let request = request.into_inner();
-        let page_size = match request.page_size {
-            _ if self.breaks(Misbehaviour::IgnorePageSize) => DEFAULT_PAGE_SIZE,
-            None | Some(0) => DEFAULT_PAGE_SIZE,
-            Some(size) => (size as usize).min(MAX_PAGE_SIZE),
-        };
-        let (instances, next_page_token) = self.list_page(&request, page_size);
+        let hold = self.enter("ListInstances", request.metadata()).await?;
+        if self.breaks(Misbehaviour::CancelledAtDeadline) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let page = self
+            .list(&request.into_inner())
+            .map_err(|e| self.encode(&e))?;
         hold_answer(hold).await;
-        Ok(Response::new(pb::ListInstancesResponse {
-            instances,
-            next_page_token,
-        }))
+        Ok(Response::new(page))
     }
 
     async fn validate_placement(
         &self,
         request: Request<pb::ValidatePlacementRequest>,
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
-        let hold = self.enter("ValidatePlacement").await?;
+        let hold = self.enter("ValidatePlacement", request.metadata()).await?;
         let placement = request.into_inner().placement;
-        validation::check_placement_request(placement.as_ref())
-            .map_err(|e| self.answer_error(e.into()))?;
-        let resolved = self
-            .resolve(placement.as_ref().expect("validated: placement is set"))
-            .map_err(|e| self.answer_error(e.into()))?;
+        let resolved = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
+            placement.unwrap_or_default()
+        } else {
+            validation::check_placement_request(placement.as_ref())
+                .and_then(|()| {
+                    self.resolve(placement.as_ref().expect("validated: placement is set"))
+                })
+                .map_err(|e| self.encode(&e))?
+        };
         hold_answer(hold).await;
         Ok(Response::new(pb::ValidatePlacementResponse {
-            resolved: Some(resolved),
+            resolved: Some(resolved)
+                .filter(|_| !self.breaks(Misbehaviour::ValidateResolvesNothing)),
             warnings: vec![],
         }))
     }

@@ -29,6 +29,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
 use crate::pb;
+use crate::reference::Misbehaviour;
 use crate::trace_context;
 pub use deadline::{ServerDeadline, ServerDeadlineLayer};
 
@@ -69,6 +70,7 @@ pub struct ProviderServer {
     routes: RoutesBuilder,
     service_names: Vec<&'static str>,
     tls: Option<ServerTls>,
+    misbehave: Option<Misbehaviour>,
 }
 
 type ServiceRequest = http::Request<tonic::body::Body>;
@@ -87,6 +89,7 @@ impl ProviderServer {
             routes: RoutesBuilder::default(),
             service_names: Vec::new(),
             tls: None,
+            misbehave: None,
         }
         .with_service(pb::provider_server::ProviderServer::new(provider))
     }
@@ -116,6 +119,15 @@ impl ProviderServer {
         self
     }
 
+    /// Breaks one of the scaffold's own rules (health, reflection, the server's
+    /// deadline) when `misbehave` is one of them: only for the reference provider's
+    /// tests of the conformance suite.
+    #[doc(hidden)]
+    pub fn with_misbehaviour(mut self, misbehave: Option<Misbehaviour>) -> Self {
+        self.misbehave = misbehave;
+        self
+    }
+
     /// Serves on `listener` until `shutdown` completes, then drains in-flight calls.
     pub async fn serve(
         self,
@@ -126,16 +138,21 @@ impl ProviderServer {
             mut routes,
             service_names,
             tls,
+            misbehave,
         } = self;
+        let breaks = |m: Misbehaviour| misbehave == Some(m);
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         for name in service_names.iter().copied().chain([""]) {
-            health_reporter
-                .set_service_status(name, ServingStatus::Serving)
-                .await;
+            let status = if breaks(Misbehaviour::HealthNotServing) && !name.is_empty() {
+                ServingStatus::NotServing
+            } else {
+                ServingStatus::Serving
+            };
+            health_reporter.set_service_status(name, status).await;
         }
 
         let reflection = || {
-            let builder = reflection::builder();
+            let builder = reflection::builder(!breaks(Misbehaviour::ReflectionWithoutErrorTypes));
             service_names
                 .iter()
                 .copied()
@@ -151,8 +168,9 @@ impl ProviderServer {
                     .map_err(ServeError::Reflection)?,
             );
 
+        let deadline = (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(ServerDeadlineLayer);
         let mut builder = Server::builder()
-            .layer(ServerDeadlineLayer)
+            .layer(tower::util::option_layer(deadline))
             .trace_fn(|request| {
                 let span = tracing::info_span!(
                     "grpc.request",

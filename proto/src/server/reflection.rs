@@ -24,13 +24,19 @@ pub(crate) fn google_rpc_files() -> FileDescriptorSet {
     set
 }
 
-/// A reflection builder that knows every file the scaffold serves.
-pub(crate) fn builder() -> tonic_reflection::server::Builder<'static> {
-    tonic_reflection::server::Builder::configure()
+/// A reflection builder that knows every file the scaffold serves (the google.rpc
+/// error types only with `error_types`, which only a misbehaving test server leaves
+/// out).
+pub(crate) fn builder(error_types: bool) -> tonic_reflection::server::Builder<'static> {
+    let builder = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
-        .register_file_descriptor_set(google_rpc_files())
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET);
+    if error_types {
+        builder.register_file_descriptor_set(google_rpc_files())
+    } else {
+        builder
+    }
 }
 
 #[cfg(test)]

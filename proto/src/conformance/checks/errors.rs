@@ -1,15 +1,21 @@
-//! Errors on the wire: ErrorInfo on every error, BadRequest naming fields, bounded
-//! echoes, and the server's own deadline.
+//! Errors on the wire: ErrorInfo on every error, BadRequest naming fields exactly,
+//! bounded echoes and violations, the server's own deadline, and every error seen
+//! during the run well formed.
 
 use std::time::Duration;
 
+use prost::Message;
 use tonic::Code;
 use tonic_types::StatusExt;
 
 use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, describe};
 use crate::error::ERROR_DOMAIN;
+use crate::error::bounded::{
+    MAX_DESCRIPTION_BYTES, MAX_DETAILS_BYTES, MAX_MESSAGE_BYTES, MAX_VIOLATIONS,
+};
 use crate::pb;
+use crate::validation::{MAX_TAG_BYTES, map_entry_path};
 
 /// `[A-Z][A-Z0-9_]*`, at most 63 characters.
 fn is_upper_snake(reason: &str) -> bool {
@@ -41,6 +47,71 @@ fn check_error_info(status: &tonic::Status, what: &str) -> Checked {
         ));
     }
     Ok(())
+}
+
+/// What is wrong with an error a provider answered, if anything: the details the
+/// contract requires for its code, the google.rpc.Status agreeing with the gRPC status,
+/// and the bounds on its text.
+fn malformed(status: &tonic::Status) -> Option<String> {
+    let code = status.code();
+    let raw = status.details();
+    let details = status.get_error_details();
+    match (code, details.error_info()) {
+        // The gRPC library answers these itself, without details.
+        (Code::Unimplemented | Code::DeadlineExceeded, None) => {}
+        (_, None) => return Some("no ErrorInfo".into()),
+        (_, Some(info)) if info.domain != ERROR_DOMAIN => {
+            return Some(format!("ErrorInfo.domain {:?}", info.domain));
+        }
+        (_, Some(info)) if !is_upper_snake(&info.reason) => {
+            return Some(format!("ErrorInfo.reason {:?}", info.reason));
+        }
+        _ => {}
+    }
+    if !raw.is_empty() {
+        let Ok(rpc) = tonic_types::Status::decode(raw) else {
+            return Some("grpc-status-details-bin that is not a google.rpc.Status".into());
+        };
+        if rpc.code != code as i32 || rpc.message != status.message() {
+            return Some(format!(
+                "a google.rpc.Status of code {} and message {:?}, unlike the gRPC status",
+                rpc.code,
+                rpc.message.chars().take(80).collect::<String>()
+            ));
+        }
+        if raw.len() > MAX_DETAILS_BYTES {
+            return Some(format!("{} bytes of status details", raw.len()));
+        }
+    }
+    if details.retry_info().is_some()
+        && !matches!(code, Code::Unavailable | Code::ResourceExhausted)
+    {
+        return Some("RetryInfo on a code that callers do not retry after a delay".into());
+    }
+    if status.message().len() > MAX_MESSAGE_BYTES {
+        return Some(format!("a {}-byte message", status.message().len()));
+    }
+    let violations = details
+        .bad_request()
+        .map(|bad| bad.field_violations.clone())
+        .unwrap_or_default();
+    if code == Code::InvalidArgument && violations.is_empty() {
+        return Some("INVALID_ARGUMENT without a BadRequest field violation".into());
+    }
+    if violations.len() > MAX_VIOLATIONS {
+        return Some(format!("{} field violations", violations.len()));
+    }
+    if let Some(long) = violations
+        .iter()
+        .find(|v| v.description.len() > MAX_DESCRIPTION_BYTES)
+    {
+        return Some(format!(
+            "a {}-byte description of {}",
+            long.description.len(),
+            long.field
+        ));
+    }
+    None
 }
 
 fn bad_request_fields(status: &tonic::Status) -> Vec<String> {
@@ -90,8 +161,11 @@ impl Suite<'_> {
         }
         let mut bad_tag = self.request("bad-tag");
         bad_tag.tags.insert(String::new(), "v".into());
+        let mut no_placement = self.request("no-placement");
+        no_placement.placement = None;
         for (request, field, what) in [
             (empty_key, "key", "Create with an empty key"),
+            (no_placement, "placement", "Create without a placement"),
             (
                 bad_machine,
                 "placement.machine_type",
@@ -106,6 +180,76 @@ impl Suite<'_> {
                 return Err(Outcome::fail(
                     format!("{what}: BadRequest with a field violation on {field}"),
                     describe::status(&status),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn map_entry_paths(&mut self) -> Checked {
+        // Quotes and backslashes escaped, everything else (a tab, a non-ASCII letter) as
+        // it is; and a key at the 256-byte limit named whole.
+        let odd = "egressproxy.dev/a\"b\\c\td-é".to_owned();
+        let longest = format!("egressproxy.dev/{}", "k".repeat(MAX_TAG_BYTES - 16));
+        for key in [odd, longest] {
+            let mut request = self.request("map-path");
+            request
+                .tags
+                .insert(key.clone(), "v".repeat(MAX_TAG_BYTES + 1));
+            let path = map_entry_path("tags", &key);
+            let what = format!(
+                "Create with a {}-byte value for tag {path}",
+                MAX_TAG_BYTES + 1
+            );
+            let status = expect_code(self.create_raw(request).await, Code::InvalidArgument, &what)?;
+            if !bad_request_fields(&status).contains(&path) {
+                return Err(Outcome::fail(
+                    format!("{what}: a field violation naming exactly {path}"),
+                    describe::status(&status),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn violations_bounded(&mut self) -> Checked {
+        let mut request = self.request("many-violations");
+        for n in 0..12 {
+            request
+                .tags
+                .insert(format!("egressproxy.dev/bad-{n:02}"), "v".repeat(4000));
+        }
+        let what = "Create with 12 tag values over the limit";
+        let status = expect_code(self.create_raw(request).await, Code::InvalidArgument, what)?;
+        let fields = bad_request_fields(&status);
+        if fields.is_empty() || fields.len() > MAX_VIOLATIONS {
+            return Err(Outcome::fail(
+                format!(
+                    "{what}: 1 to {MAX_VIOLATIONS} field violations (the message says how many more)"
+                ),
+                format!("{} field violations", fields.len()),
+            ));
+        }
+        if let Some(problem) = malformed(&status) {
+            return Err(Outcome::fail(
+                format!(
+                    "{what}: descriptions of at most {MAX_DESCRIPTION_BYTES} bytes, a message of at most {MAX_MESSAGE_BYTES}, details of at most {MAX_DETAILS_BYTES}"
+                ),
+                problem,
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn errors_well_formed(&mut self) -> Checked {
+        for (call, status) in &self.observed {
+            if let Some(problem) = malformed(status) {
+                return Err(Outcome::fail(
+                    format!(
+                        "every error answered during the run carries the contract's details ({call} answered {})",
+                        describe::code_name(status.code())
+                    ),
+                    format!("{problem}: {}", describe::status(status)),
                 ));
             }
         }
@@ -160,7 +304,9 @@ impl Suite<'_> {
             page_size: Some(1),
             page_token: String::new(),
         });
-        for _ in 0..10 {
+        let deadline = std::time::Instant::now() + self.target.running_timeout;
+        let mut answered = 0;
+        while answered < 10 {
             let status = super::super::raw_call::unary(
                 &authority,
                 "/egressproxy.provider.v1.Provider/ListInstances",
@@ -170,6 +316,18 @@ impl Suite<'_> {
             )
             .await
             .map_err(|got| Outcome::fail("an answer by the call's 1 ms grpc-timeout", got))?;
+            if status.code() != Code::Ok {
+                self.observe("ListInstances", &status);
+            }
+            let retry_later = !matches!(status.code(), Code::Ok | Code::DeadlineExceeded)
+                && crate::ErrorClass::from_code(status.code()).is_retryable()
+                && std::time::Instant::now() < deadline;
+            if retry_later {
+                // An answer callers retry (a quota, a busy provider): ask again.
+                tokio::time::sleep(super::POLL_INTERVAL).await;
+                continue;
+            }
+            answered += 1;
             match status.code() {
                 Code::Ok => {}
                 Code::DeadlineExceeded => {

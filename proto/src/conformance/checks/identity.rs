@@ -1,5 +1,5 @@
 //! Who the provider is and what it says it can do: health, reflection, plugin info,
-//! and capabilities that match behaviour.
+//! capabilities that match behaviour, and trace context accepted.
 
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -11,8 +11,41 @@ use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse
 use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, describe};
 use crate::pb;
+use crate::validation::MAX_STRING_BYTES;
 
 const PROVIDER_SERVICE: &str = "egressproxy.provider.v1.Provider";
+/// The most bytes of keys and values GetPluginInfoResponse.manifest may hold.
+const MAX_MANIFEST_BYTES: usize = 4096;
+
+/// Semantic Versioning 2.0: `MAJOR.MINOR.PATCH`, numbers without leading zeros, then
+/// optional `-pre.release` and `+build` identifiers of `[0-9A-Za-z-]`.
+pub(crate) fn is_semver(version: &str) -> bool {
+    let (rest, build) = match version.split_once('+') {
+        Some((rest, build)) => (rest, Some(build)),
+        None => (version, None),
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (rest, None),
+    };
+    let number = |part: &str| {
+        !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && (part == "0" || !part.starts_with('0'))
+    };
+    let identifiers = |text: &str, numeric_rule: bool| {
+        text.split('.').all(|id| {
+            !id.is_empty()
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && (!numeric_rule || !id.bytes().all(|b| b.is_ascii_digit()) || number(id))
+        })
+    };
+    let parts: Vec<&str> = core.split('.').collect();
+    parts.len() == 3
+        && parts.iter().all(|part| number(part))
+        && pre.is_none_or(|pre| identifiers(pre, true))
+        && build.is_none_or(|build| identifiers(build, false))
+}
 
 impl Suite<'_> {
     pub(super) async fn health_serving(&mut self) -> Checked {
@@ -136,6 +169,31 @@ impl Suite<'_> {
                 format!("name {:?}", info.name),
             ));
         }
+        for (field, version) in [
+            ("vendor_version", &info.vendor_version),
+            ("contract_version", &info.contract_version),
+        ] {
+            if !is_semver(version) || version.len() > MAX_STRING_BYTES {
+                return Err(Outcome::fail(
+                    format!(
+                        "{field} is a semantic version (MAJOR.MINOR.PATCH) of at most {MAX_STRING_BYTES} bytes"
+                    ),
+                    format!("{field} {version:?}"),
+                ));
+            }
+        }
+        let manifest_bytes: usize = info.manifest.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if info.name.len() > MAX_STRING_BYTES || manifest_bytes > MAX_MANIFEST_BYTES {
+            return Err(Outcome::fail(
+                format!(
+                    "a name of at most {MAX_STRING_BYTES} bytes and a manifest of at most {MAX_MANIFEST_BYTES}"
+                ),
+                format!(
+                    "a {}-byte name, a {manifest_bytes}-byte manifest",
+                    info.name.len()
+                ),
+            ));
+        }
         let major = |version: &str| version.split('.').next().unwrap_or_default().to_owned();
         let expected = major(crate::CONTRACT_VERSION);
         if major(&info.contract_version) != expected {
@@ -177,7 +235,19 @@ impl Suite<'_> {
             }
             _ => {}
         }
-        if !capabilities.contains(&pb::Capability::VendorData) {
+        if capabilities.contains(&pb::Capability::VendorData) {
+            let mut request = self.request("vendor-data");
+            if let Some(cloud_init) = request.cloud_init.as_mut() {
+                cloud_init.vendor_data = Some(b"#cloud-config\n{}\n".to_vec());
+            }
+            let created = self.create_raw(request).await.map_err(|status| {
+                Outcome::fail(
+                    "Create with vendor_data succeeds, as CAPABILITY_VENDOR_DATA declares",
+                    describe::status(&status),
+                )
+            })?;
+            self.delete(&created.id).await?;
+        } else {
             let mut request = self.request("vendor-data");
             if let Some(cloud_init) = request.cloud_init.as_mut() {
                 cloud_init.vendor_data = Some(b"#cloud-config\n{}\n".to_vec());
@@ -202,5 +272,85 @@ impl Suite<'_> {
             }
         }
         Ok(())
+    }
+
+    pub(super) async fn trace_context_accepted(&mut self) -> Checked {
+        let parents = [
+            (
+                "a well-formed traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("a malformed traceparent", "not-a-trace-context"),
+        ];
+        for (what, value) in parents {
+            let parent: tonic::metadata::MetadataValue<_> = value.parse().expect("ASCII metadata");
+            let selector = self.ledger.selector();
+            let with_parent = parent.clone();
+            let info = self
+                .retrying("GetPluginInfo", |mut client| {
+                    let mut info = tonic::Request::new(pb::GetPluginInfoRequest {});
+                    info.metadata_mut()
+                        .insert("traceparent", with_parent.clone());
+                    async move { client.get_plugin_info(info).await }
+                })
+                .await;
+            let answered = match info {
+                Ok(_) => self
+                    .retrying("ListInstances", |mut client| {
+                        let mut list = tonic::Request::new(pb::ListInstancesRequest {
+                            tag_selector: selector.clone(),
+                            page_size: Some(1),
+                            page_token: String::new(),
+                        });
+                        list.metadata_mut().insert("traceparent", parent.clone());
+                        async move { client.list_instances(list).await }
+                    })
+                    .await
+                    .map(|_| ()),
+                Err(status) => Err(status),
+            };
+            if let Err(status) = answered {
+                return Err(Outcome::fail(
+                    format!("GetPluginInfo and ListInstances with {what} succeed"),
+                    describe::status(&status),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_semver;
+
+    #[test]
+    fn versions_are_semantic_versions() {
+        for good in [
+            "1.0.0",
+            "1.1.0",
+            "0.1.0",
+            "10.20.30",
+            "1.0.0-rc.1",
+            "1.0.0+abc.5",
+            "1.0.0-alpha-1+x",
+        ] {
+            assert!(is_semver(good), "{good}");
+        }
+        for bad in [
+            "",
+            "1",
+            "1.0",
+            "v1.0.0",
+            "01.0.0",
+            "1.0.0-",
+            "1.0.0-01",
+            "1.0.0+",
+            "latest",
+            "1.0.0.0",
+            "1.0.0-a..b",
+        ] {
+            assert!(!is_semver(bad), "{bad}");
+        }
     }
 }

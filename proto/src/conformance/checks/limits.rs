@@ -1,5 +1,5 @@
 //! The documented limits (`provider.proto`, `docs/contract.md`), at the boundary and
-//! one past it.
+//! one past it, and the key's character set.
 
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -7,7 +7,9 @@ use tonic_types::StatusExt;
 use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, TAG, describe};
 use crate::pb;
-use crate::validation::{MAX_KEY_LEN, MAX_TAG_BYTES, MAX_TAGS, MAX_USER_DATA_BYTES};
+use crate::validation::{
+    MAX_KEY_LEN, MAX_NAME_BYTES, MAX_TAG_BYTES, MAX_TAGS, MAX_USER_DATA_BYTES,
+};
 
 /// A valid `#cloud-config` (an empty mapping) padded with comments to `len` bytes.
 fn user_data_of(len: usize) -> Vec<u8> {
@@ -26,11 +28,14 @@ fn user_data_of(len: usize) -> Vec<u8> {
 }
 
 impl Suite<'_> {
-    /// A request with every limit at its boundary.
-    fn boundary_request(&self) -> pb::CreateInstanceRequest {
+    /// A request with every limit at its boundary (vendor_data only when the provider
+    /// takes it).
+    fn boundary_request(&self, vendor_data: bool) -> pb::CreateInstanceRequest {
         let mut request = self.request("limits");
         let padding = MAX_KEY_LEN - request.key.len();
         request.key.push_str(&"x".repeat(padding));
+        let padding = MAX_NAME_BYTES - request.name.len();
+        request.name.push_str(&"n".repeat(padding));
         let long_key = format!("egressproxy.dev/{}", "k".repeat(MAX_TAG_BYTES - 16));
         request.tags.insert(long_key, "v".repeat(MAX_TAG_BYTES));
         for n in request.tags.len()..MAX_TAGS {
@@ -40,18 +45,27 @@ impl Suite<'_> {
         }
         request.cloud_init = Some(pb::CloudInit {
             user_data: user_data_of(MAX_USER_DATA_BYTES),
-            vendor_data: None,
+            vendor_data: vendor_data.then(|| user_data_of(MAX_USER_DATA_BYTES)),
         });
         request.proxy_port = 65535;
         request
     }
 
+    async fn takes_vendor_data(&mut self) -> Result<bool, Outcome> {
+        Ok(self
+            .capabilities()
+            .await?
+            .contains(&pb::Capability::VendorData))
+    }
+
     pub(super) async fn limits_at_boundary(&mut self) -> Checked {
-        let request = self.boundary_request();
+        let vendor_data = self.takes_vendor_data().await?;
+        let request = self.boundary_request(vendor_data);
         let created = self.create_raw(request).await.map_err(|status| {
             Outcome::fail(
                 format!(
-                    "a Create with a {MAX_KEY_LEN}-character key, {MAX_TAGS} tags, a {MAX_TAG_BYTES}-byte tag key and value, {MAX_USER_DATA_BYTES} bytes of user_data and proxy_port 65535 succeeds"
+                    "a Create with a {MAX_KEY_LEN}-character key, a {MAX_NAME_BYTES}-byte name, {MAX_TAGS} tags, a {MAX_TAG_BYTES}-byte tag key and value, {MAX_USER_DATA_BYTES} bytes of user_data{} and proxy_port 65535 succeeds",
+                    if vendor_data { " and of vendor_data" } else { "" }
                 ),
                 describe::status(&status),
             )
@@ -66,12 +80,28 @@ impl Suite<'_> {
     }
 
     pub(super) async fn limits_one_past(&mut self) -> Checked {
-        let boundary = self.boundary_request();
+        let vendor_data = self.takes_vendor_data().await?;
+        let boundary = self.boundary_request(false);
         let mut cases: Vec<(&str, String, pb::CreateInstanceRequest)> = Vec::new();
 
         let mut request = boundary.clone();
         request.key.push('x');
         cases.push(("a key one character too long", "key".into(), request));
+
+        for (what, suffix) in [
+            ("a key ending in a line feed", "nl\n"),
+            ("a key with a space", "a b"),
+            ("a key with a slash", "a/b"),
+            ("a key with a non-ASCII letter", "é"),
+        ] {
+            let mut request = self.request("charset");
+            request.key.push_str(suffix);
+            cases.push((what, "key".into(), request));
+        }
+
+        let mut request = self.request("long-name");
+        request.name = "n".repeat(MAX_NAME_BYTES + 1);
+        cases.push(("a name one byte too long", "name".into(), request));
 
         let mut request = boundary.clone();
         request
@@ -82,7 +112,7 @@ impl Suite<'_> {
         let mut request = self.request("long-tag-key");
         let key = "k".repeat(MAX_TAG_BYTES + 1);
         request.tags.insert(key.clone(), "v".into());
-        cases.push(("a tag key one byte too long", "tags[\"".into(), request));
+        cases.push(("a tag key one byte too long", "tags[\"kk".into(), request));
 
         let mut request = self.request("long-tag-value");
         request
@@ -105,6 +135,19 @@ impl Suite<'_> {
             request,
         ));
 
+        if vendor_data {
+            let mut request = self.request("big-vendor-data");
+            request.cloud_init = Some(pb::CloudInit {
+                user_data: self.target.user_data.clone(),
+                vendor_data: Some(user_data_of(MAX_USER_DATA_BYTES + 1)),
+            });
+            cases.push((
+                "vendor_data one byte too large",
+                "cloud_init.vendor_data".into(),
+                request,
+            ));
+        }
+
         for port in [0, 65536] {
             let mut request = self.request("bad-port");
             request.proxy_port = port;
@@ -121,7 +164,7 @@ impl Suite<'_> {
             let named = status.get_error_details().bad_request().is_some_and(|bad| {
                 bad.field_violations.iter().any(|v| {
                     if field.starts_with("tags[\"") {
-                        v.field.starts_with(&field)
+                        v.field.starts_with(&field) && v.field.ends_with("\"]")
                     } else {
                         v.field == field
                     }

@@ -1,11 +1,24 @@
 //! ListInstances: tag selection (AND across keys), agreement with Get, and paging that
-//! honours the page size and walks every instance once.
+//! honours (and clamps) the page size, walks every instance once and refuses tokens it
+//! never issued.
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Checked, Suite};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, TAG, describe, walk};
 use crate::pb;
+
+impl walk::PageSource for Suite<'_> {
+    async fn page(
+        &mut self,
+        request: pb::ListInstancesRequest,
+    ) -> Result<pb::ListInstancesResponse, tonic::Status> {
+        self.list_page(request).await
+    }
+}
 
 fn walk_failure(error: walk::WalkError) -> Outcome {
     Outcome::fail(error.expected, error.got)
@@ -17,7 +30,16 @@ impl Suite<'_> {
         &mut self,
         selector: HashMap<String, String>,
     ) -> Result<Vec<pb::Instance>, Outcome> {
-        walk::list_all(&mut self.client, selector, Some(2))
+        self.list_in_pages_of(selector, 2).await
+    }
+
+    /// Every instance matching `selector`, in pages of `size`.
+    pub(super) async fn list_in_pages_of(
+        &mut self,
+        selector: HashMap<String, String>,
+        size: u32,
+    ) -> Result<Vec<pb::Instance>, Outcome> {
+        walk::list_all(self, selector, Some(size))
             .await
             .map_err(walk_failure)
     }
@@ -96,8 +118,17 @@ impl Suite<'_> {
                 i.tags.clone(),
                 i.placement.clone(),
                 i.proxy_port,
+                i.create_time,
             )
         };
+        for (call, instance) in [("ListInstances", &from_list), ("GetInstance", &from_get)] {
+            if instance.create_time.is_none() {
+                return Err(Outcome::fail(
+                    format!("{call} reports the instance's create_time (required)"),
+                    describe::instance(instance),
+                ));
+            }
+        }
         if comparable(&from_list) != comparable(&from_get) {
             return Err(Outcome::fail(
                 format!("List and Get agree: {}", describe::instance(&from_get)),
@@ -117,7 +148,8 @@ impl Suite<'_> {
             .into_iter()
             .map(|i| i.id)
             .collect();
-        let pages = walk::pages(&mut self.client, self.ledger.selector(), Some(1))
+        let selector = self.ledger.selector();
+        let pages = walk::pages(self, selector, Some(1))
             .await
             .map_err(walk_failure)?;
         let mut seen = HashSet::new();
@@ -139,12 +171,61 @@ impl Suite<'_> {
         Ok(())
     }
 
+    pub(super) async fn foreign_page_token(&mut self) -> Checked {
+        for suffix in ["token-1", "token-2"] {
+            self.create(self.request(suffix)).await?;
+        }
+        let first = self
+            .list_page(pb::ListInstancesRequest {
+                tag_selector: self.ledger.selector(),
+                page_size: Some(1),
+                page_token: String::new(),
+            })
+            .await
+            .map_err(|status| Outcome::fail("ListInstances answers", describe::status(&status)))?;
+        if first.next_page_token.is_empty() {
+            return Err(Outcome::fail(
+                "a next_page_token after a page of 1 when 2 or more instances match",
+                "an empty token",
+            ));
+        }
+        // A made-up token, and an issued one with a character added: a provider whose
+        // token is a bare position (the last id) reads the second as a position.
+        let tampered = format!("{}0", first.next_page_token);
+        for (what, token) in [
+            ("a made-up page token", "not-a-page-token".to_owned()),
+            ("an issued page token with a character added", tampered),
+        ] {
+            let result = self
+                .list_page(pb::ListInstancesRequest {
+                    tag_selector: self.ledger.selector(),
+                    page_size: Some(1),
+                    page_token: token,
+                })
+                .await;
+            let what = format!("ListInstances with {what}");
+            let status = expect_code(result, Code::InvalidArgument, &what)?;
+            let named = status
+                .get_error_details()
+                .bad_request()
+                .is_some_and(|bad| bad.field_violations.iter().any(|v| v.field == "page_token"));
+            if !named {
+                return Err(Outcome::fail(
+                    format!("{what}: BadRequest naming page_token"),
+                    describe::status(&status),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn page_size_honoured(&mut self) -> Checked {
         for suffix in ["size-1", "size-2", "size-3"] {
             self.create(self.request(suffix)).await?;
         }
         for size in [1u32, 2] {
-            let pages = walk::pages(&mut self.client, self.ledger.selector(), Some(size))
+            let selector = self.ledger.selector();
+            let pages = walk::pages(self, selector, Some(size))
                 .await
                 .map_err(walk_failure)?;
             if let Some(page) = pages.iter().find(|page| page.len() > size as usize) {
@@ -154,6 +235,19 @@ impl Suite<'_> {
                 ));
             }
         }
+        let selector = self.ledger.selector();
+        walk::pages(self, selector, Some(u32::MAX))
+            .await
+            .map_err(|error| {
+                Outcome::fail(
+                    format!(
+                        "a walk with page_size {} (over any provider's cap) is clamped, not refused: {}",
+                        u32::MAX,
+                        error.expected
+                    ),
+                    error.got,
+                )
+            })?;
         Ok(())
     }
 }

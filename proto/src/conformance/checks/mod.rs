@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 use super::{Check, Ledger, Outcome, TAG, Target, describe};
 use crate::client::Client;
 use crate::pb::{self, InstanceState};
+use crate::{ErrorClass, ProviderError};
 
 /// A check's result: `Ok` passes; `Err` carries a failure or a skip.
 pub(crate) type Checked = Result<(), Outcome>;
@@ -25,7 +26,8 @@ const fn check(name: &'static str, why: &'static str, rule: &'static str) -> Che
     Check { name, why, rule }
 }
 
-/// Every check, in the order a run takes them.
+/// Every check, in the order a run takes them. `errors-well-formed` runs near the end,
+/// so it sees the errors of every check before it; `foreign-instance-survives` last.
 pub const CHECKS: &[Check] = &[
     check(
         "health-serving",
@@ -39,13 +41,18 @@ pub const CHECKS: &[Check] = &[
     ),
     check(
         "plugin-info",
-        "callers refuse a provider on another major contract version",
-        "provider.proto: GetPluginInfo",
+        "callers refuse a provider on another major contract version, and log its versions",
+        "provider.proto: GetPluginInfoResponse",
     ),
     check(
         "capabilities-match-behaviour",
-        "callers decide which optional calls to make from GetCapabilities alone",
+        "callers decide which optional calls and fields to use from GetCapabilities alone",
         "provider.proto: GetCapabilities, Capability",
+    ),
+    check(
+        "trace-context-accepted",
+        "callers that trace send traceparent; a provider must not refuse a call for it, well-formed or not",
+        "docs/contract.md#transport",
     ),
     check(
         "error-info-on-every-error",
@@ -56,6 +63,16 @@ pub const CHECKS: &[Check] = &[
         "invalid-argument-names-fields",
         "users fix the field BadRequest names; without it they guess",
         "docs/contract.md#errors",
+    ),
+    check(
+        "map-entry-paths",
+        "a map entry's field path must name the entry exactly, or users cannot tell which tag to fix",
+        "docs/contract.md#errors",
+    ),
+    check(
+        "violations-bounded",
+        "an error listing many bad fields must still fit every client's 16 KiB metadata limit",
+        "docs/contract.md#bounded-text",
     ),
     check(
         "huge-input-bounded",
@@ -70,12 +87,12 @@ pub const CHECKS: &[Check] = &[
     check(
         "create-idempotent",
         "the operator repeats Create after every crash or timeout and must get the same instance",
-        "provider.proto: CreateInstance",
+        "provider.proto: CreateInstanceRequest.key",
     ),
     check(
         "create-conflict",
         "a key reused with another spec must not silently return the old instance",
-        "provider.proto: CreateInstance",
+        "provider.proto: CreateInstanceRequest.key",
     ),
     check(
         "get-missing",
@@ -123,8 +140,13 @@ pub const CHECKS: &[Check] = &[
         "docs/contract.md#paging",
     ),
     check(
+        "foreign-page-token",
+        "a token the provider never issued must be refused, not read as a position (or as the first page)",
+        "provider.proto: ListInstancesRequest.page_token",
+    ),
+    check(
         "page-size-honoured",
-        "callers size pages to bound memory and latency",
+        "callers size pages to bound memory and latency; a size over the provider's cap is clamped, not refused",
         "provider.proto: ListInstancesRequest.page_size",
     ),
     check(
@@ -145,12 +167,12 @@ pub const CHECKS: &[Check] = &[
     check(
         "limits-at-boundary",
         "a request exactly at every documented limit is valid",
-        "provider.proto: CreateInstanceRequest (limits)",
+        "docs/contract.md#limits",
     ),
     check(
         "limits-one-past",
         "one past any documented limit is INVALID_ARGUMENT naming the field",
-        "provider.proto: CreateInstanceRequest (limits)",
+        "docs/contract.md#limits",
     ),
     check(
         "validate-placement",
@@ -159,8 +181,13 @@ pub const CHECKS: &[Check] = &[
     ),
     check(
         "delete-twice-then-gone",
-        "Delete is repeated after crashes; the instance must then go (DELETING ends)",
+        "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
+    ),
+    check(
+        "key-reuse-after-delete",
+        "a key whose instance was deleted may be used again; while it is DELETING, Create says so",
+        "provider.proto: CreateInstanceRequest.key",
     ),
     check(
         "delete-missing",
@@ -171,6 +198,11 @@ pub const CHECKS: &[Check] = &[
         "delete-while-provisioning",
         "a Proxy deleted while booting must not leave its VM behind",
         "provider.proto: DeleteInstance",
+    ),
+    check(
+        "errors-well-formed",
+        "every error a caller meets must carry the contract's details, or callers misread it",
+        "docs/contract.md#errors",
     ),
     check(
         "foreign-instance-survives",
@@ -188,6 +220,8 @@ pub(crate) struct Suite<'a> {
     bystander: Option<String>,
     /// `host:port` of a plaintext endpoint, for raw HTTP/2 calls.
     plaintext_authority: Option<String>,
+    /// Every error the provider answered during the run, with the call that got it.
+    observed: Vec<(&'static str, tonic::Status)>,
 }
 
 impl<'a> Suite<'a> {
@@ -207,6 +241,7 @@ impl<'a> Suite<'a> {
             target,
             running: None,
             bystander: None,
+            observed: Vec::new(),
         }
     }
 
@@ -216,8 +251,11 @@ impl<'a> Suite<'a> {
             "reflection" => self.reflection().await,
             "plugin-info" => self.plugin_info().await,
             "capabilities-match-behaviour" => self.capabilities_match_behaviour().await,
+            "trace-context-accepted" => self.trace_context_accepted().await,
             "error-info-on-every-error" => self.error_info_on_every_error().await,
             "invalid-argument-names-fields" => self.invalid_argument_names_fields().await,
+            "map-entry-paths" => self.map_entry_paths().await,
+            "violations-bounded" => self.violations_bounded().await,
             "huge-input-bounded" => self.huge_input_bounded().await,
             "server-deadline" => self.server_deadline().await,
             "create-idempotent" => self.create_idempotent().await,
@@ -231,6 +269,7 @@ impl<'a> Suite<'a> {
             "tag-selector-and" => self.tag_selector_and().await,
             "list-get-agree" => self.list_get_agree().await,
             "paging-walks-once" => self.paging_walks_once().await,
+            "foreign-page-token" => self.foreign_page_token().await,
             "page-size-honoured" => self.page_size_honoured().await,
             "concurrent-creates-distinct-keys" => self.concurrent_distinct_keys().await,
             "concurrent-creates-one-key" => self.concurrent_one_key().await,
@@ -239,8 +278,10 @@ impl<'a> Suite<'a> {
             "limits-one-past" => self.limits_one_past().await,
             "validate-placement" => self.validate_placement().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
+            "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,
             "delete-while-provisioning" => self.delete_while_provisioning().await,
+            "errors-well-formed" => self.errors_well_formed().await,
             "foreign-instance-survives" => self.foreign_instance_survives().await,
             other => Err(Outcome::Skip(format!("no check named {other}"))),
         };
@@ -253,7 +294,7 @@ impl<'a> Suite<'a> {
     /// Plants an instance early in the run that no check deletes; the last check
     /// makes sure it is still there.
     pub(crate) async fn plant_bystander(&mut self) {
-        if let Ok(instance) = self.create(self.request("bystander")).await {
+        if let Ok(instance) = self.create_raw(self.request("bystander")).await {
             self.bystander = Some(instance.id);
         }
     }
@@ -277,15 +318,83 @@ impl<'a> Suite<'a> {
         }
     }
 
-    /// Create, recording the id for cleanup.
+    /// Records an error the provider answered, for `errors-well-formed`. Errors the
+    /// client made itself (a transport failure, its own deadline) are not answers.
+    fn observe(&mut self, call: &'static str, status: &tonic::Status) {
+        let from_client = std::error::Error::source(status).is_some()
+            || (matches!(
+                status.code(),
+                tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ) && status.details().is_empty());
+        if !from_client {
+            self.observed.push((call, status.clone()));
+        }
+    }
+
+    /// Calls `attempt` until it succeeds or answers an error callers do not retry, as
+    /// the contract tells callers to: transient classes (UNAVAILABLE, UNKNOWN, INTERNAL,
+    /// ABORTED, CANCELLED, DEADLINE_EXCEEDED) with exponential backoff, and
+    /// RESOURCE_EXHAUSTED after its RetryInfo delay; for at most the running timeout.
+    async fn retrying<T, F, Fut>(
+        &mut self,
+        call: &'static str,
+        mut attempt: F,
+    ) -> Result<T, tonic::Status>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.target.running_timeout;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let status = match attempt(self.client.clone()).await {
+                Ok(answer) => return Ok(answer),
+                Err(status) => status,
+            };
+            self.observe(call, &status);
+            let now = Instant::now();
+            if !ErrorClass::from_code(status.code()).is_retryable() || now >= deadline {
+                return Err(status);
+            }
+            let hint = ProviderError::from_status(&status).retry_after;
+            let wait = hint
+                .unwrap_or(backoff)
+                .min(MAX_RETRY_WAIT)
+                .min(deadline - now);
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(MAX_RETRY_WAIT);
+        }
+    }
+
+    /// Create once, no retry, recording the id for cleanup and any error.
+    async fn create_once(
+        &mut self,
+        request: pb::CreateInstanceRequest,
+    ) -> Result<pb::Instance, tonic::Status> {
+        let answer = match self.client.create_instance(request).await {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                self.observe("CreateInstance", &status);
+                return Err(status);
+            }
+        };
+        let instance = instance_in(answer.instance, "CreateInstance")?;
+        self.ledger.record(&instance.id);
+        Ok(instance)
+    }
+
+    /// Create, retrying what callers retry, recording the id for cleanup.
     async fn create_raw(
         &mut self,
         request: pb::CreateInstanceRequest,
     ) -> Result<pb::Instance, tonic::Status> {
-        let response = self.client.create_instance(request).await?.into_inner();
-        let instance = response.instance.ok_or_else(|| {
-            tonic::Status::internal("CreateInstance answered without an instance")
-        })?;
+        let answer = self
+            .retrying("CreateInstance", |mut client| {
+                let request = request.clone();
+                async move { client.create_instance(request).await }
+            })
+            .await?;
+        let instance = instance_in(answer.into_inner().instance, "CreateInstance")?;
         self.ledger.record(&instance.id);
         Ok(instance)
     }
@@ -305,13 +414,14 @@ impl<'a> Suite<'a> {
     }
 
     async fn get_raw(&mut self, id: &str) -> Result<pb::Instance, tonic::Status> {
-        let request = pb::GetInstanceRequest { id: id.to_owned() };
-        self.client
-            .get_instance(request)
-            .await?
-            .into_inner()
-            .instance
-            .ok_or_else(|| tonic::Status::internal("GetInstance answered without an instance"))
+        let id = id.to_owned();
+        let answer = self
+            .retrying("GetInstance", |mut client| {
+                let request = pb::GetInstanceRequest { id: id.clone() };
+                async move { client.get_instance(request).await }
+            })
+            .await?;
+        instance_in(answer.into_inner().instance, "GetInstance")
     }
 
     async fn get(&mut self, id: &str) -> Result<pb::Instance, Outcome> {
@@ -323,18 +433,34 @@ impl<'a> Suite<'a> {
         })
     }
 
+    async fn delete_raw(&mut self, id: &str) -> Result<(), tonic::Status> {
+        let id = id.to_owned();
+        self.retrying("DeleteInstance", |mut client| {
+            let request = pb::DeleteInstanceRequest { id: id.clone() };
+            async move { client.delete_instance(request).await.map(|_| ()) }
+        })
+        .await
+    }
+
     async fn delete(&mut self, id: &str) -> Checked {
-        let request = pb::DeleteInstanceRequest { id: id.to_owned() };
-        self.client
-            .delete_instance(request)
-            .await
-            .map(|_| ())
-            .map_err(|status| {
-                Outcome::fail(
-                    format!("DeleteInstance of {id} succeeds"),
-                    describe::status(&status),
-                )
-            })
+        self.delete_raw(id).await.map_err(|status| {
+            Outcome::fail(
+                format!("DeleteInstance of {id} succeeds"),
+                describe::status(&status),
+            )
+        })
+    }
+
+    /// One ListInstances page, retrying what callers retry.
+    async fn list_page(
+        &mut self,
+        request: pb::ListInstancesRequest,
+    ) -> Result<pb::ListInstancesResponse, tonic::Status> {
+        self.retrying("ListInstances", |mut client| {
+            let request = request.clone();
+            async move { Ok(client.list_instances(request).await?.into_inner()) }
+        })
+        .await
     }
 
     /// Polls Get until the instance is RUNNING with an address.
@@ -367,7 +493,7 @@ impl<'a> Suite<'a> {
                     describe::instance(&instance),
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
 
@@ -392,7 +518,7 @@ impl<'a> Suite<'a> {
                     still,
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
 
@@ -409,14 +535,29 @@ impl<'a> Suite<'a> {
 
     async fn capabilities(&mut self) -> Result<Vec<pb::Capability>, Outcome> {
         let answer = self
-            .client
-            .get_capabilities(pb::GetCapabilitiesRequest {})
+            .retrying("GetCapabilities", |mut client| async move {
+                client.get_capabilities(pb::GetCapabilitiesRequest {}).await
+            })
             .await
             .map_err(|status| {
                 Outcome::fail("GetCapabilities answers", describe::status(&status))
             })?;
         Ok(answer.into_inner().capabilities().collect())
     }
+}
+
+/// The longest the suite waits before retrying a call.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
+/// How often the suite polls a state it waits for.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The instance an answer must carry: the field is required in every response.
+fn instance_in(instance: Option<pb::Instance>, call: &str) -> Result<pb::Instance, tonic::Status> {
+    instance.ok_or_else(|| {
+        tonic::Status::internal(format!(
+            "{call} answered OK without an instance (the field is required)"
+        ))
+    })
 }
 
 /// The error a call must have failed with, or a failure naming what came instead.
