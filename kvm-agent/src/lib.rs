@@ -1,9 +1,10 @@
 //! kvm-agent: an egressproxy `Provider` on libvirt reached over SSH.
 //!
 //! The crate is cut into layers. Each layer is a folder and imports only from the layers
-//! below it (and from [`config`] and [`classification`], which every layer shares; the
-//! top-level [`error`] module sits above them all). A unit test (`layer_rule`) reads the
-//! source of each lower layer and fails on an import that points upwards:
+//! below it (and from [`config`] and [`classification`], leaves which every layer shares;
+//! the top-level [`error`] and [`startup`] modules sit above them all). A unit test
+//! (`layer_rule`) reads the source of each lower layer and fails on an import that points
+//! upwards, and on a module under `src/` it does not list:
 //!
 //! ```text
 //!   provider    the gRPC Provider: Create, Get, List, Delete, ValidatePlacement
@@ -39,8 +40,11 @@
 //! - `single_flight`: one detached task per key that callers wait on up to their own
 //!   deadline (the base image download, the KVM probe); shared by the layers, depends on
 //!   none of them.
-//! - [`config`]: the YAML configuration, validated at start-up (each duration within its
-//!   range), with its own [`config::error::ConfigError`].
+//! - [`config`]: the YAML configuration and every check of the file alone (each duration
+//!   within its range), with its own [`config::error::ConfigError`]; also how a URL is
+//!   shown without its secrets ([`config::redact_url`]). A leaf: it imports no layer.
+//! - [`startup`]: the configuration loaded and checked against the machine (private keys,
+//!   `known_hosts`, the spool directory), all problems together; above the layers.
 //! - [`classification`]: the vocabulary every layer classifies its own errors in, once
 //!   ([`classification::Classification`]: the contract's class, the reason, a retry
 //!   hint). A leaf: it imports no layer.
@@ -66,6 +70,7 @@ pub mod images;
 pub mod libvirt;
 pub mod provider;
 pub(crate) mod single_flight;
+pub mod startup;
 pub mod transport;
 
 #[cfg(test)]

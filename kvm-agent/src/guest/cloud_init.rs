@@ -36,28 +36,18 @@ mod multipart;
 mod user_document;
 
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
-use serde::Deserialize;
 
 use bootstrap::Bootstrap;
 pub use bootstrap::{GUEST_AGENT_PACKAGE, GUEST_AGENT_RUNCMD, MERGE_TYPE};
 use user_document::UserDocument;
 
+// An image's setting, read from the configuration; re-exported because every caller of
+// `seed_documents` passes one.
+pub use crate::config::GuestAgent;
 use crate::guest::GuestError;
 
 const USER_DATA_FIELD: &str = "cloud_init.user_data";
 const VENDOR_DATA_FIELD: &str = "cloud_init.vendor_data";
-
-/// How an image gets qemu-guest-agent (the `guestAgent` setting of an image).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GuestAgent {
-    /// cloud-init installs the package (an `apt-get update` on every first boot) and
-    /// starts the agent.
-    #[default]
-    Install,
-    /// The image ships the package: cloud-init only enables and starts the agent.
-    Preinstalled,
-}
 
 /// The documents that go into the NoCloud seed.
 #[derive(Clone, PartialEq, Eq)]

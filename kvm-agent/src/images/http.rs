@@ -6,8 +6,9 @@
 //! `user:password@` into HTTP basic authentication and drops that header when a redirect
 //! leaves the URL's scheme, host and port. The agent adds the bounds: at most
 //! [`MAX_REDIRECTS`] redirects, `idle` of silence for the response headers and between
-//! body chunks, and error messages that never show the URL (only [`super::fetch::redact_url`]'s
-//! form of it), since reqwest's own carry it, query and all.
+//! body chunks, and error messages that never show the URL (only
+//! [`crate::config::redact_url`]'s form of it), since reqwest's own carry it, query and
+//! all.
 
 use std::sync::Arc;
 use std::time::Duration;
