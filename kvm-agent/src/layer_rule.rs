@@ -13,6 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod cycles;
+
 /// What a module's source may name.
 enum May {
     /// These crate modules (its own name included).

@@ -4,7 +4,8 @@
 //! below it (and from [`config`] and [`classification`], leaves which every layer shares;
 //! the top-level [`error`] and [`startup`] modules sit above them all). A unit test
 //! (`layer_rule`) reads the source of each lower layer and fails on an import that points
-//! upwards, and on a module under `src/` it does not list:
+//! upwards, and on a module under `src/` it does not list; inside each folder, too, no
+//! two modules name each other in a cycle (`layer_rule::cycles`):
 //!
 //! ```text
 //!   provider    the gRPC Provider: Create, Get, List, Delete, ValidatePlacement
@@ -27,13 +28,15 @@
 //!   call), [`transport::libvirt_error`] (libvirt's errors classified once),
 //!   [`transport::error`] (the layer's error type; a call's closure fails with the
 //!   calling layer's own error, [`transport::call::CallFailure`]), libvirt's
-//!   [`transport::event_loop`], and [`transport::bulk`] uploads.
+//!   [`transport::event_loop`], [`transport::bulk`] uploads and the low-priority
+//!   [`transport::bulk_runtime`] they run on.
 //! - [`libvirt`]: [`libvirt::error`] (the layer's error type), [`libvirt::xml`] (domain,
 //!   metadata, volume, capabilities),
 //!   [`libvirt::naming`], [`libvirt::domains`], [`libvirt::addresses`],
 //!   `libvirt::volumes` and [`libvirt::host`] (capabilities, check-host).
 //! - [`guest`]: [`guest::cloud_init`], [`guest::seed`] and [`guest::iso9660`].
-//! - [`images`]: the content-addressed base volume [`images::cache`], image
+//! - [`images`]: the content-addressed base volume [`images::cache`] (with the volumes'
+//!   names in `images::base_volume` and its settings in `images::cache_options`), image
 //!   [`images::fetch`], `images::eviction` and [`images::error`] (the layer's error type).
 //! - [`provider`]: the gRPC [`provider::service`] over [`provider::instances`], with
 //!   [`provider::plan`], [`provider::create`], [`provider::state`] and `provider::sync`.

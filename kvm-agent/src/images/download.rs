@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::cache::{BaseImage, BaseNames, ImageCacheOptions};
+use super::base_volume::{BaseImage, BaseNames};
+use super::cache_options::ImageCacheOptions;
 use super::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
     delete_half_written, inspect, pool_available,

@@ -9,7 +9,7 @@ use virt::error::ErrorNumber;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
-use super::cache::BaseNames;
+use super::base_volume::BaseNames;
 use crate::config::{ImageConfig, ImageFormat, redact_url};
 use crate::images::error::ImageError;
 use crate::libvirt::LibvirtError;

@@ -12,7 +12,6 @@
 use std::borrow::Cow;
 
 use super::GuestAgent;
-use super::cloud_config::AlreadyThere;
 use super::multipart::Part;
 
 /// The package that reports guest addresses to libvirt.
@@ -23,6 +22,15 @@ pub const GUEST_AGENT_RUNCMD: [&str; 4] = ["systemctl", "enable", "--now", "qemu
 pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 /// The bootstrap part's file name, shown in cloud-init's logs and `cloud-config.txt`.
 const PART_FILE_NAME: &str = "egressproxy-guest-agent.cfg";
+
+/// What a configuration already does of the bootstrap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct AlreadyThere {
+    /// `packages` installs qemu-guest-agent.
+    pub(crate) package: bool,
+    /// `runcmd` starts it.
+    pub(crate) runcmd: bool,
+}
 
 /// Which of the two bootstrap items the guest still needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,18 +11,9 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess};
 
-use super::bootstrap::GUEST_AGENT_PACKAGE;
+use super::bootstrap::{AlreadyThere, GUEST_AGENT_PACKAGE};
 use super::invalid;
 use crate::guest::GuestError;
-
-/// What a configuration already does of the bootstrap.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct AlreadyThere {
-    /// `packages` installs qemu-guest-agent.
-    pub(crate) package: bool,
-    /// `runcmd` starts it.
-    pub(crate) runcmd: bool,
-}
 
 /// Checks the `#cloud-config` `text`: it must parse, be a mapping (or empty), and have
 /// lists for `packages` and `runcmd` when it has them. Errors name `field` and at most a

@@ -16,7 +16,8 @@ use std::io::Read;
 
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 
-use super::cloud_config::{self, AlreadyThere};
+use super::bootstrap::AlreadyThere;
+use super::cloud_config;
 use super::invalid;
 use super::multipart::Part;
 use crate::guest::GuestError;
