@@ -57,6 +57,14 @@ impl Part {
     }
 }
 
+/// Each part's content type and payload: what cloud-init's handlers get.
+fn content(parts: &[Part]) -> Vec<(String, Vec<u8>)> {
+    parts
+        .iter()
+        .map(|p| (p.content_type.clone(), p.payload()))
+        .collect()
+}
+
 /// The corpus, sorted by name.
 fn corpus() -> Vec<(String, Vec<u8>)> {
     let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(CORPUS)
@@ -243,12 +251,6 @@ fn judge(
             ));
         }
         user_parts
-    };
-    let content = |parts: &[Part]| -> Vec<(String, Vec<u8>)> {
-        parts
-            .iter()
-            .map(|p| (p.content_type.clone(), p.payload()))
-            .collect()
     };
     if content(user_parts) != content(&raw.parts) {
         wrong.push(format!(
@@ -538,12 +540,6 @@ fn vendor_data_lists_are_kept_beside_the_bootstrap() {
             let vendor_parts = match agent.vendor_parts.split_last() {
                 Some((last, before)) if last.merge_type.as_deref() == Some(MERGE_TYPE) => before,
                 _ => &agent.vendor_parts[..],
-            };
-            let content = |parts: &[Part]| -> Vec<(String, Vec<u8>)> {
-                parts
-                    .iter()
-                    .map(|p| (p.content_type.clone(), p.payload()))
-                    .collect()
             };
             if content(vendor_parts) != content(&raw.vendor_parts) {
                 wrong.push(format!(
