@@ -213,6 +213,30 @@ fn lower_layers_name_only_the_layers_below_them() {
     );
 }
 
+/// The provider layer works with the crate's `Error`; only the gRPC edge (`service.rs`)
+/// turns it into the contract's, as `error.rs`'s one mapping builds it.
+#[test]
+fn the_provider_layer_answers_the_contract_only_at_the_grpc_edge() {
+    let mut found = Vec::new();
+    for file in module_files("provider") {
+        if file.ends_with("provider/service.rs") {
+            continue;
+        }
+        let code = cycles::code(&std::fs::read_to_string(&file).unwrap());
+        for (number, line) in code.lines().enumerate() {
+            if CONTRACT_ONLY.iter().any(|word| contains_word(line, word)) {
+                let shown = file.strip_prefix(src()).unwrap_or(&file).display();
+                found.push(format!("src/{shown}:{}: {}", number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "return the crate's Error; service.rs answers the contract:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn every_module_under_src_is_listed() {
     let mut unlisted = Vec::new();

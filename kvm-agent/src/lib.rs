@@ -55,7 +55,8 @@
 //!   ([`TransportError`], [`config::error::ConfigError`], [`libvirt::LibvirtError`],
 //!   [`images::ImageError`], [`guest::GuestError`]) with `#[from]`, and THE mapping of
 //!   every error to the contract ([`Error::to_provider_error`]). No layer below the
-//!   provider names it.
+//!   provider names it; the provider returns it, and only [`provider::service`], the
+//!   gRPC edge, turns it into the contract's error.
 //!
 //! A Create, top to bottom: [`provider::service`] checks the request and calls
 //! [`provider::instances::Instances::create`]; [`provider::plan`] resolves it against the

@@ -107,7 +107,11 @@ impl Agent {
         &self,
         request: &pb::CreateInstanceRequest,
     ) -> Result<pb::Instance, egressproxy_provider::ProviderError> {
-        self.instances.create(request, deadline_in(GENEROUS)).await
+        // As the gRPC edge answers it: through the one mapping.
+        self.instances
+            .create(request, deadline_in(GENEROUS))
+            .await
+            .map_err(Into::into)
     }
 
     fn base_path(&self) -> String {
@@ -291,7 +295,8 @@ async fn create_get_list_delete_over_ssh() {
         .instances
         .get(&created.id, deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::NotFound, "{err}");
     assert!(agent.guest_host.domains().is_empty());
     agent.assert_pool_holds(&[]);
@@ -709,7 +714,8 @@ async fn list_fails_when_one_configured_host_is_unreachable() {
         .instances
         .list(&selector(&[("cluster", "it")]), deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::Transient, "{err}");
     assert!(err.message.contains("hv2"), "{err}");
     // hv1 itself answers.

@@ -32,7 +32,7 @@ fn module_of(file: &Path) -> ModulePath {
 }
 
 /// The code of `text`: without comment lines and a test module written inside it.
-fn code(text: &str) -> String {
+pub(super) fn code(text: &str) -> String {
     without_inline_tests(text)
         .lines()
         .map(|line| {
