@@ -31,7 +31,6 @@ mod support;
 use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
-use kvm_agent::config::Config;
 use kvm_agent::images::cache::{ImageCache, ImageCacheOptions};
 use sha2::{Digest, Sha256};
 use support::{Targets, median, write_ssh_wrapper};
@@ -177,7 +176,7 @@ fn child(args: &str) -> anyhow::Result<()> {
         parts.next().unwrap_or_default().to_owned(),
     );
     kvm_agent::transport::event_loop::ensure_started().map_err(anyhow::Error::msg)?;
-    let config = Config::load(&config)?;
+    let config = kvm_agent::startup::load_config(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,30 +1,35 @@
 //! The agent's YAML configuration: hosts, machine types, images, transport tuning.
 //!
-//! Loading is two steps, both at start-up:
+//! Reading the file is two steps here, neither of which touches anything but the text:
 //! 1. [`Config::parse`]: serde with unknown fields rejected, so a typo is an error with
 //!    its line and column instead of a silently ignored setting;
-//! 2. [`Config::validate`]: every semantic check, collected (not first-only), each naming
-//!    the field at fault and what to do. It reads the SSH private keys and `known_hosts`
-//!    files, so a bad path fails now and not at the first Create.
+//! 2. [`Config::validate`]: every semantic check of the file itself, collected (not
+//!    first-only), each naming the field at fault and what to do.
+//!
+//! The checks that read the machine (the SSH private keys, `known_hosts`, the spool
+//! directory) belong to start-up, above the layers: the `startup` module runs them after
+//! these two, so a bad path fails at start-up and not at the first Create. This module
+//! is a leaf: every layer reads the configuration, and it imports none of them.
 //!
 //! The reference with every field and default is `docs/kvm-agent.md`.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::guest::cloud_init::GuestAgent;
 use error::{ConfigError, ConfigProblem};
 
 mod duration;
 pub mod error;
+mod redact;
 mod ssh_address;
 mod validate;
 
 pub use duration::DurationBounds;
+pub use redact::redact_url;
 
 /// The default libvirt socket of a monolithic libvirtd.
 pub const DEFAULT_LIBVIRT_SOCKET: &str = "/var/run/libvirt/libvirt-sock";
@@ -120,8 +125,7 @@ pub struct MachineType {
     pub disk_gib: u64,
 }
 
-/// A base image. Its `Debug` shows the URL as [`redact_url`](crate::images::fetch::redact_url)
-/// does: no credentials, no query.
+/// A base image. Its `Debug` shows the URL as [`redact_url`] does: no credentials, no query.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ImageConfig {
@@ -147,13 +151,25 @@ pub struct ImageConfig {
 impl fmt::Debug for ImageConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ImageConfig")
-            .field("url", &crate::images::fetch::redact_url(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("sha256", &self.sha256)
             .field("format", &self.format)
             .field("firmware", &self.firmware)
             .field("guest_agent", &self.guest_agent)
             .finish()
     }
+}
+
+/// How an image gets qemu-guest-agent (the `guestAgent` setting of an image).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestAgent {
+    /// cloud-init installs the package (an `apt-get update` on every first boot) and
+    /// starts the agent.
+    #[default]
+    Install,
+    /// The image ships the package: cloud-init only enables and starts the agent.
+    Preinstalled,
 }
 
 /// Disk image format.
@@ -274,22 +290,6 @@ pub enum Attachment {
 }
 
 impl Config {
-    /// Reads, parses and validates the file at `path`.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new(vec![ConfigProblem::new(
-                "",
-                format!(
-                    "cannot read config file {}: {e}; pass the path of the agent's YAML config",
-                    path.display()
-                ),
-            )])
-        })?;
-        let config = Self::parse(&text)?;
-        config.validate()?;
-        Ok(config)
-    }
-
     /// Parses YAML; unknown fields are errors with their location.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         serde_norway::from_str(text).map_err(|e| {

@@ -146,6 +146,12 @@ pub enum Error {
         reason: String,
     },
 
+    /// The request breaks a rule the contract crate checks for every provider
+    /// (`egressproxy_provider::validation`, `paging`): that crate's answer, which the one
+    /// mapping passes on whole (its reason included).
+    #[error("{}", .0.message)]
+    ContractRule(Box<ProviderError>),
+
     /// The task running Create's steps panicked or was cancelled.
     #[error("Create of key {key} stopped unexpectedly: {reason}")]
     CreateTaskFailed {
@@ -184,6 +190,8 @@ impl Error {
                 of(C::InvalidArgument, "INVALID_ARGUMENT")
             }
             Error::CreateTaskFailed { .. } => of(C::Transient, "AGENT_WORKER_FAILED"),
+            // The contract crate's own reason goes out with it (`to_provider_error`).
+            Error::ContractRule(e) => of(e.class, e.class.default_reason()),
         }
     }
 
@@ -237,6 +245,9 @@ impl Error {
     /// it), which only Get and Delete decide, from the domain lookup. Any other object
     /// that is missing (pool, network, volume) is therefore FAILED_PRECONDITION here.
     pub fn to_provider_error(&self) -> ProviderError {
+        if let Error::ContractRule(error) = self {
+            return (**error).clone();
+        }
         let Classification {
             class,
             reason,
@@ -259,6 +270,21 @@ impl Error {
 impl From<Error> for ProviderError {
     fn from(error: Error) -> Self {
         error.to_provider_error()
+    }
+}
+
+/// The gRPC edge: an error leaves the agent as the contract's, through the one mapping.
+impl From<Error> for tonic::Status {
+    fn from(error: Error) -> Self {
+        error.to_provider_error().into()
+    }
+}
+
+/// What the contract crate's request checks answer, kept whole
+/// ([`Error::ContractRule`]).
+impl From<ProviderError> for Error {
+    fn from(error: ProviderError) -> Self {
+        Error::ContractRule(Box::new(error))
     }
 }
 

@@ -1,63 +1,90 @@
 //! The layer rule, checked on the source: each layer names only the crate modules it may
 //! use, so an import that points upwards fails the build's tests with its file and line.
 //!
-//! A layer may use the layers below it and the shared leaves ([`crate::classification`],
-//! [`crate::config`], `single_flight`). No layer below the provider names the top-level
-//! `error` module (or its re-export `crate::Error`) or builds a contract error
+//! Every module under `src/` (a folder, a file, or both) is listed in [`MODULES`]: a new
+//! one that is not fails [`every_module_under_src_is_listed`], so nothing escapes the
+//! rule. A lower layer may use the layers below it and the shared leaves
+//! ([`crate::classification`], [`crate::config`], `single_flight`), which name no layer.
+//! The map of what may name what is itself checked to have no cycle, so no chain of
+//! imports can come back to where it started. No layer below the provider names the
+//! top-level `error` module (or its re-export `crate::Error`) or builds a contract error
 //! (`ProviderError`): each returns its own error type, and the one mapping in `error.rs`
 //! turns it into the contract's.
 
 use std::path::{Path, PathBuf};
 
-/// Each lower layer (a folder, or a single file, under `src/`) with the crate modules it
-/// may name.
-const LAYERS: &[(&str, &[&str])] = &[
-    ("transport", &["transport", "config", "classification"]),
-    (
-        "libvirt",
-        &[
-            "libvirt",
-            "transport",
-            "config",
-            "classification",
-            "single_flight",
-        ],
-    ),
-    ("guest", &["guest", "config", "classification"]),
+mod cycles;
+
+/// What a module's source may name.
+enum May {
+    /// These crate modules (its own name included).
+    Only(&'static [&'static str]),
+    /// Anything: the top of the crate, above every layer.
+    Anything,
+}
+
+/// Every module under `src/` with the crate modules it may name.
+const MODULES: &[(&str, May)] = &[
+    ("lib", May::Anything),
+    ("main", May::Anything),
+    ("layer_rule", May::Anything),
+    ("error", May::Anything),
+    ("startup", May::Anything),
+    ("provider", May::Anything),
     (
         "images",
-        &[
+        May::Only(&[
             "images",
             "libvirt",
             "transport",
             "config",
             "classification",
             "single_flight",
-        ],
+        ]),
     ),
-    // The configuration is shared by every layer; its validation borrows three helpers
-    // that depend on nothing above them (key loading, URL redaction, the guest-agent
-    // choice), so it may name those layers, but never the top level or the provider.
+    ("guest", May::Only(&["guest", "config", "classification"])),
     (
-        "config",
-        &["config", "classification", "transport", "images", "guest"],
+        "libvirt",
+        May::Only(&[
+            "libvirt",
+            "transport",
+            "config",
+            "classification",
+            "single_flight",
+        ]),
     ),
     (
-        "config.rs",
-        &["config", "classification", "transport", "images", "guest"],
+        "transport",
+        May::Only(&["transport", "config", "classification"]),
     ),
-    ("single_flight.rs", &["single_flight"]),
-    ("classification.rs", &["classification"]),
+    ("config", May::Only(&["config", "classification"])),
+    ("single_flight", May::Only(&["single_flight"])),
+    ("classification", May::Only(&["classification"])),
 ];
 
 /// Contract types a lower layer must not build: every contract error comes from the one
 /// mapping.
 const CONTRACT_ONLY: &[&str] = &["ProviderError"];
 
-fn rust_files(path: &Path) -> Vec<PathBuf> {
-    if path.is_file() {
-        return vec![path.to_owned()];
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The source files of the top-level module `name`: `src/name.rs` and all under `src/name/`.
+fn module_files(name: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let file = src().join(format!("{name}.rs"));
+    if file.is_file() {
+        files.push(file);
     }
+    let folder = src().join(name);
+    if folder.is_dir() {
+        files.extend(rust_files(&folder));
+    }
+    files
+}
+
+fn rust_files(path: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
         let path = entry.unwrap().path();
@@ -138,10 +165,13 @@ fn contains_word(line: &str, word: &str) -> bool {
 
 /// Every place a lower layer names a module it may not use, as `file:line: what`.
 fn violations() -> Vec<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = src();
     let mut found = Vec::new();
-    for (layer, allowed) in LAYERS {
-        for file in rust_files(&src.join(layer)) {
+    for (layer, may) in MODULES {
+        let May::Only(allowed) = may else {
+            continue;
+        };
+        for file in module_files(layer) {
             let text = std::fs::read_to_string(&file).unwrap();
             let shown = file
                 .strip_prefix(&src)
@@ -181,6 +211,109 @@ fn lower_layers_name_only_the_layers_below_them() {
         "imports that point upwards (see docs/adr/0008):\n{}",
         found.join("\n")
     );
+}
+
+/// The provider layer works with the crate's `Error`; only the gRPC edge (`service.rs`)
+/// turns it into the contract's, as `error.rs`'s one mapping builds it.
+#[test]
+fn the_provider_layer_answers_the_contract_only_at_the_grpc_edge() {
+    let mut found = Vec::new();
+    for file in module_files("provider") {
+        if file.ends_with("provider/service.rs") {
+            continue;
+        }
+        let code = cycles::code(&std::fs::read_to_string(&file).unwrap());
+        for (number, line) in code.lines().enumerate() {
+            if CONTRACT_ONLY.iter().any(|word| contains_word(line, word)) {
+                let shown = file.strip_prefix(src()).unwrap_or(&file).display();
+                found.push(format!("src/{shown}:{}: {}", number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "return the crate's Error; service.rs answers the contract:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn every_module_under_src_is_listed() {
+    let mut unlisted = Vec::new();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(src()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = if path.is_dir() {
+            path.file_name()
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            path.file_stem()
+        } else {
+            continue;
+        };
+        let name = name.unwrap().to_string_lossy().into_owned();
+        if !MODULES.iter().any(|(listed, _)| *listed == name) {
+            unlisted.push(format!(
+                "src/{}",
+                path.file_name().unwrap().to_string_lossy()
+            ));
+        }
+        found.push(name);
+    }
+    assert!(
+        unlisted.is_empty(),
+        "list these in layer_rule::MODULES with what they may name: {unlisted:?}"
+    );
+    let stale: Vec<_> = MODULES
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !found.iter().any(|f| f == name))
+        .collect();
+    assert!(stale.is_empty(), "listed but not under src/: {stale:?}");
+}
+
+#[test]
+fn the_layer_map_has_no_cycle() {
+    let may_name = |module: &str| -> Vec<&'static str> {
+        MODULES
+            .iter()
+            .find(|(name, _)| *name == module)
+            .map_or(Vec::new(), |(name, may)| match may {
+                May::Only(allowed) => allowed.iter().copied().filter(|a| a != name).collect(),
+                May::Anything => Vec::new(),
+            })
+    };
+    for (start, may) in MODULES {
+        let May::Only(_) = may else { continue };
+        // Depth-first from `start`: reaching it again is a cycle.
+        let mut path = vec![*start];
+        let mut stack = vec![may_name(start).into_iter()];
+        while let Some(next) = stack.last_mut() {
+            match next.next() {
+                Some(module) => {
+                    assert!(
+                        module != *start,
+                        "the layer map has a cycle: {} -> {module}",
+                        path.join(" -> ")
+                    );
+                    assert!(
+                        MODULES
+                            .iter()
+                            .any(|(name, may)| *name == module && matches!(may, May::Only(_))),
+                        "`{}` may name `{module}`, which is not a lower layer",
+                        path.last().unwrap()
+                    );
+                    if !path.contains(&module) {
+                        path.push(module);
+                        stack.push(may_name(module).into_iter());
+                    }
+                }
+                None => {
+                    stack.pop();
+                    path.pop();
+                }
+            }
+        }
+    }
 }
 
 #[test]

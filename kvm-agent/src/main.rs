@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kvm_agent::config::Config;
+use kvm_agent::startup::load_config;
 use kvm_agent::transport::pool::Pool;
 
 /// egressproxy provider for libvirt/KVM hypervisors reached over SSH.
@@ -145,7 +145,7 @@ async fn serve(
     use kvm_agent::provider::service::KvmProvider;
     use std::sync::Arc;
 
-    let config = Arc::new(Config::load(path)?);
+    let config = Arc::new(load_config(path)?);
     let pool = Arc::new(Pool::new(&config)?);
     let provider = KvmProvider::new(Instances::new(config.clone(), pool));
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
@@ -164,7 +164,7 @@ async fn serve(
 }
 
 fn check_config(path: &Path) -> Result<(), kvm_agent::Error> {
-    let config = Config::load(path)?;
+    let config = load_config(path)?;
     println!(
         "{}: ok ({} hosts, {} machine types, {} images)",
         path.display(),
@@ -176,7 +176,7 @@ fn check_config(path: &Path) -> Result<(), kvm_agent::Error> {
 }
 
 async fn check_hosts(path: &Path) -> Result<(), kvm_agent::Error> {
-    let config = Config::load(path)?;
+    let config = load_config(path)?;
     let pool = Pool::new(&config)?;
     let mut failed = None;
     for name in pool.host_names() {
@@ -205,7 +205,7 @@ async fn check_host(path: &Path, only: Option<&str>) -> Result<bool, kvm_agent::
     use kvm_agent::libvirt::host::capabilities::PROBE_TIMEOUT;
     use kvm_agent::transport::call::LibvirtOp;
 
-    let config = Config::load(path)?;
+    let config = load_config(path)?;
     let pool = Pool::new(&config)?;
     let needs_uefi = config.images.values().any(|i| i.firmware == Firmware::Uefi);
     let hosts: Vec<_> = match only {
@@ -250,7 +250,7 @@ async fn evict_images(
 ) -> Result<(), kvm_agent::Error> {
     use kvm_agent::images::cache::{ImageCache, ImageCacheOptions};
 
-    let config = Config::load(path)?;
+    let config = load_config(path)?;
     let pool = Pool::new(&config)?;
     let cache = ImageCache::new(ImageCacheOptions {
         eviction_min_age: min_age,

@@ -37,6 +37,7 @@ struct Assembled {
     config: Value,
     schema_errors: String,
     parts: Vec<Part>,
+    vendor_parts: Vec<Part>,
     scripts: BTreeMap<String, String>,
     warnings: Vec<String>,
 }
@@ -54,6 +55,14 @@ impl Part {
             .decode(&self.payload)
             .unwrap()
     }
+}
+
+/// Each part's content type and payload: what cloud-init's handlers get.
+fn content(parts: &[Part]) -> Vec<(String, Vec<u8>)> {
+    parts
+        .iter()
+        .map(|p| (p.content_type.clone(), p.payload()))
+        .collect()
 }
 
 /// The corpus, sorted by name.
@@ -80,13 +89,11 @@ fn valid_corpus() -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// Starts the oracle on `documents`, each seeded alone as user-data.
-fn spawn_oracle(
-    dir: &Path,
-    tag: &str,
-    documents: &[&[u8]],
-    vendor_data: Option<&[u8]>,
-) -> std::process::Child {
+/// One seed: user-data, and vendor-data when there is any.
+type Seed<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// Starts the oracle on `seeds`, each assembled alone.
+fn spawn_oracle(dir: &Path, tag: &str, seeds: &[Seed<'_>]) -> std::process::Child {
     std::fs::create_dir_all(INCLUDE_DIR).unwrap();
     std::fs::copy(
         Path::new(CORPUS).join("included/included.yaml"),
@@ -95,14 +102,19 @@ fn spawn_oracle(
     .unwrap();
     let mut command = Command::new("/usr/bin/python3");
     command.arg(ORACLE);
-    if let Some(vendor) = vendor_data {
-        let path = dir.join(format!("{tag}-vendor-data"));
-        std::fs::write(&path, vendor).unwrap();
-        command.arg("--vendor-data").arg(path);
-    }
-    for (i, document) in documents.iter().enumerate() {
+    for (i, (user, vendor)) in seeds.iter().enumerate() {
+        match vendor {
+            Some(vendor) => {
+                let path = dir.join(format!("{tag}-{i}-vendor-data"));
+                std::fs::write(&path, vendor).unwrap();
+                command.arg("--vendor-data").arg(path);
+            }
+            None => {
+                command.arg("--no-vendor-data");
+            }
+        }
         let path: PathBuf = dir.join(format!("{tag}-{i}"));
-        std::fs::write(&path, document).unwrap();
+        std::fs::write(&path, user).unwrap();
         command.arg(path);
     }
     command
@@ -124,15 +136,23 @@ fn oracle_output(child: std::process::Child) -> Vec<Assembled> {
 
 /// What cloud-init assembles from each of `documents`.
 fn assemble(documents: &[&[u8]], vendor_data: Option<&[u8]>) -> Vec<Assembled> {
+    let seeds: Vec<Seed<'_>> = documents.iter().map(|d| (*d, vendor_data)).collect();
     let dir = tempfile::tempdir().unwrap();
-    oracle_output(spawn_oracle(dir.path(), "seed", documents, vendor_data))
+    oracle_output(spawn_oracle(dir.path(), "seed", &seeds))
 }
 
 /// The raw documents and the agent's user-data for them, assembled side by side.
 fn assemble_both(raw: &[&[u8]], agent: &[&[u8]]) -> (Vec<Assembled>, Vec<Assembled>) {
+    let raw: Vec<Seed<'_>> = raw.iter().map(|d| (*d, None)).collect();
+    let agent: Vec<Seed<'_>> = agent.iter().map(|d| (*d, None)).collect();
+    assemble_seeds_both(&raw, &agent)
+}
+
+/// The caller's seeds and the agent's for them, assembled side by side.
+fn assemble_seeds_both(raw: &[Seed<'_>], agent: &[Seed<'_>]) -> (Vec<Assembled>, Vec<Assembled>) {
     let dir = tempfile::tempdir().unwrap();
-    let raw = spawn_oracle(dir.path(), "raw", raw, None);
-    let agent = spawn_oracle(dir.path(), "agent", agent, None);
+    let raw = spawn_oracle(dir.path(), "raw", raw);
+    let agent = spawn_oracle(dir.path(), "agent", agent);
     (oracle_output(raw), oracle_output(agent))
 }
 
@@ -232,12 +252,6 @@ fn judge(
         }
         user_parts
     };
-    let content = |parts: &[Part]| -> Vec<(String, Vec<u8>)> {
-        parts
-            .iter()
-            .map(|p| (p.content_type.clone(), p.payload()))
-            .collect()
-    };
     if content(user_parts) != content(&raw.parts) {
         wrong.push(format!(
             "{name}: the user's parts changed:\n  {:?}\nvs\n  {:?}",
@@ -284,6 +298,7 @@ fn the_corpus_covers_every_kind_of_user_data() {
         "crlf",
         "no-final-newline",
         "bootstrap",
+        "merge-key",
         "invalid-list",
         "invalid-scalar",
     ] {
@@ -428,16 +443,122 @@ fn debian_12_cloud_init_honours_the_merge_type() {
     );
 }
 
+/// Vendor-data that sets `packages` and `runcmd` (or not, or cannot be read before the
+/// guest renders it) beside user-data of every kind.
+const VENDOR_DATA: [(&str, &[u8]); 5] = [
+    (
+        "vendor lists",
+        b"#cloud-config\npackages: [curl]\nruncmd: [echo vendor]\nntp: {enabled: true}\n",
+    ),
+    (
+        "vendor starts the agent",
+        b"#cloud-config\nruncmd:\n  - [systemctl, enable, --now, qemu-guest-agent]\n",
+    ),
+    ("vendor script", b"#!/bin/sh\necho vendor\n"),
+    (
+        "vendor jinja",
+        b"## template: jinja\n#cloud-config\npackages: [curl]\nhostname: {{ v1.local_hostname }}\n",
+    ),
+    ("vendor empty", b""),
+];
+const USER_DATA: [(&str, &[u8]); 11] = [
+    ("user script", b"#!/bin/sh\necho user\n"),
+    ("user config without lists", b"#cloud-config\nhostname: h\n"),
+    ("user empty", b""),
+    ("user packages", b"#cloud-config\npackages: [squid]\n"),
+    (
+        "user packages and runcmd",
+        b"#cloud-config\npackages: [squid]\nruncmd: [echo user]\n",
+    ),
+    (
+        "user turns vendor-data off",
+        b"#cloud-config\nvendor_data: {enabled: false}\n",
+    ),
+    (
+        "user merges its lists in",
+        b"#cloud-config\nbase: &b {runcmd: [echo user]}\n<<: *b\n",
+    ),
+    (
+        "user leaves vendor-data on",
+        b"#cloud-config\nvendor_data: {enabled: 'Yes', prefix: []}\n",
+    ),
+    (
+        "user sets vendor_data to null",
+        b"#cloud-config\nvendor_data:\n",
+    ),
+    (
+        "user MIME without lists",
+        b"Content-Type: multipart/mixed; boundary=\"b\"\nMIME-Version: 1.0\n\n--b\n\
+          Content-Type: text/cloud-config\n\n#cloud-config\nhostname: m\n\n--b--\n",
+    ),
+    (
+        "user jinja without lists",
+        b"## template: jinja\n#cloud-config\nhostname: {{ v1.local_hostname }}\n",
+    ),
+];
+
+/// For every pair of [`USER_DATA`] and [`VENDOR_DATA`], cloud-init assembles from the
+/// agent's seed what it assembles from the caller's, plus the bootstrap: nothing of the
+/// vendor's lists is lost because the bootstrap gave user-data a list of the same name.
 #[test]
-fn the_callers_vendor_data_stays_vendor_data() {
-    let vendor = b"#cloud-config\nntp: {enabled: true}\npackages: [curl]\n";
+fn vendor_data_lists_are_kept_beside_the_bootstrap() {
+    for guest_agent in [GuestAgent::Install, GuestAgent::Preinstalled] {
+        let mut names = Vec::new();
+        let mut raw = Vec::new();
+        let mut seeds = Vec::new();
+        for (vendor_name, vendor) in VENDOR_DATA {
+            for (user_name, user) in USER_DATA {
+                let seed = seed_documents(user, Some(vendor), guest_agent)
+                    .unwrap_or_else(|e| panic!("{user_name} + {vendor_name}: {e}"));
+                names.push(format!("{user_name} + {vendor_name} ({guest_agent:?})"));
+                raw.push((user, Some(vendor)));
+                seeds.push(seed);
+            }
+        }
+        let agent: Vec<Seed<'_>> = seeds
+            .iter()
+            .map(|s| (&s.user_data[..], s.vendor_data.as_deref()))
+            .collect();
+        let (raw_assembled, agent_assembled) = assemble_seeds_both(&raw, &agent);
+        let mut wrong = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let (raw, agent) = (&raw_assembled[i], &agent_assembled[i]);
+            let want = plus_bootstrap(raw.config.clone(), guest_agent);
+            if agent.config != want {
+                wrong.push(format!(
+                    "{name}: cloud-init assembled\n  {}\nwanted\n  {}",
+                    agent.config, want
+                ));
+            }
+            if agent.scripts != raw.scripts || agent.warnings != raw.warnings {
+                wrong.push(format!(
+                    "{name}: scripts or warnings differ: {agent:?} vs {raw:?}"
+                ));
+            }
+            // The caller's vendor parts reach the handlers unchanged, then at most the
+            // bootstrap.
+            let vendor_parts = match agent.vendor_parts.split_last() {
+                Some((last, before)) if last.merge_type.as_deref() == Some(MERGE_TYPE) => before,
+                _ => &agent.vendor_parts[..],
+            };
+            if content(vendor_parts) != content(&raw.vendor_parts) {
+                wrong.push(format!(
+                    "{name}: the vendor's parts changed: {:?} vs {:?}",
+                    agent.vendor_parts, raw.vendor_parts
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+    }
+}
+
+#[test]
+fn vendor_data_stays_the_callers_when_the_bootstrap_has_nothing_to_add_there() {
+    let vendor = b"#cloud-config\nntp: {enabled: true}\n";
     let user = b"#!/bin/sh\necho user\n";
     let docs = seed_documents(user, Some(vendor), GuestAgent::Install).unwrap();
     assert_eq!(docs.vendor_data.as_deref(), Some(&vendor[..]));
     let assembled = assemble(&[&docs.user_data], Some(vendor));
-    // Vendor settings that user-data does not make apply; a vendor list gives way to
-    // the user-data's list of the same name, the bootstrap's included, as cloud-init
-    // documents for vendor-data (docs/kvm-agent.md says so too).
     assert_eq!(assembled[0].config["ntp"], json!({"enabled": true}));
     assert_eq!(
         assembled[0].config["packages"],
@@ -450,5 +571,29 @@ fn the_callers_vendor_data_stays_vendor_data() {
                 .encode(user)
                 .as_str()
         )
+    );
+}
+
+/// What `docs/kvm-agent.md` says of an `#include` that cannot be fetched: cloud-init
+/// stops before it applies any part, the bootstrap's included.
+#[test]
+fn an_include_that_cannot_be_fetched_stops_cloud_init_before_anything_applies() {
+    let user = b"#include\nfile:///nonexistent/egressproxy-included.yaml\n";
+    let seeded = seed_documents(user, None, GuestAgent::Install)
+        .unwrap()
+        .user_data;
+    let dir = tempfile::tempdir().unwrap();
+    let out = spawn_oracle(dir.path(), "include", &[(&seeded, None)])
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "cloud-init went on: {stderr}");
+    assert!(
+        stderr.contains("for url: file:///nonexistent/egressproxy-included.yaml"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("UserDataProcessor") || stderr.contains("user_data.py"),
+        "{stderr}"
     );
 }

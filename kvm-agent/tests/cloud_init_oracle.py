@@ -10,15 +10,21 @@ as in the guest image, without booting anything:
    handler merges every cloud-config part, honouring each part's `Merge-Type` header or
    `merge_how` key; the jinja handler renders templates from instance data first; the
    shell-script handler writes scripts where `scripts-user` later runs them;
-3. `ConfigMerger` (with vendor-data) gives the configuration that modules read.
+3. vendor-data is consumed only when the configuration so far (user-data's over
+   cloud-init's built-in settings) leaves `vendor_data: {enabled: ...}` true, the test
+   `stages.Init._consume_vendordata` makes; then it goes through steps 1 and 2 into
+   `vendor_cloud_config`;
+4. `ConfigMerger` (with vendor-data) gives the configuration that modules read.
 
-Usage: cloud_init_oracle.py [--vendor-data VENDOR_DATA] USER_DATA...
+Usage: cloud_init_oracle.py [--vendor-data VENDOR_DATA | --no-vendor-data | USER_DATA]...
 
-Prints a JSON list with, for each USER_DATA (each seeded alone, with VENDOR_DATA when
-given), an object: `config` (the merged configuration; YAML dates and times as
+Prints a JSON list with, for each USER_DATA (each seeded alone, with the VENDOR_DATA
+of the last `--vendor-data` before it, unless a `--no-vendor-data` came after that), an
+object: `config` (the merged configuration; YAML dates and times as
 `{"date": iso}`), `schema_errors` (what `cloud-init schema` finds wrong in the
-assembled `cloud-config.txt`; empty when valid or when there is none), `parts` (content type, merge type and base64 payload of every
-processed user-data part, in order), `scripts` (file name -> base64 content of the
+assembled `cloud-config.txt`; empty when valid or when there is none), `parts` (content
+type, merge type and base64 payload of every processed user-data part, in order),
+`vendor_parts` (the same of vendor-data; empty when it is not consumed), `scripts` (file name -> base64 content of the
 scripts a guest would run) and `warnings` (cloud-init's warnings while processing).
 
 Runs no user code: boot hooks and part handlers are recorded, never executed. A
@@ -36,7 +42,7 @@ import os
 import sys
 import tempfile
 
-from cloudinit import handlers, helpers
+from cloudinit import handlers, helpers, settings, util
 from cloudinit.config.schema import (
     SchemaValidationError,
     get_schema,
@@ -143,8 +149,21 @@ def process(paths, blob, handler_opts, frequency):
     return parts
 
 
+def vendor_data_enabled(paths):
+    """Whether a guest consumes vendor-data after this user-data (step 3)."""
+    so_far = helpers.ConfigMerger(
+        paths=paths,
+        datasource=paths.datasource,
+        additional_fns=[],
+        base_cfg=settings.CFG_BUILTIN,
+        include_vendor=False,
+    ).cfg
+    vendor_data = so_far.get("vendor_data", {})
+    return isinstance(vendor_data, dict) and util.is_true(vendor_data.get("enabled"))
+
+
 def assemble(user_path, vendor_path):
-    """Steps 1 to 3 for one seed, in a fresh instance directory."""
+    """Steps 1 to 4 for one seed, in a fresh instance directory."""
     recorder = Recorder()
     logging.getLogger().addHandler(recorder)
     try:
@@ -180,9 +199,10 @@ def assemble_in(root, user_path, vendor_path, recorder):
         )
     with open(user_path, "rb") as f:
         parts = process(paths, f.read(), {}, PER_INSTANCE)
-    if vendor_path:
+    vendor_parts = []
+    if vendor_path and vendor_data_enabled(paths):
         with open(vendor_path, "rb") as f:
-            process(
+            vendor_parts = process(
                 paths,
                 f.read(),
                 {
@@ -198,8 +218,11 @@ def assemble_in(root, user_path, vendor_path, recorder):
     scripts_dir = paths.get_ipath_cur("scripts")
     if os.path.isdir(scripts_dir):
         for name in sorted(os.listdir(scripts_dir)):
-            with open(os.path.join(scripts_dir, name), "rb") as f:
-                scripts[name] = base64.b64encode(f.read()).decode()
+            path = os.path.join(scripts_dir, name)
+            # `vendor/` holds vendor-data's scripts.
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    scripts[name] = base64.b64encode(f.read()).decode()
     # `cloud-init schema --config-file` on the cloud-config the guest assembled (the
     # file modules read), by the function that command runs, without a process each.
     schema_errors = ""
@@ -215,18 +238,24 @@ def assemble_in(root, user_path, vendor_path, recorder):
         "config": jsonable(config),
         "schema_errors": schema_errors,
         "parts": parts,
+        "vendor_parts": vendor_parts,
         "scripts": scripts,
         "warnings": recorder.messages,
     }
 
 
 def main():
-    args = sys.argv[1:]
+    args = iter(sys.argv[1:])
     vendor_path = None
-    if args[:1] == ["--vendor-data"]:
-        vendor_path, args = args[1], args[2:]
     logging.getLogger().setLevel(logging.WARNING)
-    results = [assemble(user_path, vendor_path) for user_path in args]
+    results = []
+    for arg in args:
+        if arg == "--vendor-data":
+            vendor_path = next(args)
+        elif arg == "--no-vendor-data":
+            vendor_path = None
+        else:
+            results.append(assemble(arg, vendor_path))
     json.dump(results, sys.stdout, sort_keys=True)
 
 

@@ -11,6 +11,7 @@ mod guest_env;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use common::{caller_trace, deadline_in, spans_of};
@@ -106,7 +107,11 @@ impl Agent {
         &self,
         request: &pb::CreateInstanceRequest,
     ) -> Result<pb::Instance, egressproxy_provider::ProviderError> {
-        self.instances.create(request, deadline_in(GENEROUS)).await
+        // As the gRPC edge answers it: through the one mapping.
+        self.instances
+            .create(request, deadline_in(GENEROUS))
+            .await
+            .map_err(Into::into)
     }
 
     fn base_path(&self) -> String {
@@ -290,7 +295,8 @@ async fn create_get_list_delete_over_ssh() {
         .instances
         .get(&created.id, deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::NotFound, "{err}");
     assert!(agent.guest_host.domains().is_empty());
     agent.assert_pool_holds(&[]);
@@ -406,13 +412,15 @@ async fn domain_type_auto_falls_back_to_qemu_where_libvirt_offers_no_kvm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_during_a_create_of_the_key_waits_for_it_and_leaves_nothing() {
     let reached = Arc::new(tokio::sync::Notify::new());
+    let (release, released) = std::sync::mpsc::channel::<()>();
     let hook = {
         let reached = reached.clone();
+        let released = std::sync::Mutex::new(released);
         FaultHook::new(move |step| {
             if step == CreateStep::Overlay {
                 reached.notify_one();
-                // Hold Create half-way (a slow host) while the Delete arrives.
-                std::thread::sleep(Duration::from_secs(1));
+                // Hold Create half-way (a slow host) until the Delete waits for it.
+                released.lock().unwrap().recv().unwrap();
             }
             Ok(())
         })
@@ -424,13 +432,20 @@ async fn a_delete_during_a_create_of_the_key_waits_for_it_and_leaves_nothing() {
         tokio::spawn(async move { agent.create(&request(key)).await })
     };
     reached.notified().await;
-    agent
-        .instances
-        .delete(&format!("hv1/{key}"), deadline_in(GENEROUS))
-        .await
-        .unwrap();
-    assert!(create.is_finished(), "Delete returned before the Create");
-    create.await.unwrap().unwrap();
+    let id = format!("hv1/{key}");
+    let mut delete = std::pin::pin!(agent.instances.delete(&id, deadline_in(GENEROUS)));
+    // Delete's first await is the key's lock: pending here means it queued behind the
+    // Create, which holds the lock until its steps end.
+    let first = std::future::poll_fn(|cx| Poll::Ready(delete.as_mut().poll(cx))).await;
+    assert!(
+        first.is_pending(),
+        "Delete did not wait for the Create: {first:?}"
+    );
+    release.send(()).unwrap();
+    delete.await.unwrap();
+    // The Create finished its steps, then the Delete removed what it made.
+    let created = create.await.unwrap().unwrap();
+    assert_eq!(created.id, id);
     assert!(agent.guest_host.domains().is_empty());
     agent.assert_pool_holds(&[]);
 }
@@ -699,7 +714,8 @@ async fn list_fails_when_one_configured_host_is_unreachable() {
         .instances
         .list(&selector(&[("cluster", "it")]), deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::Transient, "{err}");
     assert!(err.message.contains("hv2"), "{err}");
     // hv1 itself answers.

@@ -41,7 +41,9 @@ async fn host_keys_are_verified_unless_turned_off_by_name() {
 
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, &text).unwrap();
-    let problems = Config::load(&path).unwrap_err().to_string();
+    let problems = kvm_agent::startup::load_config(&path)
+        .unwrap_err()
+        .to_string();
     assert!(
         problems.contains("hosts[0].ssh.knownHosts") && problems.contains("missing"),
         "{problems}"

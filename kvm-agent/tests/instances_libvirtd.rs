@@ -185,7 +185,11 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
     );
 
     instances.delete(&id, deadline_in(GENEROUS)).await.unwrap();
-    let err = instances.get(&id, deadline_in(GENEROUS)).await.unwrap_err();
+    let err = instances
+        .get(&id, deadline_in(GENEROUS))
+        .await
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::NotFound, "{err}");
     instances.delete(&id, deadline_in(GENEROUS)).await.unwrap();
     let left: Vec<String> = std::fs::read_dir(&images)
@@ -200,7 +204,8 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
     let err = instances
         .get("no-slash", deadline_in(GENEROUS))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_provider_error();
     assert_eq!(err.class, ErrorClass::NotFound, "{err}");
     instances
         .delete("no-slash", deadline_in(GENEROUS))
@@ -213,7 +218,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
             .map(drop),
         instances.delete("gone/uid", deadline_in(GENEROUS)).await,
     ] {
-        let err = result.unwrap_err();
+        let err = result.unwrap_err().to_provider_error();
         assert_eq!(err.class, ErrorClass::Permanent, "{err}");
         assert_eq!(err.reason, "HOST_NOT_CONFIGURED");
     }

@@ -24,7 +24,8 @@ async fn call_round_trips_over_the_forward_and_is_traced_under_the_callers_trace
     let mut rsa = ssh_host("hv-rsa", &sshd, &libvirtd);
     rsa.ssh.as_mut().unwrap().private_key = sshd.client_rsa_key();
     let config = config(vec![ssh_host("hv", &sshd, &libvirtd), rsa]);
-    config.validate().expect("the fixture's config is valid");
+    kvm_agent::startup::check_config(&config)
+        .expect("the fixture's config is valid, keys included");
     let pool = Pool::new(&config).unwrap();
     let host = pool.host("hv").unwrap();
 
@@ -120,7 +121,9 @@ async fn unknown_or_changed_host_key_is_rejected_naming_host_and_fingerprint() {
         .insecure_skip_host_key_verification = true;
     let config = config(vec![unknown, changed, insecure]);
 
-    let problems = config.validate().unwrap_err().to_string();
+    let problems = kvm_agent::startup::check_config(&config)
+        .unwrap_err()
+        .to_string();
     assert!(problems.contains("hosts[0].ssh.knownHosts"), "{problems}");
     assert!(
         problems.contains("has no key for [127.0.0.1]"),

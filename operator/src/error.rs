@@ -185,18 +185,9 @@ impl Error {
 /// Shorthand for operator results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `error` followed by each of its sources, joined with `": "`: the whole story in one
-/// line, for messages and logs.
-pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+/// `error` followed by each of its sources: the whole story in one line, for messages and
+/// logs (the contract crate's one walker of error chains).
+pub(crate) use egressproxy_provider::error::with_causes;
 
 #[cfg(test)]
 mod tests {

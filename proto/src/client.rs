@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tower::Layer;
 
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, DeadlineLayer};
 use crate::pb::provider_client::ProviderClient;
 use crate::trace_context;
 
@@ -110,9 +111,7 @@ impl tonic::service::Interceptor for CallContext {
 /// Builds a client that connects lazily (on first call, and again after failures), so
 /// an unavailable provider is an UNAVAILABLE call error, not a start-up failure.
 pub fn connect_lazy(options: &ClientOptions) -> Result<Client, ConnectError> {
-    let channel = Deadline {
-        inner: endpoint(options)?.connect_lazy(),
-    };
+    let channel = DeadlineLayer::client().layer(endpoint(options)?.connect_lazy());
     Ok(ProviderClient::with_interceptor(
         channel,
         CallContext {

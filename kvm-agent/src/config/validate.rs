@@ -1,8 +1,8 @@
-//! [`Config::validate`]: every semantic check of a parsed configuration, collected, each
-//! naming its field and what to do.
+//! [`Config::validate`]: every semantic check of a parsed configuration that needs
+//! nothing but the file, collected, each naming its field and what to do. The checks
+//! that read the machine are the `startup` module's.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use super::error::{ConfigError, ConfigProblem};
 use super::{Config, HostConfig, duration};
@@ -78,7 +78,7 @@ impl Config {
                     format!("{at}.url"),
                     format!(
                         "{:?} is not an http://, https:// or file:// URL",
-                        crate::images::fetch::redact_url(&image.url)
+                        super::redact_url(&image.url)
                     ),
                 );
             }
@@ -122,9 +122,6 @@ impl Config {
             if let Err(message) = bounds.check(value) {
                 p(field.into(), message);
             }
-        }
-        if let Err(message) = check_spool_dir(t.image_spool_dir.as_deref()) {
-            p("transport.imageSpoolDir".into(), message);
         }
         if problems.is_empty() {
             Ok(())
@@ -188,21 +185,14 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
         return;
     };
     let at = format!("{at}.ssh");
-    let host_port = match ssh.host_and_port() {
-        Ok(hp) => Some(hp),
-        Err(e) => {
-            p(format!("{at}.address"), format!("{:?}: {e}", ssh.address));
-            None
-        }
-    };
+    if let Err(e) = ssh.host_and_port() {
+        p(format!("{at}.address"), format!("{:?}: {e}", ssh.address));
+    }
     if ssh.user.trim().is_empty() {
         p(
             format!("{at}.user"),
             "is empty; name the remote SSH user".into(),
         );
-    }
-    if let Err(e) = crate::transport::ssh::keys::load_private_key(&ssh.private_key) {
-        p(format!("{at}.privateKey"), e);
     }
     match (&ssh.known_hosts, ssh.insecure_skip_host_key_verification) {
         (Some(_), true) => p(
@@ -215,41 +205,6 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
              (e.g. from `ssh-keyscan`, checked against the host's fingerprint)"
                 .into(),
         ),
-        (Some(path), false) => {
-            let checked = match host_port {
-                Some((h, port)) => {
-                    crate::transport::ssh::known_hosts::check_file_lists_host(path, &h, port)
-                }
-                None => std::fs::read(path)
-                    .map(drop)
-                    .map_err(|e| format!("cannot read known_hosts {}: {e}", path.display())),
-            };
-            if let Err(e) = checked {
-                p(format!("{at}.knownHosts"), e);
-            }
-        }
-        (None, true) => {}
+        _ => {}
     }
-}
-
-/// The spool directory (`configured`, else the system temp dir) must take a file: an image
-/// served without `Content-Length` is staged there, and on a read-only root filesystem
-/// without a writable `TMPDIR` every such download would fail.
-pub(super) fn check_spool_dir(configured: Option<&Path>) -> Result<(), String> {
-    let (dir, what) = match configured {
-        Some(dir) => (dir.to_owned(), String::new()),
-        None => (
-            std::env::temp_dir(),
-            " (the default: the system temp dir, TMPDIR)".to_owned(),
-        ),
-    };
-    // The same unnamed file a download spools to; gone when closed.
-    tempfile::tempfile_in(&dir).map(drop).map_err(|e| {
-        format!(
-            "cannot create a file in {}{what}: {e}; images served without Content-Length are \
-             staged there: point transport.imageSpoolDir at a writable directory (e.g. a \
-             mounted scratch volume) with room for one image",
-            dir.display()
-        )
-    })
 }

@@ -252,6 +252,20 @@ fn invalid_arguments_name_each_field() {
     assert_eq!(error.field_violations[0].field, "cloud_init.user_data");
 }
 
+/// What the contract crate's request checks answer goes out whole, its own reason and
+/// fields included.
+#[test]
+fn contract_rules_pass_through_the_mapping_whole() {
+    let refused = egressproxy_provider::paging::decode_token("not a token").unwrap_err();
+    let mapped = Error::from(refused.clone()).to_provider_error();
+    assert_eq!(mapped, refused);
+    assert_eq!(mapped.reason, "INVALID_PAGE_TOKEN");
+    assert_eq!(
+        Error::from(refused).class(),
+        egressproxy_provider::ErrorClass::InvalidArgument
+    );
+}
+
 #[test]
 fn contract_only_errors_map_through_the_one_mapping() {
     for (error, class, reason) in contract_only_table() {

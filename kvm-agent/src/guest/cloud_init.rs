@@ -1,63 +1,64 @@
-//! The cloud-init documents of an instance: the user's user-data, unchanged, with the
-//! qemu-guest-agent bootstrap beside it for cloud-init itself to merge.
+//! The cloud-init documents of an instance: the caller's user-data and vendor-data,
+//! unchanged, each with the part of the qemu-guest-agent bootstrap that belongs there
+//! beside it, for cloud-init itself to merge.
 //!
 //! The agent finds guest addresses through qemu-guest-agent first, so every guest must
-//! install and start it. Where the bootstrap goes matters: cloud-init lets a user-data
-//! `packages:` or `runcmd:` *replace* vendor-data's lists, so a bootstrap in vendor-data
-//! is lost whenever the user has such a list; and editing the user's YAML changes it
-//! (a re-serialised `"1:5.7"` comes back as the YAML 1.1 number `65.7`). So:
-//! 1. **The user's document is never edited.** It goes into the seed byte for byte:
-//!    as the first part of a MIME multipart (`multipart`), typed the way cloud-init
-//!    itself types it (`user_document`): cloud-config, jinja template, script,
-//!    `#include`, gzip, or, for the user's own MIME document, nested with its own parts.
+//! install and start it. Where the bootstrap goes matters: cloud-init lets a key that
+//! user-data sets *replace* vendor-data's, lists included, so a bootstrap list in the
+//! wrong document either is lost or makes the caller's list lost; and editing the
+//! caller's YAML changes it (a re-serialised `"1:5.7"` comes back as the YAML 1.1 number
+//! `65.7`). So:
+//! 1. **The caller's documents are never edited.** Each goes into the seed byte for
+//!    byte: as the first part of a MIME multipart (`multipart`), typed the way
+//!    cloud-init itself types it (`user_document`): cloud-config, jinja template,
+//!    script, `#include`, gzip, or, for the caller's own MIME document, nested with its
+//!    own parts.
 //! 2. **The bootstrap is the last part** (`bootstrap`): a cloud-config whose merge type
 //!    appends to lists and recurses into dictionaries, so cloud-init adds it to the
-//!    user's `packages` and `runcmd` instead of replacing them.
-//! 3. **Only what is missing is added.** In a plain (or gzipped) `#cloud-config`, a
-//!    `qemu-guest-agent` already in `packages` (as a name, `name=version` or a
-//!    `[name, version]` pair) drops the package, and a `runcmd` that already starts the
-//!    agent drops the command (`cloud_config`); with nothing left the user-data is
-//!    exactly the user's. An image whose configuration says `guestAgent: preinstalled`
-//!    never gets the package, only the command.
-//! 4. **A broken `#cloud-config` is refused**, not sent: one that does not parse, is not
-//!    a YAML mapping, or whose `packages` or `runcmd` is not a list is INVALID_ARGUMENT
-//!    on `cloud_init.user_data` (`cloud_init.vendor_data` for the caller's vendor-data)
-//!    with reason `INVALID_CLOUD_CONFIG`. cloud-init would ignore it, and the VM would
-//!    never report an address. Duplicate keys are accepted, the last one wins, as in
-//!    cloud-init.
+//!    document's `packages` and `runcmd` instead of replacing them.
+//! 3. **Each item goes with the list that reaches the guest** (`placement`): into
+//!    user-data when user-data sets that list, else into vendor-data when vendor-data
+//!    sets it (or may), else into user-data; so a vendor's `packages` or `runcmd` is
+//!    never replaced by a bootstrap list in user-data.
+//! 4. **Only what is missing is added.** In a plain (or gzipped) `#cloud-config`, a
+//!    `qemu-guest-agent` already in the list that reaches the guest (as a name,
+//!    `name=version` or a `[name, version]` pair) drops the package, and a `runcmd` that
+//!    already starts the agent drops the command (`cloud_config`); with nothing left a
+//!    document is exactly the caller's. An image whose configuration says
+//!    `guestAgent: preinstalled` never gets the package, only the command.
+//! 5. **A broken `#cloud-config` is refused**, not sent: one that does not parse, is not
+//!    a YAML mapping, has a merge key (`<<`) that names no mapping, or whose `packages`
+//!    or `runcmd` (its own or merged in) is not a list is INVALID_ARGUMENT on
+//!    `cloud_init.user_data` (`cloud_init.vendor_data` for the caller's vendor-data) with
+//!    reason `INVALID_CLOUD_CONFIG`. cloud-init would ignore it, or replace a string
+//!    `packages` with the bootstrap's list, and the VM would never report an address or
+//!    miss the caller's package. Duplicate keys are accepted, the last one wins, and
+//!    merge keys are resolved, as in cloud-init's YAML loader (`yaml_tree`).
 //!
-//! The caller's vendor-data is passed on unchanged. Either document is at most
-//! [`MAX_USER_DATA_BYTES`]. Error messages name a line and column at most, never the
-//! content: user-data may hold secrets.
+//! Either document is at most [`MAX_USER_DATA_BYTES`]. Error messages name a line and
+//! column at most, never the content: user-data may hold secrets.
 
 mod bootstrap;
 mod cloud_config;
+mod document_facts;
 mod multipart;
+mod placement;
 mod user_document;
+mod yaml_tree;
 
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
-use serde::Deserialize;
 
 use bootstrap::Bootstrap;
 pub use bootstrap::{GUEST_AGENT_PACKAGE, GUEST_AGENT_RUNCMD, MERGE_TYPE};
 use user_document::UserDocument;
 
+// An image's setting, read from the configuration; re-exported because every caller of
+// `seed_documents` passes one.
+pub use crate::config::GuestAgent;
 use crate::guest::GuestError;
 
 const USER_DATA_FIELD: &str = "cloud_init.user_data";
 const VENDOR_DATA_FIELD: &str = "cloud_init.vendor_data";
-
-/// How an image gets qemu-guest-agent (the `guestAgent` setting of an image).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GuestAgent {
-    /// cloud-init installs the package (an `apt-get update` on every first boot) and
-    /// starts the agent.
-    #[default]
-    Install,
-    /// The image ships the package: cloud-init only enables and starts the agent.
-    Preinstalled,
-}
 
 /// The documents that go into the NoCloud seed.
 #[derive(Clone, PartialEq, Eq)]
@@ -89,24 +90,34 @@ pub fn seed_documents(
     guest_agent: GuestAgent,
 ) -> Result<SeedDocuments, GuestError> {
     check_size(USER_DATA_FIELD, user_data)?;
-    if let Some(vendor) = vendor_data {
-        check_size(VENDOR_DATA_FIELD, vendor)?;
-        UserDocument::read(vendor, VENDOR_DATA_FIELD)?.check(VENDOR_DATA_FIELD)?;
-    }
-    let document = UserDocument::read(user_data, USER_DATA_FIELD)?;
-    let already = document.check(USER_DATA_FIELD)?;
-    let bootstrap = Bootstrap::for_image(guest_agent).without(already);
-    let user_data = if document.is_blank() {
+    let vendor = match vendor_data {
+        Some(vendor) => {
+            check_size(VENDOR_DATA_FIELD, vendor)?;
+            let document = UserDocument::read(vendor, VENDOR_DATA_FIELD)?;
+            let facts = document.check(VENDOR_DATA_FIELD)?;
+            Some((document, facts))
+        }
+        None => None,
+    };
+    let user = UserDocument::read(user_data, USER_DATA_FIELD)?;
+    let user_facts = user.check(USER_DATA_FIELD)?;
+    let placed = placement::place(guest_agent, &user_facts, vendor.as_ref().map(|(_, f)| f));
+    Ok(SeedDocuments {
+        user_data: with_bootstrap(&user, placed.user),
+        vendor_data: vendor.map(|(document, _)| with_bootstrap(&document, placed.vendor)),
+    })
+}
+
+/// `document` with `bootstrap` as its last part; exactly the caller's when there is
+/// nothing to add, the bootstrap alone when the document is blank.
+fn with_bootstrap(document: &UserDocument<'_>, bootstrap: Bootstrap) -> Vec<u8> {
+    if bootstrap.is_empty() {
+        document.raw().to_vec()
+    } else if document.is_blank() {
         bootstrap.document().into_bytes()
-    } else if bootstrap.is_empty() {
-        user_data.to_vec()
     } else {
         multipart::build(&[document.part(), bootstrap.part()])
-    };
-    Ok(SeedDocuments {
-        user_data,
-        vendor_data: vendor_data.map(<[u8]>::to_vec),
-    })
+    }
 }
 
 fn check_size(field: &str, data: &[u8]) -> Result<(), GuestError> {

@@ -47,103 +47,22 @@
 //! single flight is per process, so one agent (one replica) serves a host.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::base_volume::BaseNames;
+pub use super::base_volume::{BaseImage, marker_volume};
+pub use super::cache_options::{DEFAULT_EVICTION_MIN_AGE, DEFAULT_IDLE_TIMEOUT, ImageCacheOptions};
 use super::download::{Job, Progress};
 pub use super::eviction::{EvictionReport, KeptBecause};
-use crate::config::error::{ConfigError, ConfigProblem};
-use crate::config::{ImageConfig, ImageFormat, TransportConfig};
+use crate::config::ImageConfig;
 use crate::images::error::ImageError;
 use crate::libvirt::naming;
 use crate::single_flight::{Flight, SingleFlight, Waited};
 use crate::transport::error::TransportError;
 use crate::transport::pool::HostPool;
-
-/// Suffix of a base volume's completion marker.
-pub(crate) const MARKER_SUFFIX: &str = ".complete";
-
-/// A verified base volume on a host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BaseImage {
-    /// libvirt volume name in the host's storage pool.
-    pub volume: String,
-    /// Its file path on the host (disks are file-type: libvirt's AppArmor helper only
-    /// allows file sources with a path).
-    pub path: String,
-    /// Its disk format, as configured and checked by libvirt's probe.
-    pub format: ImageFormat,
-    /// Virtual size of the base: an overlay must be at least this large.
-    pub capacity_bytes: u64,
-}
-
-/// The completion marker volume of base volume `base`.
-pub fn marker_volume(base: &str) -> String {
-    format!("{base}{MARKER_SUFFIX}")
-}
-
-/// The digest that names `image`'s base volume: its configured SHA-256 (lowercased), or
-/// the SHA-256 of its URL when none is configured. See the module docs.
-pub(crate) fn image_digest(image: &ImageConfig) -> String {
-    match &image.sha256 {
-        Some(sum) => sum.to_ascii_lowercase(),
-        None => hex::encode(Sha256::digest(image.url.as_bytes())),
-    }
-}
-
-/// Settings of an [`ImageCache`].
-#[derive(Debug, Clone)]
-pub struct ImageCacheOptions {
-    /// Where a download without `Content-Length` is spooled before its upload.
-    pub spool_dir: PathBuf,
-    /// How long one download (fetch, upload, inspection, marker) may take in all.
-    pub download_timeout: Duration,
-    /// Deadline of each cheap libvirt call of a download (lookups, create, refresh).
-    pub call_timeout: Duration,
-    /// Longest silence of the image server (no headers, no body bytes) before the
-    /// download fails as transient; [`DEFAULT_IDLE_TIMEOUT`].
-    pub idle_timeout: Duration,
-    /// Eviction keeps a base (or marker) written more recently than this, by the
-    /// hypervisor's clock; [`DEFAULT_EVICTION_MIN_AGE`].
-    pub eviction_min_age: Duration,
-}
-
-/// Another agent process may be uploading a base this young, or a Create may be about to
-/// put an overlay on it: eviction leaves it.
-pub const DEFAULT_EVICTION_MIN_AGE: Duration = Duration::from_secs(15 * 60);
-
-/// A server silent this long while the agent waits for bytes has stalled.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-impl ImageCacheOptions {
-    /// `transport.imageSpoolDir` (default: the system temp dir),
-    /// `transport.imageDownloadTimeout` and `transport.defaultCallTimeout`; the idle
-    /// timeout is [`DEFAULT_IDLE_TIMEOUT`], the eviction minimum age
-    /// [`DEFAULT_EVICTION_MIN_AGE`].
-    pub fn from_transport(transport: &TransportConfig) -> Self {
-        Self {
-            spool_dir: transport
-                .image_spool_dir
-                .clone()
-                .unwrap_or_else(std::env::temp_dir),
-            download_timeout: transport.image_download_timeout,
-            call_timeout: transport.default_call_timeout,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            eviction_min_age: DEFAULT_EVICTION_MIN_AGE,
-        }
-    }
-}
-
-impl Default for ImageCacheOptions {
-    fn default() -> Self {
-        Self::from_transport(&TransportConfig::default())
-    }
-}
 
 /// (host name, digest).
 type FlightKey = (String, String);
@@ -157,31 +76,6 @@ type Downloads = SingleFlight<FlightKey, Arc<Progress>, Result<BaseImage, Arc<Im
 pub struct ImageCache {
     options: ImageCacheOptions,
     flights: Downloads,
-}
-
-/// Names of one image's volumes.
-#[derive(Debug, Clone)]
-pub(super) struct BaseNames {
-    pub(super) digest: String,
-    pub(super) base: String,
-    pub(super) marker: String,
-}
-
-impl BaseNames {
-    fn for_image(image_name: &str, image: &ImageConfig) -> Result<Self, ImageError> {
-        let digest = image_digest(image);
-        let base = naming::base_volume(&digest).map_err(|e| {
-            ImageError::from(ConfigError::new(vec![ConfigProblem::new(
-                format!("images.{image_name}.sha256"),
-                e.to_string(),
-            )]))
-        })?;
-        Ok(Self {
-            digest,
-            marker: marker_volume(&base),
-            base,
-        })
-    }
 }
 
 impl ImageCache {
@@ -287,31 +181,4 @@ fn abnormal_end(host: &str) -> ImageError {
         op: "image download",
         reason: "the download task ended without a result".into(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn digests_are_the_checksum_or_the_urls() {
-        let mut image = ImageConfig {
-            url: "http://127.0.0.1/i.qcow2".into(),
-            sha256: Some("AB".repeat(32)),
-            format: ImageFormat::Qcow2,
-            firmware: Default::default(),
-            guest_agent: Default::default(),
-        };
-        assert_eq!(image_digest(&image), "ab".repeat(32));
-        image.sha256 = None;
-        // printf %s http://127.0.0.1/i.qcow2 | sha256sum
-        assert_eq!(
-            image_digest(&image),
-            "07773b3835d5fa1ab34335a91d3e8085b01e8f4e3a212d164018bc402b90e77a"
-        );
-        let names = BaseNames::for_image("i", &image).unwrap();
-        assert_eq!(names.marker, format!("{}.complete", names.base));
-        assert!(super::super::eviction::is_base(&names.base));
-        assert!(!super::super::eviction::is_base(&names.marker));
-    }
 }

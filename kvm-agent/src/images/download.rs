@@ -11,13 +11,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::cache::{BaseImage, BaseNames, ImageCacheOptions};
+use super::base_volume::{BaseImage, BaseNames};
+use super::cache_options::ImageCacheOptions;
 use super::host_volumes::{
     Existing, check_existing, check_format, create_marker, create_upload_target,
     delete_half_written, inspect, pool_available,
 };
 use crate::classification::ErrorClass;
-use crate::config::ImageConfig;
+use crate::config::{ImageConfig, redact_url};
 use crate::images::error::ImageError;
 use crate::images::fetch::{self, Download};
 use crate::transport::bulk::upload_volume;
@@ -155,7 +156,7 @@ impl Job {
 
     fn timed_out(&self) -> ImageError {
         ImageError::Truncated {
-            url: fetch::redact_url(&self.image.url),
+            url: redact_url(&self.image.url),
             received: self.progress.received(),
             expected: self.progress.expected(),
             reason: format!(
@@ -195,7 +196,7 @@ impl Job {
         };
         if length == 0 {
             return Err(ImageError::Fetch {
-                url: fetch::redact_url(&image.url),
+                url: redact_url(&image.url),
                 reason: "the server sent an empty image".into(),
                 permanent: true,
             });

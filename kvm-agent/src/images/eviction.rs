@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use virt::error::ErrorNumber;
 use virt::storage_vol::StorageVol;
 
-use super::cache::{MARKER_SUFFIX, marker_volume};
+use super::base_volume::{MARKER_SUFFIX, marker_volume};
 use super::host_volumes::{is, refresh_pool};
 use crate::images::error::ImageError;
 use crate::libvirt::LibvirtError;

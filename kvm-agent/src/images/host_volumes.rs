@@ -9,8 +9,8 @@ use virt::error::ErrorNumber;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
-use super::cache::BaseNames;
-use crate::config::{ImageConfig, ImageFormat};
+use super::base_volume::BaseNames;
+use crate::config::{ImageConfig, ImageFormat, redact_url};
 use crate::images::error::ImageError;
 use crate::libvirt::LibvirtError;
 use crate::libvirt::volumes::lookup_volume;
@@ -200,7 +200,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     };
     if !expected_ok {
         return Err(ImageError::Format {
-            url: crate::images::fetch::redact_url(&image.url),
+            url: redact_url(&image.url),
             problem: format!(
                 "libvirt probed the file as {found}, the configuration says {configured}"
             ),
@@ -208,7 +208,7 @@ pub(super) fn check_format(image: &ImageConfig, inspected: &Inspected) -> Result
     }
     if let Some(backing) = &inspected.backing_path {
         return Err(ImageError::Format {
-            url: crate::images::fetch::redact_url(&image.url),
+            url: redact_url(&image.url),
             problem: format!(
                 "the image names a backing file ({backing}); a base image must be self-contained"
             ),

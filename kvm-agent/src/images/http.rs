@@ -6,13 +6,15 @@
 //! `user:password@` into HTTP basic authentication and drops that header when a redirect
 //! leaves the URL's scheme, host and port. The agent adds the bounds: at most
 //! [`MAX_REDIRECTS`] redirects, `idle` of silence for the response headers and between
-//! body chunks, and error messages that never show the URL (only [`super::fetch::redact_url`]'s
-//! form of it), since reqwest's own carry it, query and all.
+//! body chunks, and error messages that never show the URL (only
+//! [`crate::config::redact_url`]'s form of it), since reqwest's own carry it, query and
+//! all.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use egressproxy_provider::error::with_causes;
 use tokio::sync::mpsc;
 
 use crate::images::error::ImageError;
@@ -92,7 +94,7 @@ pub(super) async fn forward_body(
                 }
             }
             Err(e) => {
-                let _ = tx.send(Err(error_chain(&e.without_url()))).await;
+                let _ = tx.send(Err(with_causes(&e.without_url()))).await;
                 return;
             }
         }
@@ -118,7 +120,7 @@ fn client() -> Result<reqwest::Client, String> {
         .no_proxy()
         .user_agent(concat!("egressproxy-kvm-agent/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| format!("cannot build the HTTP client: {}", error_chain(&e)))
+        .map_err(|e| format!("cannot build the HTTP client: {}", with_causes(&e)))
 }
 
 /// Refuses credentials with a broken `%`-escape, which reqwest would send as typed
@@ -154,21 +156,9 @@ fn request_error(shown: &str, error: reqwest::Error) -> ImageError {
     }
     ImageError::Fetch {
         url: shown.to_owned(),
-        reason: error_chain(&error),
+        reason: with_causes(&error),
         permanent: error.is_builder(),
     }
-}
-
-/// `error` and its causes, joined by `: `.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

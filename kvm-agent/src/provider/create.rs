@@ -29,7 +29,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use egressproxy_provider::{ProviderError, pb};
+use egressproxy_provider::pb;
 use tokio::time::Instant;
 
 use crate::error::Error;
@@ -125,7 +125,7 @@ pub async fn existing_instance(
     key: &str,
     place: Where,
     deadline: Instant,
-) -> Result<Option<pb::Instance>, ProviderError> {
+) -> Result<Option<pb::Instance>, Error> {
     let domain = plan.names.domain.clone();
     let lookup = domain.clone();
     let found = host
@@ -142,14 +142,12 @@ pub async fn existing_instance(
             host: host.name().to_owned(),
             key: key.to_owned(),
             domain,
-        }
-        .into()),
+        }),
         FoundDomain::Ours { spec_sha256, .. } if spec_sha256 != plan.spec_sha256 => {
             Err(Error::SpecMismatch {
                 host: host.name().to_owned(),
                 key: key.to_owned(),
-            }
-            .into())
+            })
         }
         FoundDomain::Ours { running, .. } => {
             if !running {
@@ -175,7 +173,7 @@ async fn read(
     host: &Arc<HostPool>,
     plan: &CreatePlan,
     deadline: Instant,
-) -> Result<pb::Instance, ProviderError> {
+) -> Result<pb::Instance, Error> {
     let names = plan.names.clone();
     let nic = NicKind::of(&host.config().attachment());
     let snapshot = host
@@ -187,11 +185,8 @@ async fn read(
         .await?;
     snapshot
         .map(|s| to_contract_instance(host.name(), s))
-        .ok_or_else(|| {
-            Error::InstanceVanished {
-                domain: plan.names.domain.clone(),
-            }
-            .into()
+        .ok_or_else(|| Error::InstanceVanished {
+            domain: plan.names.domain.clone(),
         })
 }
 
@@ -205,7 +200,7 @@ pub async fn create_from_base(
     virt_type: VirtType,
     faults: &FaultHook,
     deadline: Instant,
-) -> Result<pb::Instance, ProviderError> {
+) -> Result<pb::Instance, Error> {
     let storage_pool = plan.host.storage_pool.clone();
     let names = plan.names.clone();
 

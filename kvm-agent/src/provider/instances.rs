@@ -4,8 +4,9 @@
 //!
 //! Each runs its libvirt work ([`crate::libvirt::domains`]) as one call on the host's pooled
 //! connection, so it is off the runtime, traced and bounded by the caller's deadline;
-//! errors leave as [`ProviderError`]s through the one mapping
-//! ([`Error::to_provider_error`]). The contract rules applied here:
+//! errors are the crate's [`Error`], which the gRPC service turns into the contract's
+//! through the one mapping ([`Error::to_provider_error`]). The contract rules applied
+//! here:
 //! - an id this provider cannot have returned (not `<host>/<key>`) names no instance:
 //!   Get is NOT_FOUND and Delete succeeds, as for any missing instance;
 //! - an id whose host is not (any longer) configured is FAILED_PRECONDITION, not an
@@ -20,7 +21,7 @@
 
 use std::sync::Arc;
 
-use egressproxy_provider::{ProviderError, pb};
+use egressproxy_provider::pb;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -98,7 +99,7 @@ impl Instances {
         &self,
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
-    ) -> Result<pb::Instance, ProviderError> {
+    ) -> Result<pb::Instance, Error> {
         let images = self.images.clone();
         self.create_with(request, deadline, move |host, plan| async move {
             let (name, image) = &plan.image;
@@ -121,7 +122,7 @@ impl Instances {
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
         ensure_base: F,
-    ) -> Result<pb::Instance, ProviderError>
+    ) -> Result<pb::Instance, Error>
     where
         F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut + Send + 'static,
         Fut: Future<Output = Result<BaseImage, Error>> + Send + 'static,
@@ -149,8 +150,7 @@ impl Instances {
             Err(e) => Err(Error::CreateTaskFailed {
                 key: request.key.clone(),
                 reason: e.to_string(),
-            }
-            .into()),
+            }),
         }
     }
 
@@ -162,7 +162,7 @@ impl Instances {
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
         ensure_base: F,
-    ) -> Result<pb::Instance, ProviderError>
+    ) -> Result<pb::Instance, Error>
     where
         F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut,
         Fut: Future<Output = Result<BaseImage, Error>>,
@@ -206,7 +206,7 @@ impl Instances {
         plan: &crate::provider::plan::CreatePlan,
         key: &str,
         deadline: Instant,
-    ) -> Result<Option<pb::Instance>, ProviderError> {
+    ) -> Result<Option<pb::Instance>, Error> {
         let others = self
             .config
             .hosts
@@ -225,7 +225,7 @@ impl Instances {
             match answer {
                 Ok(Some(existing)) => return Ok(Some(existing)),
                 Ok(None) => {}
-                Err(error) if error.class == egressproxy_provider::ErrorClass::AlreadyExists => {
+                Err(error) if error.class() == egressproxy_provider::ErrorClass::AlreadyExists => {
                     return Err(error);
                 }
                 Err(error) => tracing::warn!(
@@ -241,13 +241,12 @@ impl Instances {
     }
 
     /// The instance `id`: state, addresses, tags, placement.
-    pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, ProviderError> {
+    pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, Error> {
         let Some((id, host, names)) = self.resolve(id)? else {
             return Err(Error::InstanceNotFound {
                 id: id.to_owned(),
                 detail: "this provider's ids are <host>/<key>".to_owned(),
-            }
-            .into());
+            });
         };
         let nic = NicKind::of(&host.config().attachment());
         let op = LibvirtOp::new("virDomainLookupByName").domain(names.domain.clone());
@@ -262,14 +261,13 @@ impl Instances {
             None => Err(Error::InstanceNotFound {
                 id: id.to_string(),
                 detail: format!("no domain {} on host {}", names.domain, id.host),
-            }
-            .into()),
+            }),
         }
     }
 
     /// Deletes the instance `id` with its overlay and seed; a missing one is success. Waits
     /// for a Create of the same key in this agent to finish first.
-    pub async fn delete(&self, id: &str, deadline: Instant) -> Result<(), ProviderError> {
+    pub async fn delete(&self, id: &str, deadline: Instant) -> Result<(), Error> {
         let Some((id, host, names)) = self.resolve(id)? else {
             return Ok(());
         };
@@ -308,7 +306,7 @@ impl Instances {
         &self,
         selector: &[(String, String)],
         deadline: Instant,
-    ) -> Result<Vec<pb::Instance>, ProviderError> {
+    ) -> Result<Vec<pb::Instance>, Error> {
         let mut instances = Vec::new();
         for host in &self.config.hosts {
             let pool = self.pool.host(&host.name)?;
@@ -335,7 +333,7 @@ impl Instances {
     fn resolve(
         &self,
         id: &str,
-    ) -> Result<Option<(InstanceId, Arc<HostPool>, InstanceNames)>, ProviderError> {
+    ) -> Result<Option<(InstanceId, Arc<HostPool>, InstanceNames)>, Error> {
         egressproxy_provider::validation::check_id(id)?;
         let Some(parsed) = InstanceId::parse(id) else {
             return Ok(None);

@@ -11,7 +11,7 @@
 //! repeated Create with the same key and another spec is ALREADY_EXISTS.
 
 use egressproxy_provider::pb::placement::Location;
-use egressproxy_provider::{ProviderError, pb, validation};
+use egressproxy_provider::{pb, validation};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, HostConfig, ImageConfig, MachineType};
@@ -43,7 +43,7 @@ pub struct CreatePlan {
 pub fn plan_create(
     config: &Config,
     request: &pb::CreateInstanceRequest,
-) -> Result<CreatePlan, ProviderError> {
+) -> Result<CreatePlan, Error> {
     validation::check_create_request(request)?;
     let placement = request
         .placement
@@ -79,12 +79,12 @@ pub fn plan_create(
         }
     };
     if !violations.is_empty() {
-        return Err(Error::InvalidFields { violations }.into());
+        return Err(Error::InvalidFields { violations });
     }
     let (Some(host), Some(machine), Some(image), Some(documents)) =
         (host, machine, image, documents)
     else {
-        return Err(no_hosts().into());
+        return Err(no_hosts());
     };
     let names = InstanceNames::for_key(&request.key).map_err(|e| Error::InvalidArgument {
         field: "key",
@@ -137,7 +137,7 @@ impl ResolvedPlacement {
 pub fn resolve_placement(
     config: &Config,
     placement: Option<&pb::Placement>,
-) -> Result<ResolvedPlacement, ProviderError> {
+) -> Result<ResolvedPlacement, Error> {
     validation::check_placement_request(placement)?;
     let placement = placement.expect("validated: placement is set");
     let ResolvedParts {
@@ -147,10 +147,10 @@ pub fn resolve_placement(
         violations,
     } = resolve_parts(config, placement);
     if !violations.is_empty() {
-        return Err(Error::InvalidFields { violations }.into());
+        return Err(Error::InvalidFields { violations });
     }
     let (Some(host), Some(machine), Some(image)) = (host, machine, image) else {
-        return Err(no_hosts().into());
+        return Err(no_hosts());
     };
     Ok(ResolvedPlacement {
         host,
@@ -261,6 +261,8 @@ pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
 
 #[cfg(test)]
 mod tests {
+    use egressproxy_provider::ProviderError;
+
     use super::*;
 
     fn config() -> Config {
@@ -290,7 +292,13 @@ mod tests {
         }
     }
 
-    fn fields(error: ProviderError) -> Vec<String> {
+    /// The contract's view of a plan's error: what the gRPC edge answers.
+    fn contract(error: Error) -> ProviderError {
+        error.to_provider_error()
+    }
+
+    fn fields(error: impl Into<ProviderError>) -> Vec<String> {
+        let error = error.into();
         assert_eq!(
             error.class,
             egressproxy_provider::ErrorClass::InvalidArgument
@@ -357,12 +365,12 @@ mod tests {
     fn a_bad_cloud_config_alone_keeps_its_reason() {
         let mut bad = request();
         bad.cloud_init.as_mut().unwrap().user_data = b"#cloud-config\n[1, 2]\n".to_vec();
-        let err = plan_create(&config(), &bad).unwrap_err();
+        let err = contract(plan_create(&config(), &bad).unwrap_err());
         assert_eq!(err.reason, "INVALID_CLOUD_CONFIG", "{err}");
         assert_eq!(fields(err), ["cloud_init.user_data"]);
         // With another problem beside it, the error is about the request as a whole.
         bad.placement.as_mut().unwrap().image = "arch".into();
-        let err = plan_create(&config(), &bad).unwrap_err();
+        let err = contract(plan_create(&config(), &bad).unwrap_err());
         assert_eq!(err.reason, "INVALID_ARGUMENT", "{err}");
         assert_eq!(fields(err), ["placement.image", "cloud_init.user_data"]);
     }
@@ -415,7 +423,7 @@ mod tests {
     fn unknown_names_list_what_is_offered() {
         let mut bad = request();
         bad.placement.as_mut().unwrap().machine_type = "huge".into();
-        let err = plan_create(&config(), &bad).unwrap_err();
+        let err = contract(plan_create(&config(), &bad).unwrap_err());
         assert!(err.message.contains("this provider offers small"), "{err}");
     }
 

@@ -7,8 +7,9 @@
 //! 2. runs on [`Instances`] (Create, Get, Delete, List) or the host check
 //!    (ValidatePlacement), every libvirt call bounded by that deadline and traced under
 //!    the request's span;
-//! 3. answers errors through the crate's one mapping ([`crate::Error::to_provider_error`],
-//!    then [`ProviderError`] to `tonic::Status`).
+//! 3. answers errors through the crate's one mapping, here at the gRPC edge and nowhere
+//!    else: the work returns the crate's [`Error`], which becomes the contract's
+//!    [`ProviderError`] ([`Error::to_provider_error`]) and then a `tonic::Status`.
 //!
 //! ListInstances pages over the matching instances sorted by id with the contract
 //! crate's paging: the token names the last id of the previous page (with a checksum, so
@@ -28,6 +29,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::config::{DomainType, Firmware};
+use crate::error::Error;
 use crate::libvirt::host::check::{self, Status as CheckStatus};
 use crate::provider::instances::Instances;
 use crate::provider::plan::resolve_placement;
@@ -81,7 +83,7 @@ impl KvmProvider {
         &self,
         placement: Option<&pb::Placement>,
         deadline: Instant,
-    ) -> Result<pb::ValidatePlacementResponse, ProviderError> {
+    ) -> Result<pb::ValidatePlacementResponse, Error> {
         let resolved = resolve_placement(self.instances.config(), placement)?;
         let host = self.instances.pool().host(&resolved.host.name)?;
         let needs_uefi = resolved.image.1.firmware == Firmware::Uefi;
@@ -113,11 +115,10 @@ impl KvmProvider {
             .map(line)
             .collect();
         if !failures.is_empty() {
-            return Err(crate::Error::HostNotReady {
+            return Err(Error::HostNotReady {
                 host: report.host,
                 failures,
-            }
-            .into());
+            });
         }
         Ok(pb::ValidatePlacementResponse {
             resolved: Some(resolved.to_contract()),
@@ -135,7 +136,7 @@ impl KvmProvider {
         &self,
         request: &pb::ListInstancesRequest,
         deadline: Instant,
-    ) -> Result<pb::ListInstancesResponse, ProviderError> {
+    ) -> Result<pb::ListInstancesResponse, Error> {
         validation::check_list_request(request)?;
         // Refuse a foreign token before sweeping the hosts.
         paging::decode_token(&request.page_token)?;
@@ -148,20 +149,23 @@ impl KvmProvider {
         selector.sort();
         let mut instances = self.instances.list(&selector, deadline).await?;
         instances.sort_by(|a, b| a.id.cmp(&b.id));
-        paging::page(instances, &request.page_token, page_size)
+        Ok(paging::page(instances, &request.page_token, page_size)?)
     }
 }
 
-/// Logs a failed call: a warning when the agent or a host is at fault, debug when the
-/// request was (invalid argument, already exists, not found).
-fn log_failure(call: &str, error: &ProviderError) {
+/// The answer of a failed call, logged as the caller gets it: a warning when the agent or
+/// a host is at fault, debug when the request was (invalid argument, already exists, not
+/// found).
+fn logged_failure(call: &str, error: Error) -> Status {
     use egressproxy_provider::ErrorClass as C;
+    let error = ProviderError::from(error);
     match error.class {
         C::InvalidArgument | C::AlreadyExists | C::NotFound => {
             tracing::debug!(%error, "{call} refused");
         }
         _ => tracing::warn!(%error, reason = %error.reason, "{call} failed"),
     }
+    error.into()
 }
 
 #[tonic::async_trait]
@@ -201,7 +205,7 @@ impl pb::provider_server::Provider for KvmProvider {
             .instances
             .create(request.get_ref(), deadline)
             .await
-            .inspect_err(|e| log_failure("CreateInstance", e))?;
+            .map_err(|e| logged_failure("CreateInstance", e))?;
         Ok(Response::new(pb::CreateInstanceResponse {
             instance: Some(instance),
         }))
@@ -226,7 +230,7 @@ impl pb::provider_server::Provider for KvmProvider {
         self.instances
             .delete(&request.get_ref().id, deadline)
             .await
-            .inspect_err(|e| log_failure("DeleteInstance", e))?;
+            .map_err(|e| logged_failure("DeleteInstance", e))?;
         Ok(Response::new(pb::DeleteInstanceResponse {}))
     }
 

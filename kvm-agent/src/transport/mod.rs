@@ -12,11 +12,13 @@
 //!    [`libvirt_error`] classifies what libvirt answers: reported (the connection stays)
 //!    or a transport failure (the connection is dropped);
 //! 4. [`event_loop`] runs libvirt's event loop, which libvirt keepalive needs;
-//! 5. [`bulk`] streams volume uploads on a connection of their own, at low CPU priority.
+//! 5. [`bulk`] streams volume uploads on a connection of their own, on the low-priority
+//!    runtime of [`bulk_runtime`].
 //!
 //! Nothing here knows about instances, images or the contract.
 
 pub mod bulk;
+pub mod bulk_runtime;
 pub mod call;
 pub(crate) mod connection;
 pub mod error;

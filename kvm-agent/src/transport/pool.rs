@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use crate::classification::ErrorClass;
 use crate::config::{Config, HostConfig, TransportConfig};
-use crate::transport::bulk;
+use crate::transport::bulk_runtime;
 use crate::transport::call::{self, CallError, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
 use crate::transport::error::TransportError;
@@ -199,7 +199,7 @@ impl HostPool {
 
     /// Runs a call on a dedicated connection that is closed afterwards (streams, uploads).
     ///
-    /// The dial, the relay and the call run on the low-priority [`bulk`]; dropping
+    /// The dial, the relay and the call run on the low-priority [`bulk_runtime`]; dropping
     /// the returned future aborts them (the relay is cut, so the libvirt call returns).
     pub async fn bulk<T, E, F>(
         self: &Arc<Self>,
@@ -221,7 +221,7 @@ impl HostPool {
                 call::run(&connection, api, deadline, call).await.result
             }
             .in_current_span();
-            let Some(runtime) = bulk::handle() else {
+            let Some(runtime) = bulk_runtime::handle() else {
                 return work.await;
             };
             let mut task = AbortOnDrop(runtime.spawn(work));

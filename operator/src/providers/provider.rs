@@ -456,20 +456,9 @@ fn explain_unavailable(status: &tonic::Status, endpoint: &str) -> ProviderError 
     if status.code() != tonic::Code::Unavailable || std::error::Error::source(status).is_none() {
         return error;
     }
-    let mut causes: Vec<String> = Vec::new();
-    let mut source = std::error::Error::source(status);
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !error.message.contains(&text) && !causes.contains(&text) {
-            causes.push(text);
-        }
-        source = cause.source();
-    }
-    let mut message = format!("{endpoint}: {}", error.message);
-    for cause in causes {
-        message.push_str(": ");
-        message.push_str(&cause);
-    }
-    error.message = message;
+    error.message = egressproxy_provider::error::append_causes(
+        format!("{endpoint}: {}", error.message),
+        status,
+    );
     error
 }

@@ -24,6 +24,7 @@
 //! invalid argument.
 
 pub mod bounded;
+mod causes;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -31,6 +32,8 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
+
+pub use causes::{append_causes, with_causes};
 
 /// `ErrorInfo.domain` of every error the contract defines.
 pub const ERROR_DOMAIN: &str = "egressproxy.dev";

@@ -8,14 +8,13 @@
 //!    (so `grpcurl ADDR list` and `describe` work without proto files) and serving the
 //!    `google.rpc` error detail types (`server/reflection.rs`);
 //! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
-//!    answers DEADLINE_EXCEEDED with ErrorInfo ([`ServerDeadline`]);
+//!    answers DEADLINE_EXCEEDED with ErrorInfo ([`DeadlineLayer::server`]);
 //! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
 //! 6. TLS, or mutual TLS when a client CA is given.
 //!
 //! Shutdown is graceful: when the shutdown future completes, health flips to
 //! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
 
-mod deadline;
 mod reflection;
 
 use std::future::Future;
@@ -28,10 +27,10 @@ use tonic::service::RoutesBuilder;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
+pub use crate::deadline::{Deadline, DeadlineLayer};
 use crate::pb;
 use crate::reference::Misbehaviour;
 use crate::trace_context;
-pub use deadline::{ServerDeadline, ServerDeadlineLayer};
 
 /// Files that configure the server's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +167,8 @@ impl ProviderServer {
                     .map_err(ServeError::Reflection)?,
             );
 
-        let deadline = (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(ServerDeadlineLayer);
+        let deadline =
+            (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(DeadlineLayer::server());
         let mut builder = Server::builder()
             .layer(tower::util::option_layer(deadline))
             .trace_fn(|request| {

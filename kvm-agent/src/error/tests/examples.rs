@@ -384,6 +384,11 @@ pub(super) fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorCl
             "AGENT_WORKER_FAILED",
         ),
         (
+            Error::from(egressproxy_provider::validation::check_id("").unwrap_err()),
+            C::InvalidArgument,
+            "INVALID_ARGUMENT",
+        ),
+        (
             Error::InvalidArgument {
                 field: "id",
                 reason: "bad".into(),

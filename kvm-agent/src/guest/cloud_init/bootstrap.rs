@@ -11,9 +11,8 @@
 
 use std::borrow::Cow;
 
-use super::GuestAgent;
-use super::cloud_config::AlreadyThere;
 use super::multipart::Part;
+use crate::config::GuestAgent;
 
 /// The package that reports guest addresses to libvirt.
 pub const GUEST_AGENT_PACKAGE: &str = "qemu-guest-agent";
@@ -24,7 +23,29 @@ pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 /// The bootstrap part's file name, shown in cloud-init's logs and `cloud-config.txt`.
 const PART_FILE_NAME: &str = "egressproxy-guest-agent.cfg";
 
-/// Which of the two bootstrap items the guest still needs.
+/// One item of the bootstrap, and the list cloud-init takes it from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Item {
+    /// [`GUEST_AGENT_PACKAGE`] in `packages`.
+    Package,
+    /// [`GUEST_AGENT_RUNCMD`] in `runcmd`.
+    Runcmd,
+}
+
+impl Item {
+    /// Both items, in the order the bootstrap writes them.
+    pub(super) const ALL: [Item; 2] = [Item::Package, Item::Runcmd];
+
+    /// The top-level key of the list the item goes into.
+    pub(super) fn key(self) -> &'static str {
+        match self {
+            Item::Package => "packages",
+            Item::Runcmd => "runcmd",
+        }
+    }
+}
+
+/// Which of the two bootstrap items a document gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Bootstrap {
     package: bool,
@@ -32,6 +53,12 @@ pub(super) struct Bootstrap {
 }
 
 impl Bootstrap {
+    /// No item.
+    pub(super) const NONE: Bootstrap = Bootstrap {
+        package: false,
+        runcmd: false,
+    };
+
     /// Everything an image set up as `guest_agent` needs.
     pub(super) fn for_image(guest_agent: GuestAgent) -> Self {
         Bootstrap {
@@ -40,11 +67,25 @@ impl Bootstrap {
         }
     }
 
-    /// Without what the user's configuration already does.
-    pub(super) fn without(self, already: AlreadyThere) -> Self {
-        Bootstrap {
-            package: self.package && !already.package,
-            runcmd: self.runcmd && !already.runcmd,
+    /// Whether `item` is in it.
+    pub(super) fn has(self, item: Item) -> bool {
+        match item {
+            Item::Package => self.package,
+            Item::Runcmd => self.runcmd,
+        }
+    }
+
+    /// With `item` too.
+    pub(super) fn with(self, item: Item) -> Self {
+        match item {
+            Item::Package => Bootstrap {
+                package: true,
+                ..self
+            },
+            Item::Runcmd => Bootstrap {
+                runcmd: true,
+                ..self
+            },
         }
     }
 

@@ -1,33 +1,24 @@
 //! Reading a `#cloud-config` without changing it: is it something cloud-init will use,
-//! and does it already install and start the guest agent?
+//! what does it do with the lists the bootstrap adds to, and does it let cloud-init read
+//! vendor-data?
 //!
-//! The document is parsed into a small tree that keeps no more than these questions
-//! need. It accepts duplicate keys, the last one winning, as cloud-init's YAML loader
-//! does (a `Value` DOM would refuse them). Scalars that YAML 1.1 and 1.2 type
-//! differently never matter here: only the top-level keys `packages` and `runcmd` and
-//! the words of their items are looked at, and nothing is ever written back.
+//! The document is parsed into the small tree of `yaml_tree`, which keeps no more than
+//! these questions need, reads duplicate keys and merge keys (`<<`) as cloud-init's
+//! loader does, and is never written back. Scalars that YAML 1.1 and 1.2 type
+//! differently never matter here: only the top-level keys `packages`, `runcmd` and
+//! `vendor_data`, the words of the lists' items and `vendor_data.enabled` are looked at.
 
-use std::fmt;
-
-use serde::de::{self, Deserialize, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess};
-
-use super::bootstrap::GUEST_AGENT_PACKAGE;
+use super::bootstrap::{GUEST_AGENT_PACKAGE, Item};
+use super::document_facts::{DocumentFacts, ListSeen};
 use super::invalid;
+use super::yaml_tree::{BadMergeKey, Entry, Node};
 use crate::guest::GuestError;
 
-/// What a configuration already does of the bootstrap.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct AlreadyThere {
-    /// `packages` installs qemu-guest-agent.
-    pub(crate) package: bool,
-    /// `runcmd` starts it.
-    pub(crate) runcmd: bool,
-}
-
-/// Checks the `#cloud-config` `text`: it must parse, be a mapping (or empty), and have
-/// lists for `packages` and `runcmd` when it has them. Errors name `field` and at most a
-/// line and column, never the content.
-pub(super) fn check(text: &str, field: &str) -> Result<AlreadyThere, GuestError> {
+/// Checks the `#cloud-config` `text` and tells what it does (see the module docs): it
+/// must parse, be a mapping (or empty), have only merge keys that name mappings, and
+/// have lists for `packages` and `runcmd` when it has them, merged in or its own.
+/// Errors name `field` and at most a line and column, never the content.
+pub(super) fn check(text: &str, field: &str) -> Result<DocumentFacts, GuestError> {
     let root: Node = serde_norway::from_str(text).map_err(|e| {
         let at = e
             .location()
@@ -35,36 +26,67 @@ pub(super) fn check(text: &str, field: &str) -> Result<AlreadyThere, GuestError>
             .unwrap_or_default();
         invalid(field, format!("the #cloud-config is not valid YAML{at}"))
     })?;
-    let entries = match root {
-        Node::Map(entries) => entries,
-        Node::Null => return Ok(AlreadyThere::default()),
-        _ => {
+    let bad_merge_key = |BadMergeKey| {
+        invalid(
+            field,
+            "a YAML merge key (`<<`) must name a mapping or a list of mappings",
+        )
+    };
+    root.check_merge_keys().map_err(bad_merge_key)?;
+    let entries = match root.entries() {
+        Some(entries) => entries.map_err(bad_merge_key)?,
+        None if matches!(root, Node::Null) => return Ok(DocumentFacts::NO_CONFIG),
+        None => {
             return Err(invalid(
                 field,
                 "a #cloud-config must be a YAML mapping (key: value pairs)",
             ));
         }
     };
-    let list = |key: &str| -> Result<Option<&Vec<Node>>, GuestError> {
-        // The last occurrence wins, as in cloud-init.
-        match entries.iter().rev().find(|(k, _)| k.text() == Some(key)) {
-            None => Ok(None),
-            Some((_, Node::List(items))) => Ok(Some(items)),
-            Some((_, Node::Null)) => Err(invalid(
+    let list = |item: Item| -> Result<ListSeen, GuestError> {
+        let key = item.key();
+        let Some(Entry { value, merged, .. }) = Node::last(&entries, key) else {
+            return Ok(ListSeen::Absent);
+        };
+        let named = if merged {
+            format!("`{key}` (merged in by `<<`)")
+        } else {
+            format!("`{key}`")
+        };
+        match value {
+            Node::List(items) => Ok(ListSeen::Present {
+                has_agent: items.iter().any(|i| match item {
+                    Item::Package => installs_guest_agent(i),
+                    Item::Runcmd => starts_guest_agent(i),
+                }),
+            }),
+            Node::Null => Err(invalid(
                 field,
                 format!(
-                    "`{key}` is empty: cloud-init wants a list; write `{key}: []` or remove the key"
+                    "{named} is empty: cloud-init wants a list; write `{key}: []` or remove the key"
                 ),
             )),
-            Some(_) => Err(invalid(field, format!("`{key}` must be a list"))),
+            _ => Err(invalid(field, format!("{named} must be a list"))),
         }
     };
-    let packages = list("packages")?;
-    let runcmd = list("runcmd")?;
-    Ok(AlreadyThere {
-        package: packages.is_some_and(|items| items.iter().any(installs_guest_agent)),
-        runcmd: runcmd.is_some_and(|items| items.iter().any(starts_guest_agent)),
+    Ok(DocumentFacts {
+        packages: list(Item::Package)?,
+        runcmd: list(Item::Runcmd)?,
+        vendor_data_enabled: Some(vendor_data_enabled(&entries).map_err(bad_merge_key)?),
     })
+}
+
+/// Whether cloud-init reads vendor-data after this configuration: unless `vendor_data`
+/// is set and is not a mapping, or its `enabled` is set and not true (cloud-init's
+/// built-in setting is `enabled: true`).
+fn vendor_data_enabled(entries: &[Entry<'_>]) -> Result<bool, BadMergeKey> {
+    let Some(vendor_data) = Node::last(entries, "vendor_data") else {
+        return Ok(true);
+    };
+    let Some(settings) = vendor_data.value.entries() else {
+        return Ok(false);
+    };
+    Ok(Node::last(&settings?, "enabled").is_none_or(|enabled| enabled.value.is_true()))
 }
 
 /// `qemu-guest-agent`, `qemu-guest-agent=VERSION` or `[qemu-guest-agent, VERSION]`.
@@ -101,114 +123,14 @@ fn starts_guest_agent(item: &Node) -> bool {
     names_agent && (has("start") || has("restart") || (has("enable") && has("--now")))
 }
 
-/// A YAML node, reduced to what [`check`] needs.
-#[derive(Debug)]
-enum Node {
-    Null,
-    Text(String),
-    /// A number or boolean.
-    OtherScalar,
-    List(Vec<Node>),
-    /// Entries in document order, duplicates kept.
-    Map(Vec<(Node, Node)>),
-}
-
-impl Node {
-    fn text(&self) -> Option<&str> {
-        match self {
-            Node::Text(text) => Some(text),
-            _ => None,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Node {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(NodeVisitor)
-    }
-}
-
-struct NodeVisitor;
-
-impl<'de> de::Visitor<'de> for NodeVisitor {
-    type Value = Node;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any YAML node")
-    }
-
-    fn visit_unit<E>(self) -> Result<Node, E> {
-        Ok(Node::Null)
-    }
-
-    fn visit_none<E>(self) -> Result<Node, E> {
-        Ok(Node::Null)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
-        Node::deserialize(d)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_i128<E>(self, _: i128) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_u128<E>(self, _: u128) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Node, E> {
-        Ok(Node::OtherScalar)
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<Node, E> {
-        Ok(Node::Text(text.to_owned()))
-    }
-
-    fn visit_string<E>(self, text: String) -> Result<Node, E> {
-        Ok(Node::Text(text))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(Node::List(items))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
-        let mut entries = Vec::new();
-        while let Some(entry) = map.next_entry()? {
-            entries.push(entry);
-        }
-        Ok(Node::Map(entries))
-    }
-
-    /// A node with a tag (`!foo value`): the value counts, the tag does not.
-    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Node, A::Error> {
-        let (_tag, value): (de::IgnoredAny, _) = data.variant()?;
-        value.newtype_variant()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn already(text: &str) -> AlreadyThere {
+    const WITH: ListSeen = ListSeen::Present { has_agent: true };
+    const WITHOUT: ListSeen = ListSeen::Present { has_agent: false };
+
+    fn facts(text: &str) -> DocumentFacts {
         check(text, "f").unwrap()
     }
 
@@ -220,13 +142,10 @@ mod tests {
             "[[qemu-guest-agent, '1:7.2']]",
             "\n  - curl\n  - - qemu-guest-agent\n    - 1:7.2\n",
         ] {
-            let found = already(&format!("#cloud-config\npackages: {packages}\n"));
+            let found = facts(&format!("#cloud-config\npackages: {packages}\n"));
             assert_eq!(
-                found,
-                AlreadyThere {
-                    package: true,
-                    runcmd: false
-                },
+                (found.packages, found.runcmd),
+                (WITH, ListSeen::Absent),
                 "{packages}"
             );
         }
@@ -235,8 +154,8 @@ mod tests {
             "[[curl, qemu-guest-agent]]",
             "[]",
         ] {
-            let found = already(&format!("#cloud-config\npackages: {packages}\n"));
-            assert!(!found.package, "{packages}");
+            let found = facts(&format!("#cloud-config\npackages: {packages}\n"));
+            assert_eq!(found.packages, WITHOUT, "{packages}");
         }
     }
 
@@ -248,51 +167,99 @@ mod tests {
             "[[sh, -c, 'systemctl restart qemu-guest-agent']]",
             "[service qemu-guest-agent start]",
         ] {
-            assert!(
-                already(&format!("#cloud-config\nruncmd: {runcmd}\n")).runcmd,
-                "{runcmd}"
-            );
+            let found = facts(&format!("#cloud-config\nruncmd: {runcmd}\n"));
+            assert_eq!(found.runcmd, WITH, "{runcmd}");
         }
         for runcmd in [
             "[systemctl stop qemu-guest-agent]",
             "[systemctl enable qemu-guest-agent]",
             "[[systemctl, start, squid]]",
         ] {
-            assert!(
-                !already(&format!("#cloud-config\nruncmd: {runcmd}\n")).runcmd,
-                "{runcmd}"
-            );
+            let found = facts(&format!("#cloud-config\nruncmd: {runcmd}\n"));
+            assert_eq!(found.runcmd, WITHOUT, "{runcmd}");
         }
     }
 
     #[test]
     fn duplicate_keys_are_accepted_and_the_last_one_counts() {
-        let found = already(
+        let found = facts(
             "#cloud-config\npackages: [qemu-guest-agent]\nhostname: a\nhostname: b\n\
              packages: [squid]\nwrite_files: [{path: /a, path: /b}]\n",
         );
-        assert!(!found.package);
+        assert_eq!(found.packages, WITHOUT);
         let err = check("#cloud-config\nruncmd: [a]\nruncmd: a\n", "f").unwrap_err();
         assert!(err.to_string().contains("`runcmd` must be a list"), "{err}");
     }
 
     #[test]
     fn anchors_tags_and_empty_documents_are_read() {
-        let found = already(
+        let found = facts(
             "#cloud-config\nbase: &agent [qemu-guest-agent]\npackages: *agent\n\
              runcmd: !!seq [!custom systemctl enable --now qemu-guest-agent]\n",
         );
+        assert_eq!((found.packages, found.runcmd), (WITH, WITH));
+        assert_eq!(facts("#cloud-config\n"), DocumentFacts::NO_CONFIG);
         assert_eq!(
-            found,
-            AlreadyThere {
-                package: true,
-                runcmd: true
-            }
+            facts("#cloud-config\n# only a comment\n"),
+            DocumentFacts::NO_CONFIG
         );
-        assert_eq!(already("#cloud-config\n"), AlreadyThere::default());
-        assert_eq!(
-            already("#cloud-config\n# only a comment\n"),
-            AlreadyThere::default()
+    }
+
+    #[test]
+    fn lists_merged_in_by_a_merge_key_count_and_are_checked() {
+        let found = facts(
+            "#cloud-config\ncommon: &c\n  packages: [squid]\n  runcmd:\n    \
+             - [systemctl, enable, --now, qemu-guest-agent]\n<<: *c\n",
         );
+        assert_eq!((found.packages, found.runcmd), (WITHOUT, WITH));
+        // The mapping's own key wins over the merged one; of a list, the first mapping.
+        let found = facts(
+            "#cloud-config\na: &a {packages: [qemu-guest-agent]}\nb: &b {packages: x}\n\
+             <<: [*a, *b]\nruncmd: &r [echo]\n",
+        );
+        assert_eq!(found.packages, WITH);
+        for (text, message) in [
+            (
+                "#cloud-config\nd: &d {packages: curl}\n<<: *d\n",
+                "`packages` (merged in by `<<`) must be a list",
+            ),
+            (
+                "#cloud-config\nd: &d {runcmd: }\n<<: *d\n",
+                "`runcmd` (merged in by `<<`) is empty",
+            ),
+            (
+                "#cloud-config\n<<: [a]\n",
+                "a YAML merge key (`<<`) must name a mapping or a list of mappings",
+            ),
+            (
+                "#cloud-config\nwrite_files:\n  - {<<: x, path: /a}\n",
+                "a YAML merge key (`<<`) must name a mapping or a list of mappings",
+            ),
+        ] {
+            let err = check(text, "f").unwrap_err().to_string();
+            assert!(err.contains(message), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn vendor_data_is_read_unless_user_data_turns_it_off() {
+        for (text, want) in [
+            ("hostname: h", true),
+            ("vendor_data: {}", true),
+            ("vendor_data: {prefix: [sh]}", true),
+            ("vendor_data: {enabled: true}", true),
+            ("vendor_data: {enabled: 'yes'}", true),
+            ("vendor_data: {enabled: 1}", true),
+            ("vendor_data: {enabled: false}", false),
+            ("vendor_data: {enabled: 'no'}", false),
+            ("vendor_data: {enabled: }", false),
+            ("vendor_data: off", false),
+            ("vendor_data:", false),
+            ("v: &v {enabled: false}\nvendor_data: {<<: *v}", false),
+            ("v: &v {vendor_data: {enabled: false}}\n<<: *v", false),
+        ] {
+            let found = facts(&format!("#cloud-config\n{text}\n"));
+            assert_eq!(found.vendor_data_enabled, Some(want), "{text}");
+        }
     }
 }

@@ -198,10 +198,26 @@ fn a_broken_cloud_config_is_invalid_without_echoing_it() {
 }
 
 #[test]
-fn the_callers_vendor_data_is_checked_and_passed_on_unchanged() {
+fn the_callers_vendor_data_is_checked_and_passed_on_with_what_belongs_there() {
+    // Vendor-data's `packages` reaches the guest (user-data sets none): the package goes
+    // there, after the vendor's document; the command goes to user-data.
     let vendor = b"#cloud-config\npackages: [squid]\n";
     let docs = seed_documents(b"#!/bin/sh\n", Some(vendor), GuestAgent::Install).unwrap();
-    assert_eq!(docs.vendor_data.as_deref(), Some(&vendor[..]));
+    let vendor_data = text(docs.vendor_data.as_deref().unwrap());
+    let vendor_at = vendor_data
+        .find(text(vendor))
+        .expect("the vendor's document, verbatim");
+    let package_at = vendor_data
+        .find("#cloud-config\npackages:\n  - qemu-guest-agent\n\n")
+        .expect("the package alone");
+    assert!(vendor_at < package_at, "{vendor_data}");
+    let user_data = text(&docs.user_data);
+    assert!(
+        user_data.contains("#cloud-config\nruncmd:\n"),
+        "{user_data}"
+    );
+    assert!(!user_data.contains("packages:"), "{user_data}");
+    // Nothing of the bootstrap belongs in a script: passed on unchanged.
     let docs = seed_documents(b"", Some(b"#!/bin/sh\n"), GuestAgent::Install).unwrap();
     assert_eq!(docs.vendor_data.as_deref(), Some(&b"#!/bin/sh\n"[..]));
     let err = seed_documents(

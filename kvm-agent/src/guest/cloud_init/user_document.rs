@@ -16,7 +16,8 @@ use std::io::Read;
 
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 
-use super::cloud_config::{self, AlreadyThere};
+use super::cloud_config;
+use super::document_facts::DocumentFacts;
 use super::invalid;
 use super::multipart::Part;
 use crate::guest::GuestError;
@@ -42,6 +43,14 @@ const TYPES_BY_PREFIX: [(&str, &str); 12] = [
     ("#cloud-config", "text/cloud-config"),
     ("#include", "text/x-include-url"),
     ("#!", "text/x-shellscript"),
+];
+/// Types whose configuration is known only in the guest: rendered, fetched or unpacked.
+const GIVES_CONFIG: [&str; 5] = [
+    "text/jinja2",
+    "text/x-include-url",
+    "text/x-include-once-url",
+    "text/cloud-config-archive",
+    "text/cloud-config-jsonp",
 ];
 /// What cloud-init calls a document of no known type.
 const UNTYPED: &str = "text/x-not-multipart";
@@ -101,13 +110,29 @@ impl<'a> UserDocument<'a> {
         self.kind == Kind::Blank
     }
 
-    /// Checks a `#cloud-config` (see [`cloud_config::check`]); other documents cannot be
-    /// checked before the guest renders, fetches or runs them, and already have nothing.
-    pub(super) fn check(&self, field: &str) -> Result<AlreadyThere, GuestError> {
-        match (self.kind, std::str::from_utf8(&self.content)) {
-            (Kind::Typed(CLOUD_CONFIG), Ok(text)) => cloud_config::check(text, field),
-            _ => Ok(AlreadyThere::default()),
+    /// Checks a `#cloud-config` (see [`cloud_config::check`]) and tells what the
+    /// document does. Scripts, boot hooks and part handlers give cloud-init no
+    /// configuration; what jinja, `#include`, MIME and `#cloud-config-archive` documents
+    /// give is known only once the guest renders, fetches or unpacks them.
+    pub(super) fn check(&self, field: &str) -> Result<DocumentFacts, GuestError> {
+        match self.kind {
+            Kind::Blank => Ok(DocumentFacts::NO_CONFIG),
+            Kind::Mime => Ok(DocumentFacts::UNKNOWN),
+            Kind::Typed(CLOUD_CONFIG) => match std::str::from_utf8(&self.content) {
+                Ok(text) => cloud_config::check(text, field),
+                // Unreachable: only UTF-8 is typed as a cloud-config, like cloud-init does.
+                Err(_) => Ok(DocumentFacts::NO_CONFIG),
+            },
+            Kind::Typed(content_type) if GIVES_CONFIG.contains(&content_type) => {
+                Ok(DocumentFacts::UNKNOWN)
+            }
+            Kind::Typed(_) => Ok(DocumentFacts::NO_CONFIG),
         }
+    }
+
+    /// The document as the caller sent it.
+    pub(super) fn raw(&self) -> &'a [u8] {
+        self.raw
     }
 
     /// The document as the first part of the multipart, typed as cloud-init types it.
