@@ -71,6 +71,9 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
     target.running_timeout = Duration::from_secs(120);
     let report = conformance::run(&options, &target).await.unwrap();
     println!("{report}");
+    if !report.passed() {
+        println!("{}", guest_host.diagnostics());
+    }
     assert!(report.passed(), "{:#?}", report.failures());
     assert_eq!(report.checks.len(), conformance::CHECKS.len(), "{report}");
     // The suite deleted what it made: only the base image and its marker remain.

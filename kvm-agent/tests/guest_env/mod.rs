@@ -100,6 +100,44 @@ impl GuestHost {
         names
     }
 
+    /// What a failed boot leaves to read: the DHCP leases dnsmasq recorded, the bridge's
+    /// neighbours, the tail of libvirtd's log and of each guest's QEMU log (kept after
+    /// the guest is deleted). Printed when a test that waited for a guest fails.
+    pub fn diagnostics(&self) -> String {
+        let dir = self.libvirtd.dir();
+        let mut out = String::new();
+        let mut section = |title: &str, body: String| {
+            out.push_str(&format!("--- {title}\n{body}\n"));
+        };
+        section(
+            "dnsmasq leases",
+            std::fs::read_to_string(dir.join("lib/dnsmasq/virbr-ep0.status")).unwrap_or_default(),
+        );
+        let neighbours = self
+            .libvirtd
+            .netns_command("ip")
+            .args(["neigh", "show", "dev", "virbr-ep0"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        section("bridge neighbours", neighbours);
+        let tail = |path: &Path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        };
+        section("libvirtd log (tail)", tail(&self.libvirtd.log()));
+        if let Ok(entries) = std::fs::read_dir(dir.join("log/qemu")) {
+            for entry in entries.flatten() {
+                section(
+                    &format!("QEMU log {}", entry.file_name().to_string_lossy()),
+                    tail(&entry.path()),
+                );
+            }
+        }
+        out
+    }
+
     /// `virsh domstate NAME`.
     pub fn domstate(&self, name: &str) -> String {
         let out = Command::new("virsh")
