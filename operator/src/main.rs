@@ -69,7 +69,7 @@ struct Args {
     /// Interval between garbage-collection sweeps (1s to 24h).
     #[arg(long, default_value = "5m", value_parser = |text: &str| limits::GC_INTERVAL.parse(text))]
     gc_interval: Duration,
-    /// Minimum age of an orphaned instance before it is deleted (up to 30 days).
+    /// Minimum age of an orphaned instance before it is deleted (1m to 30 days).
     #[arg(long, default_value = "10m", value_parser = |text: &str| limits::GC_GRACE.parse(text))]
     gc_grace: Duration,
     /// How often the provider config file is checked for changes (100ms to 1h).
