@@ -6,8 +6,9 @@
 //! not yet visible in the list). Instances without our cluster tag are never listed,
 //! so never touched. An operator that watches a list of namespaces lists only the
 //! instances tagged with one of them (one list per namespace): Proxies elsewhere are
-//! invisible to it, so it cannot judge their instances. A provider that fails (unreachable, or handing out a page token
-//! twice) is skipped until the next sweep, and the log says why.
+//! invisible to it, so it cannot judge their instances. A provider that fails
+//! (unreachable, handing out a page token twice, or paging past the contract's limit) is
+//! skipped until the next sweep, and the log says why.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
