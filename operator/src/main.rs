@@ -112,13 +112,12 @@ async fn main() -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let lease = LeaseConfig {
-        name: args.lease_name.clone(),
-        namespace: args.lease_namespace.clone(),
+    let lease = LeaseConfig::new(
+        args.lease_name.clone(),
+        args.lease_namespace.clone(),
         identity,
-        duration: args.lease_duration,
-        renew_every: args.lease_duration / 3,
-    };
+        args.lease_duration,
+    );
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease) => leadership,
         () = stopping() => return Ok(()),

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
 
+pub mod freezing_relay;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
