@@ -6,7 +6,7 @@
 //! [`Context::forget`] when the Proxy goes (its cleanup finished, or the watch saw it
 //! deleted), so memory follows the live Proxies, not every Proxy ever seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -114,6 +114,21 @@ impl Context {
         lock(&self.triggers).insert(uid.to_owned(), trigger) != Some(trigger)
     }
 
+    /// The delay before retrying a failed reconcile of the Proxy with `uid`: its
+    /// growing backoff while the watch still has the Proxy, else the first delay with
+    /// nothing recorded. A reconcile can fail after the watch saw its Proxy go (its last
+    /// write meets a 404); an entry recorded then would never be forgotten.
+    pub fn retry_delay(&self, uid: &str) -> Duration {
+        // Holding the triggers lock orders this against `forget`, which removes the
+        // trigger before it drops the backoff.
+        let triggers = lock(&self.triggers);
+        if triggers.contains_key(uid) {
+            self.retry_backoff.next(uid)
+        } else {
+            self.retry_backoff.first_delay()
+        }
+    }
+
     /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
     pub fn forget(&self, uid: &str) {
         lock(&self.triggers).remove(uid);
@@ -134,14 +149,35 @@ impl Context {
         self.report_memory();
     }
 
-    /// Drops the entries of every Proxy whose UID `live` does not contain: Proxies
-    /// deleted while no watch event could say so (a restart, a relist).
-    pub fn forget_all_but(&self, live: &std::collections::HashSet<String>) {
-        let mut known: Vec<String> = self.metrics.tracked_uids();
-        known.extend(lock(&self.triggers).keys().cloned());
-        for uid in known.iter().filter(|uid| !live.contains(*uid)) {
+    /// Drops the entries of every Proxy that `live` (the UIDs of the Proxies the store
+    /// holds) does not name, whichever map holds them: Proxies deleted while no watch
+    /// event could say so (a restart, a relist), and entries written by work that
+    /// finished after its Proxy was forgotten. The UIDs with entries are collected
+    /// before `live` is asked, so a Proxy that arrives meanwhile (and records entries)
+    /// is not judged on a picture that predates it.
+    pub fn forget_all_but(&self, live: impl FnOnce() -> HashSet<String>) {
+        let known = self.tracked_uids();
+        let live = live();
+        for uid in known.difference(&live) {
             self.forget(uid);
         }
+    }
+
+    /// Every UID with an entry in any per-Proxy map.
+    fn tracked_uids(&self) -> HashSet<String> {
+        let mut known: HashSet<String> = self.metrics.tracked_uids().into_iter().collect();
+        known.extend(lock(&self.triggers).keys().cloned());
+        for backoff in [
+            &self.retry_backoff,
+            &self.poll_backoff,
+            &self.replace_backoff,
+        ] {
+            known.extend(backoff.keys());
+        }
+        known.extend(lock(&self.health_failures).keys().cloned());
+        known.extend(lock(&self.pending_replacements).keys().cloned());
+        known.extend(self.events.tracked_uids());
+        known
     }
 
     /// Publishes the sizes of the per-Proxy maps as gauges (a leak shows there).

@@ -2,9 +2,9 @@
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
 //! A reload of the provider config reconciles every Proxy once.
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
-//! in-memory entry the operator kept for it.
+//! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
+//! finishing late recorded for it afterwards.
 
-use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
+use crate::memory_sweep;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
 
@@ -61,8 +62,7 @@ pub async fn run(
                 forgetting.forget(&proxy.uid().unwrap_or_default());
             }
             Ok(watcher::Event::InitDone) => {
-                let live: HashSet<String> = store.state().iter().filter_map(|p| p.uid()).collect();
-                forgetting.forget_all_but(&live);
+                forgetting.forget_all_but(|| memory_sweep::live_uids(&store));
             }
             _ => {}
         })
@@ -80,7 +80,8 @@ pub async fn run(
         changes.changed().await.ok()?;
         Some(((), changes))
     });
-    Controller::for_stream(stream, reader)
+    let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
+    let controller = Controller::for_stream(stream, reader)
         .reconcile_all_on(provider_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -91,6 +92,10 @@ pub async fn run(
                 }
                 Err(error) => tracing::debug!(%error, "reconcile error"),
             }
-        })
-        .await;
+        });
+    // The sweeper never ends; the controller ends on shutdown, and takes it along.
+    tokio::select! {
+        () = controller => {}
+        () = sweeper => {}
+    }
 }

@@ -246,6 +246,12 @@ impl EventPublisher {
             .remove(uid);
     }
 
+    /// The UIDs of the objects with cached Events.
+    pub fn tracked_uids(&self) -> Vec<String> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.keys().cloned().collect()
+    }
+
     /// Objects with cached Events (for the memory gauges).
     pub fn tracked(&self) -> usize {
         self.recent.lock().unwrap_or_else(|p| p.into_inner()).len()

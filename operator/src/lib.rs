@@ -13,7 +13,8 @@
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
-//! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
+//! - [`context`]: state shared by reconciles; [`memory_sweep`]: its per-Proxy maps swept
+//!   against the store; [`error`]: the crate's error type.
 
 pub mod backoff;
 pub mod context;
@@ -26,6 +27,7 @@ pub mod health_check;
 pub mod http;
 pub mod leader;
 pub mod limits;
+pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
 pub mod providers;

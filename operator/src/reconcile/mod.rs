@@ -113,7 +113,7 @@ fn record_trace_id() {
 /// What the controller does when [`reconcile`] fails: back off per object.
 pub fn error_policy(proxy: Arc<Proxy>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(proxy = %proxy.name_any(), error = %error.describe(), "reconcile failed");
-    Action::requeue(ctx.retry_backoff.next(&ProxyKey::of(&proxy).uid))
+    Action::requeue(ctx.retry_delay(&ProxyKey::of(&proxy).uid))
 }
 
 /// One reconcile's working state: what it acts on, and the status it builds.
@@ -276,7 +276,7 @@ async fn fail(
     }
     status.last_error = Some(message);
     match error.retry() {
-        Retry::Backoff => Action::requeue(ctx.retry_backoff.next(&key.uid)),
+        Retry::Backoff => Action::requeue(ctx.retry_delay(&key.uid)),
         // A provider's hint, kept within what our own backoff would allow.
         Retry::After(hint) => Action::requeue(ctx.retry_backoff.next_after_hint(
             &key.uid,
