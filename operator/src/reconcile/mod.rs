@@ -26,6 +26,7 @@
 //!
 //! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
+mod abandon;
 mod act;
 mod cleanup;
 pub mod key;
@@ -57,7 +58,8 @@ const MAX_PASSES: usize = 4;
 
 /// The finalizer that guards every Proxy's VM.
 pub const FINALIZER: &str = "egressproxy.dev/instance";
-/// Annotation that lets a Proxy whose provider is gone be deleted, leaving its VM.
+/// Annotation that lets a Proxy whose VM cannot be deleted (its provider gone or
+/// broken) be deleted, leaving its VM.
 pub const ABANDON_ANNOTATION: &str = "egressproxy.dev/abandon-instance";
 /// Annotation whose every new value retries the Proxy at once (as Flux's
 /// `reconcile.fluxcd.io/requestedAt`): set it to the current time.
