@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 
 use crate::backoff::Backoff;
@@ -51,6 +52,9 @@ pub struct Context {
     pub permanent_retry: Duration,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// The operator itself, as Events about it (not about one Proxy) name it: its Pod
+    /// (`POD_NAME` in `POD_NAMESPACE`, as the chart sets them).
+    pub operator: ObjectReference,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// Replacements whose successor is not created yet, per Proxy UID.
@@ -98,7 +102,15 @@ impl Context {
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             metrics,
+            operator: operator_pod(),
         }
+    }
+
+    /// Publishes an Event about the operator itself.
+    pub async fn publish_about_operator(&self, type_: EventType, reason: &str, note: &str) {
+        self.events
+            .publish(&self.operator, type_, reason, note)
+            .await;
     }
 
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.
@@ -197,6 +209,17 @@ impl Context {
         for (map, size) in sizes {
             self.metrics.set_tracked(map, size);
         }
+    }
+}
+
+/// The operator's Pod, from the environment the chart gives it.
+fn operator_pod() -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(std::env::var("POD_NAME").unwrap_or_else(|_| "egressproxy-operator".into())),
+        namespace: Some(std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into())),
+        ..ObjectReference::default()
     }
 }
 

@@ -14,9 +14,10 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::memory_sweep;
+use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
+use crate::{memory_sweep, watch_report};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
@@ -43,7 +44,19 @@ pub async fn run(
     scope: WatchScope,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (reader, writer) = reflector::store();
+    let (cache, writer) = ProxyCache::new(scope);
+    run_with_cache(ctx, cache, writer, shutdown).await;
+}
+
+/// Runs the controller, filling `cache` through `writer`: the cache garbage collection
+/// reads is then the controller's own.
+pub async fn run_with_cache(
+    ctx: Arc<Context>,
+    cache: ProxyCache,
+    writer: reflector::store::Writer<Proxy>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let reader = cache.store().clone();
     // kube-runtime holds reconciles until the store has its first list; a shutdown that
     // ends the watch before then would leave that wait, and the controller, hanging.
     let ready = reader.clone();
@@ -54,8 +67,14 @@ pub async fn run(
     let store = reader.clone();
     let forgetting = ctx.clone();
     let filtering = ctx.clone();
-    let stream = scope
-        .watch(&ctx.client, watcher::Config::default())
+    let stream = cache
+        .scope()
+        .watch(
+            &ctx.client,
+            watcher::Config::default(),
+            cache.health().clone(),
+            reader.clone(),
+        )
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(proxy)) => {
@@ -80,6 +99,7 @@ pub async fn run(
         changes.changed().await.ok()?;
         Some(((), changes))
     });
+    let ctx_for_reports = ctx.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let controller = Controller::for_stream(stream, reader)
         .reconcile_all_on(provider_changes)
@@ -93,9 +113,12 @@ pub async fn run(
                 Err(error) => tracing::debug!(%error, "reconcile error"),
             }
         });
-    // The sweeper never ends; the controller ends on shutdown, and takes it along.
+    let reporter = watch_report::run(ctx_for_reports, cache.health().clone());
+    // The sweeper and the reporter never end; the controller ends on shutdown, and
+    // takes them along.
     tokio::select! {
         () = controller => {}
         () = sweeper => {}
+        () = reporter => {}
     }
 }

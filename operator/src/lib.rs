@@ -5,7 +5,10 @@
 //!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
-//!   watches as one stream.
+//!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill, which
+//!   the controller, garbage collection and the memory sweep read;
+//!   [`watch_health`]: which watches have listed and which fail, and
+//!   [`watch_report`]: the Events and gauge that say so.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
@@ -31,6 +34,9 @@ pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
 pub mod providers;
+pub mod proxy_cache;
 pub mod reconcile;
 pub mod status;
+pub mod watch_health;
+pub mod watch_report;
 pub mod watch_scope;

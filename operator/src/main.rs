@@ -20,6 +20,7 @@ use egressproxy_operator::leader::{self, LeaseConfig};
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_operator::{controller, gc, http, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
@@ -135,7 +136,8 @@ async fn main() -> anyhow::Result<()> {
         namespaces = %scope,
         "egressproxy operator started"
     );
-    let collector = gc::run(&ctx, &scope, args.gc_interval, args.gc_grace);
+    let (cache, cache_writer) = ProxyCache::new(scope.clone());
+    let collector = gc::run(&ctx, &cache, args.gc_interval, args.gc_grace);
     let reloader = reload::watch_file(
         &ctx.providers,
         &args.providers,
@@ -149,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
     };
     let lost = tokio::select! {
-        () = controller::run(ctx.clone(), scope.clone(), stopping()) => false,
+        () = controller::run_with_cache(ctx.clone(), cache.clone(), cache_writer, stopping()) => false,
         () = stopped_in_time => false,
         () = collector => false,
         () = reloader => false,

@@ -3,9 +3,10 @@
 //! here can be made to show, so a small fake serves them; the operator side (sweep,
 //! Context, apiserver) is real. The sweep must stop, skip that provider, and log why.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
-use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_operator::context::Context;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
@@ -14,8 +15,6 @@ use egressproxy_provider::pb;
 use egressproxy_provider::server::ProviderServer;
 use tonic::{Request, Response, Status};
 use tracing_subscriber::layer::SubscriberExt;
-
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 
 /// Answers ListInstances with pages whose next tokens follow `tokens` by page token;
 /// without `tokens`, every page hands out a token never seen before.
@@ -118,8 +117,7 @@ async fn sweep_with_pages(
     );
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let env = KubeTestEnv::new("gc-pages").await.unwrap();
-    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let env = common::env_with_crd("gc-pages").await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let pages_served = Arc::new(Mutex::new(0));
@@ -139,12 +137,11 @@ async fn sweep_with_pages(
         "gc-pages".into(),
         metrics,
     );
-    let scope = WatchScope::AllNamespaces;
-    let sweep = egressproxy_operator::gc::sweep(&ctx, &scope, std::time::Duration::ZERO);
+    let cache = common::follow(&env.client, WatchScope::Namespaces(vec![env.namespace])).await;
+    let sweep = egressproxy_operator::gc::sweep(&ctx, &cache, std::time::Duration::ZERO);
     let report = tokio::time::timeout(std::time::Duration::from_secs(30), sweep)
         .await
-        .expect("the sweep must stop on a page walk that does not end")
-        .unwrap();
+        .expect("the sweep must stop on a page walk that does not end");
     let served = *pages_served.lock().unwrap();
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     (report.failed_providers, served, text)

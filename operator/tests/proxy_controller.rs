@@ -692,9 +692,8 @@ async fn garbage_collection_deletes_only_our_orphans() {
     let sweep = |scope: WatchScope, grace: Duration| {
         let ctx = h.ctx.clone();
         async move {
-            egressproxy_operator::gc::sweep(&ctx, &scope, grace)
-                .await
-                .unwrap()
+            let cache = common::follow(&ctx.client, scope).await;
+            egressproxy_operator::gc::sweep(&ctx, &cache, grace).await
         }
     };
     let report = sweep(WatchScope::AllNamespaces, Duration::from_secs(3600)).await;

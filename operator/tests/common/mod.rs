@@ -16,6 +16,7 @@ use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -43,6 +44,8 @@ pub async fn env_with_crd(test: &str) -> KubeTestEnv {
 pub struct Controller {
     /// Its shared state (metrics, providers).
     pub ctx: Arc<Context>,
+    /// Its cache of Proxies.
+    pub cache: ProxyCache,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -70,15 +73,18 @@ impl Controller {
             metrics,
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(egressproxy_operator::controller::run(
+        let (cache, writer) = ProxyCache::new(scope);
+        tokio::spawn(egressproxy_operator::controller::run_with_cache(
             ctx.clone(),
-            scope,
+            cache.clone(),
+            writer,
             async {
                 let _ = stopped.await;
             },
         ));
         Controller {
             ctx,
+            cache,
             stop: Some(stop),
         }
     }
@@ -90,6 +96,25 @@ impl Drop for Controller {
             let _ = stop.send(());
         }
     }
+}
+
+/// A cache of the Proxies in `scope` with no controller behind it (for garbage
+/// collection on its own), once every namespace has been listed.
+pub async fn follow(client: &kube::Client, scope: WatchScope) -> ProxyCache {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let (cache, writer) = ProxyCache::new(scope);
+    let stream = cache.scope().watch(
+        client,
+        watcher::Config::default(),
+        cache.health().clone(),
+        cache.store().clone(),
+    );
+    tokio::spawn(stream.reflect(writer).for_each(|_| async {}));
+    tokio::time::timeout(WAIT, cache.wait_until_listed())
+        .await
+        .expect("the Proxies were never listed");
+    cache
 }
 
 /// Provider config text with one provider, `reference`, at `endpoint`.
