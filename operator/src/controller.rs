@@ -1,6 +1,7 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
-//! A reload of the provider config reconciles every Proxy once.
+//! A reload of the provider config reconciles every Proxy once; a cloud-init Secret
+//! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]).
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
 //! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
 //! finishing late recorded for it afterwards.
@@ -17,7 +18,7 @@ use crate::crd::Proxy;
 use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
-use crate::{memory_sweep, watch_report};
+use crate::{memory_sweep, secret_watch, watch_report};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
@@ -101,8 +102,10 @@ pub async fn run_with_cache(
     });
     let ctx_for_reports = ctx.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
+    let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
     let controller = Controller::for_stream(stream, reader)
         .reconcile_all_on(provider_changes)
+        .reconcile_on(secrets)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

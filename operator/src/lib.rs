@@ -3,7 +3,8 @@
 //! - [`crd`]: the `Proxy` resource.
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
-//! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
+//! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile;
+//!   [`secret_watch`]: the cloud-init Secrets that retry the Proxies waiting for them.
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
 //!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill, which
 //!   the controller, garbage collection and the memory sweep read;
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod providers;
 pub mod proxy_cache;
 pub mod reconcile;
+pub mod secret_watch;
 pub mod status;
 pub mod watch_health;
 pub mod watch_report;
