@@ -23,6 +23,12 @@ use crate::providers::Providers;
 /// outside the Proxy's spec.
 pub const DEFAULT_PERMANENT_RETRY: Duration = Duration::from_secs(300);
 
+/// Default of `--max-concurrent-reconciles`: enough to keep a provider and the
+/// apiserver busy (a reconcile mostly waits on them), few enough that a provider
+/// config change, which reconciles every Proxy, does not send thousands of calls at
+/// once.
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
+
 /// Why an instance is being replaced, kept until its successor exists so the
 /// `Replaced` Event can name both.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +58,8 @@ pub struct Context {
     pub permanent_retry: Duration,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Most reconciles running at once.
+    pub max_concurrent_reconciles: u16,
     /// The operator itself, as Events about it (not about one Proxy) name it: its Pod
     /// (`POD_NAME` in `POD_NAMESPACE`, as the chart sets them).
     pub operator: ObjectReference,
@@ -102,6 +110,7 @@ impl Context {
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             metrics,
+            max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             operator: operator_pod(),
         }
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::ResourceExt;
-use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
+use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
@@ -103,7 +103,9 @@ pub async fn run_with_cache(
     let ctx_for_reports = ctx.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
+    let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
     let controller = Controller::for_stream(stream, reader)
+        .with_config(config)
         .reconcile_all_on(provider_changes)
         .reconcile_on(secrets)
         .graceful_shutdown_on(shutdown)

@@ -13,7 +13,8 @@
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
-//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//!   [`kube_client`]: the Kubernetes client, with a bounded connection pool.
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
@@ -29,6 +30,7 @@ pub mod events;
 pub mod gc;
 pub mod health_check;
 pub mod http;
+pub mod kube_client;
 pub mod leader;
 pub mod limits;
 pub mod memory_sweep;

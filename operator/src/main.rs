@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use egressproxy_operator::context::Context;
+use egressproxy_operator::context::{Context, DEFAULT_MAX_CONCURRENT_RECONCILES};
 use egressproxy_operator::leader::{self, LeaseConfig};
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
-use egressproxy_operator::{controller, gc, http, limits};
+use egressproxy_operator::{controller, gc, http, kube_client, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
 /// How long running reconciles may take to finish after SIGTERM before they are
@@ -73,6 +73,12 @@ struct Args {
     /// Minimum age of an orphaned instance before it is deleted (1m to 30 days).
     #[arg(long, default_value = "10m", value_parser = |text: &str| limits::GC_GRACE.parse(text))]
     gc_grace: Duration,
+    /// Most reconciles running at once (1 to 1000). Each waits mostly on its provider
+    /// and the apiserver; the bound keeps a provider config change, which reconciles
+    /// every Proxy, from sending a call per Proxy at once.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES,
+        value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_concurrent_reconciles: u16,
     /// How often the provider config file is checked for changes (100ms to 1h).
     #[arg(long, default_value = "10s", value_parser = |text: &str| limits::RELOAD_INTERVAL.parse(text))]
     providers_reload_interval: Duration,
@@ -96,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
     let config = ProvidersConfig::parse(&config_text).map_err(|error| {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
-    let client = kube::Client::try_default().await?;
+    let client = kube_client::from_environment(args.max_concurrent_reconciles).await?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
@@ -126,12 +132,14 @@ async fn main() -> anyhow::Result<()> {
     metrics.set_leader(true);
 
     let providers = Providers::new(config, metrics.clone());
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client,
         providers,
         args.cluster_name.clone(),
         metrics.clone(),
-    ));
+    );
+    ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
+    let ctx = Arc::new(ctx);
     tracing::info!(
         namespaces = %scope,
         "egressproxy operator started"

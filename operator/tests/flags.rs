@@ -41,6 +41,17 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_bounds() {
 }
 
 #[test]
+fn a_reconcile_bound_outside_its_range_is_refused() {
+    for value in ["0", "1001"] {
+        let stderr = refusal("--max-concurrent-reconciles", value);
+        assert!(
+            stderr.contains("--max-concurrent-reconciles") && stderr.contains("1..=1000"),
+            "{value}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_bad_namespace_is_refused_with_the_flag_and_the_name() {
     let stderr = refusal("--namespace", "team-a,Team_B");
     assert!(

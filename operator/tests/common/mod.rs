@@ -139,6 +139,47 @@ where
         .unwrap()
 }
 
+/// Waits (watching the namespace's objects of `api`) until `check` holds for all of
+/// them; panics with `what` after [`WAIT`].
+pub async fn wait_for_all<K>(api: &Api<K>, what: &str, check: impl Fn(&[K]) -> bool)
+where
+    K: Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + kube::Resource
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let mut events = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let wait = async {
+        loop {
+            // The store changes as the watch's events pass through it; it holds the
+            // whole picture once the first list is done.
+            if let Some(Ok(watcher::Event::InitDone)) | None = events.next().await {
+                break;
+            }
+        }
+        loop {
+            let all: Vec<K> = store.state().iter().map(|k| (**k).clone()).collect();
+            if check(&all) {
+                return;
+            }
+            events.next().await;
+        }
+    };
+    tokio::time::timeout(WAIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
 /// The Lease's holder, as written.
 pub fn holder(lease: Option<&Lease>) -> Option<String> {
     lease?
@@ -231,6 +272,11 @@ impl OperatorProcess {
             .spawn()
             .unwrap();
         OperatorProcess { child, http }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the operator still runs")
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
