@@ -119,6 +119,7 @@ async fn a_provider_that_cannot_list_blocks_a_delete_only_until_abandoned() {
                 control::ErrorClass::Unimplemented.into(),
             )),
             message: "listing is not supported here".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

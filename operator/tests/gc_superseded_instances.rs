@@ -61,6 +61,7 @@ async fn an_instance_that_vanished_and_came_back_is_collected_while_its_proxy_li
                 control::ErrorClass::NotFound.into(),
             )),
             message: "host unreachable".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
