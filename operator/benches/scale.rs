@@ -1,39 +1,58 @@
-//! Scale benchmark: 500 Proxies against the reference provider (zero provisioning
-//! delay), one operator process, a real kube-apiserver.
+//! Scale benchmark: 5,000 Proxies applied at once against the reference provider (zero
+//! provisioning delay), one operator process, a real kube-apiserver, then all deleted.
 //!
-//! Prints, beside each target: time until every Proxy is Ready, apiserver requests
-//! per Proxy (from the apiserver's own `apiserver_request_total`), provider calls per
-//! Proxy (from the reference provider's call counts), the operator's peak RSS, and the
-//! status writes in a steady period (target: none).
+//! Prints, beside each target, and exits non-zero when one is missed:
+//! - the time from the first create until every Proxy is Ready (target: 60 s);
+//! - the operator's peak RSS (target: 150 MiB);
+//! - the apiserver requests per Proxy until then (all clients, from the apiserver's own
+//!   `apiserver_request_total`), and the provider calls per Proxy;
+//! - the writes to the apiserver in a steady period afterwards, longer than a health
+//!   check period so every Proxy is checked again (target: none but the leader Lease's
+//!   renewals, which are printed apart);
+//! - the operator's RSS once every Proxy is deleted, beside its RSS before the first
+//!   was created (target: within 25% of the growth of its peak over that baseline).
 //!
 //! Run: `make bench` (or `cargo build --release --workspace --bins && cargo bench -p
 //! egressproxy-operator --bench scale`). `SCALE_PROXIES` changes the count.
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use egressproxy_operator::crd::{Phase, Proxy};
+use egressproxy_operator::crd::Proxy;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ListParams, PostParams};
-use support::{Stack, sum_metric};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use support::Stack;
 
 const TARGET_READY: Duration = Duration::from_secs(60);
+const TARGET_PEAK_RSS_MIB: f64 = 150.0;
+/// How much of its growth under load the operator's RSS may keep once every Proxy is
+/// gone.
+const TARGET_RSS_KEPT: f64 = 0.25;
+/// Longer than the default health check period (30 s): every Proxy is reconciled
+/// again at least once in it.
+const STEADY: Duration = Duration::from_secs(35);
+const GIVE_UP: Duration = Duration::from_secs(600);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let count: usize = std::env::var("SCALE_PROXIES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
+        .unwrap_or(5000);
     let stack = Stack::start("scale").await?;
     let (env, port) = (&stack.env, stack.proxy_port);
+    let proxies: Api<Proxy> = env.namespaced();
+    // The operator is up once it serves its metrics as leader with its first list done.
+    support::watch_until(&proxies, "the first list", GIVE_UP, |_| true).await?;
+    wait_for_leader(&stack).await?;
+    let rss_baseline = stack.memory_kib("VmRSS:")? as f64 / 1024.0;
 
     let requests_before = apiserver_requests(&env.client).await?;
-    let proxies: Api<Proxy> = env.namespaced();
     let started = Instant::now();
     futures::stream::iter(0..count)
         .map(|i| {
@@ -51,88 +70,207 @@ async fn main() -> anyhow::Result<()> {
         .try_collect::<Vec<_>>()
         .await?;
     let created = started.elapsed();
-    let ready = loop {
-        let list = proxies.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
-            .count();
-        if ready == count {
-            break started.elapsed();
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(300),
-            "only {ready} of {count} Ready after 300 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    let requests_at_ready = apiserver_requests(&env.client).await? - requests_before;
+    support::watch_until(&proxies, "every Proxy Ready", GIVE_UP, |all| {
+        all.len() == count && support::all_ready(all)
+    })
+    .await?;
+    let ready = started.elapsed();
+    let requests_at_ready =
+        total(&apiserver_requests(&env.client).await?) - total(&requests_before);
     let mut control = ControlServiceClient::connect(stack.provider.endpoint().to_owned()).await?;
     let calls = control
         .get_call_counts(control::GetCallCountsRequest {})
         .await?
         .into_inner()
         .counts;
-    let writes_at_ready = stack.metric("egressproxy_status_writes_total").await?;
-    // Steady state is a span of time by definition: 10 s is five health periods of
-    // nothing to write.
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let steady_writes = stack.metric("egressproxy_status_writes_total").await? - writes_at_ready;
-    let peak_rss_kib = stack.memory_kib("VmHWM:")?;
+
+    let writes_before = apiserver_writes(&env.client).await?;
+    let status_writes_before = stack.metric("egressproxy_status_writes_total").await?;
+    let reconciles_before = stack.metric("egressproxy_reconciles_total").await?;
+    // Steady state is a span of time by definition.
+    tokio::time::sleep(STEADY).await;
+    let steady_status_writes =
+        stack.metric("egressproxy_status_writes_total").await? - status_writes_before;
+    let steady_reconciles = stack.metric("egressproxy_reconciles_total").await? - reconciles_before;
+    let steady_writes = difference(&apiserver_writes(&env.client).await?, &writes_before);
+    let peak_rss = stack.memory_kib("VmHWM:")? as f64 / 1024.0;
+
+    let deleting = Instant::now();
+    proxies
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    support::watch_until(&proxies, "every Proxy deleted", GIVE_UP, |all| {
+        all.is_empty()
+    })
+    .await?;
+    let deleted = deleting.elapsed();
+    let rss_after = settled_rss(&stack).await?;
     stack.stop();
 
     let per_proxy = |n: f64| n / count as f64;
     let provider_calls: u64 = calls.values().sum();
+    let lease_renewals = steady_writes.get("leases").copied().unwrap_or(0.0);
+    let other_writes: BTreeMap<&String, &f64> = steady_writes
+        .iter()
+        .filter(|(resource, n)| resource.as_str() != "leases" && **n > 0.0)
+        .collect();
+    let steady_other_writes: f64 = other_writes.values().copied().sum();
+    let rss_allowed = rss_baseline + (peak_rss - rss_baseline).max(0.0) * TARGET_RSS_KEPT;
+
     println!(
         "scale benchmark: {count} Proxies, reference provider with zero provisioning delay, 2 cores"
     );
-    println!("{:<44} {:>12}   baseline / target", "figure", "measured");
+    println!("{:<46} {:>12}   baseline / target", "figure", "measured");
     println!(
-        "{:<44} {:>10.1} s   target <= {} s",
+        "{:<46} {:>10.1} s   target <= {} s",
         "time until all Ready",
         ready.as_secs_f64(),
         TARGET_READY.as_secs()
     );
     println!(
-        "{:<44} {:>10.1} s   (client side, 32 in flight)",
+        "{:<46} {:>10.1} s   (client side, 32 in flight)",
         "time to create the Proxies",
         created.as_secs_f64()
     );
     println!(
-        "{:<44} {:>12.1}   (all clients, until all Ready)",
+        "{:<46} {:>12.1}   (all clients, until all Ready)",
         "apiserver requests per Proxy",
         per_proxy(requests_at_ready)
     );
     println!(
-        "{:<44} {:>12.1}   minimum 2 (Create, Get)",
+        "{:<46} {:>12.1}   minimum 2 (Create, Get)",
         "provider calls per Proxy",
         per_proxy(provider_calls as f64)
     );
     for (method, n) in &calls {
-        println!("  {:<42} {:>12.2}", method, per_proxy(*n as f64));
+        println!("  {:<44} {:>12.2}", method, per_proxy(*n as f64));
     }
     println!(
-        "{:<44} {:>12}   target 0",
-        "status writes in 10 s of steady state", steady_writes
+        "{:<46} {:>12}   target 0 (lease renewals apart: {lease_renewals})",
+        format!("apiserver writes in {} s of steady state", STEADY.as_secs()),
+        steady_other_writes
+    );
+    for (resource, n) in &other_writes {
+        println!("  {:<44} {:>12}", resource, n);
+    }
+    println!(
+        "{:<46} {:>12}   ({steady_reconciles} reconciles)",
+        "  of them status writes", steady_status_writes
     );
     println!(
-        "{:<44} {:>9.1} MiB",
-        "operator peak RSS",
-        peak_rss_kib as f64 / 1024.0
+        "{:<46} {:>9.1} MiB   target <= {TARGET_PEAK_RSS_MIB} MiB",
+        "operator peak RSS", peak_rss
+    );
+    println!(
+        "{:<46} {:>10.1} s",
+        "time until all deleted",
+        deleted.as_secs_f64()
+    );
+    println!(
+        "{:<46} {:>9.1} MiB   baseline {rss_baseline:.1} MiB before the first Proxy; target <= {rss_allowed:.1} MiB",
+        "operator RSS after all deleted", rss_after
     );
     anyhow::ensure!(ready <= TARGET_READY, "missed the {TARGET_READY:?} target");
     anyhow::ensure!(
-        steady_writes == 0.0,
-        "{steady_writes} status writes at steady state (target 0)"
+        peak_rss <= TARGET_PEAK_RSS_MIB,
+        "peak RSS {peak_rss:.1} MiB over {TARGET_PEAK_RSS_MIB} MiB"
+    );
+    anyhow::ensure!(
+        steady_other_writes == 0.0,
+        "{steady_other_writes} writes at steady state (target 0): {other_writes:?}"
+    );
+    anyhow::ensure!(
+        rss_after <= rss_allowed,
+        "RSS {rss_after:.1} MiB after all were deleted, over {rss_allowed:.1} MiB"
     );
     Ok(())
 }
 
-/// Sum of `apiserver_request_total` over every verb, resource and client.
-async fn apiserver_requests(client: &kube::Client) -> anyhow::Result<f64> {
+/// Waits until the operator says it leads (it then runs its controller).
+async fn wait_for_leader(stack: &Stack) -> anyhow::Result<()> {
+    let deadline = Instant::now() + GIVE_UP;
+    loop {
+        if let Ok(1.0) = stack.metric("egressproxy_is_leader").await {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the operator never led");
+        // Its HTTP endpoint and metric are all there is to look at.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The operator's RSS once it stops falling (the memory sweep and the allocator give
+/// memory back over a few seconds).
+async fn settled_rss(stack: &Stack) -> anyhow::Result<f64> {
+    let mut last = stack.memory_kib("VmRSS:")?;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = stack.memory_kib("VmRSS:")?;
+        if now >= last {
+            return Ok(now as f64 / 1024.0);
+        }
+        last = now;
+    }
+    Ok(last as f64 / 1024.0)
+}
+
+/// `apiserver_request_total` by verb and resource.
+async fn apiserver_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
     let text = client
         .request_text(http::Request::get("/metrics").body(Vec::new())?)
         .await?;
-    Ok(sum_metric(&text, "apiserver_request_total"))
+    let mut requests = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let key = format!("{} {}", label("verb"), label("resource"));
+        *requests.entry(key).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(requests)
+}
+
+/// Write requests (create, update, patch, apply, delete) by resource.
+async fn apiserver_writes(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut writes = BTreeMap::new();
+    for (key, n) in apiserver_requests(client).await? {
+        let (verb, resource) = key.split_once(' ').unwrap_or((&key, ""));
+        if [
+            "POST",
+            "PUT",
+            "PATCH",
+            "APPLY",
+            "DELETE",
+            "DELETECOLLECTION",
+        ]
+        .contains(&verb)
+        {
+            *writes.entry(resource.to_owned()).or_default() += n;
+        }
+    }
+    Ok(writes)
+}
+
+fn total(requests: &BTreeMap<String, f64>) -> f64 {
+    requests.values().sum()
+}
+
+fn difference(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(key, n)| (key.clone(), n - before.get(key).copied().unwrap_or(0.0)))
+        .collect()
 }

@@ -40,6 +40,21 @@ impl Backoff {
         nominal.mul_f64(jitter)
     }
 
+    /// The first delay, for a key whose attempts are not recorded.
+    pub fn first_delay(&self) -> Duration {
+        self.base
+    }
+
+    /// Keys with recorded attempts.
+    pub fn keys(&self) -> Vec<String> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// The delay before the next attempt for `key` when the other side asked to wait
     /// `hint`: the hint, but no shorter than this key's backoff delay and no longer than
     /// `ceiling`. Never panics, whatever the bounds: when the backoff delay exceeds the

@@ -6,10 +6,11 @@
 //! [`Context::forget`] when the Proxy goes (its cleanup finished, or the watch saw it
 //! deleted), so memory follows the live Proxies, not every Proxy ever seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 
 use crate::backoff::Backoff;
@@ -21,6 +22,12 @@ use crate::providers::Providers;
 /// Default interval of the slow retry after a permanent error whose cause lies
 /// outside the Proxy's spec.
 pub const DEFAULT_PERMANENT_RETRY: Duration = Duration::from_secs(300);
+
+/// Default of `--max-concurrent-reconciles`: enough to keep a provider and the
+/// apiserver busy (a reconcile mostly waits on them), few enough that a provider
+/// config change, which reconciles every Proxy, does not send thousands of calls at
+/// once.
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 
 /// Why an instance is being replaced, kept until its successor exists so the
 /// `Replaced` Event can name both.
@@ -51,6 +58,11 @@ pub struct Context {
     pub permanent_retry: Duration,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Most reconciles running at once.
+    pub max_concurrent_reconciles: u16,
+    /// The operator itself, as Events about it (not about one Proxy) name it: its Pod
+    /// (`POD_NAME` in `POD_NAMESPACE`, as the chart sets them).
+    pub operator: ObjectReference,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// Replacements whose successor is not created yet, per Proxy UID.
@@ -98,7 +110,16 @@ impl Context {
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             metrics,
+            max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
+            operator: operator_pod(),
         }
+    }
+
+    /// Publishes an Event about the operator itself.
+    pub async fn publish_about_operator(&self, type_: EventType, reason: &str, note: &str) {
+        self.events
+            .publish(&self.operator, type_, reason, note)
+            .await;
     }
 
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.
@@ -112,6 +133,21 @@ impl Context {
     /// one seen (a Proxy seen for the first time has changed).
     pub fn trigger_changed(&self, uid: &str, trigger: u64) -> bool {
         lock(&self.triggers).insert(uid.to_owned(), trigger) != Some(trigger)
+    }
+
+    /// The delay before retrying a failed reconcile of the Proxy with `uid`: its
+    /// growing backoff while the watch still has the Proxy, else the first delay with
+    /// nothing recorded. A reconcile can fail after the watch saw its Proxy go (its last
+    /// write meets a 404); an entry recorded then would never be forgotten.
+    pub fn retry_delay(&self, uid: &str) -> Duration {
+        // Holding the triggers lock orders this against `forget`, which removes the
+        // trigger before it drops the backoff.
+        let triggers = lock(&self.triggers);
+        if triggers.contains_key(uid) {
+            self.retry_backoff.next(uid)
+        } else {
+            self.retry_backoff.first_delay()
+        }
     }
 
     /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
@@ -134,14 +170,35 @@ impl Context {
         self.report_memory();
     }
 
-    /// Drops the entries of every Proxy whose UID `live` does not contain: Proxies
-    /// deleted while no watch event could say so (a restart, a relist).
-    pub fn forget_all_but(&self, live: &std::collections::HashSet<String>) {
-        let mut known: Vec<String> = self.metrics.tracked_uids();
-        known.extend(lock(&self.triggers).keys().cloned());
-        for uid in known.iter().filter(|uid| !live.contains(*uid)) {
+    /// Drops the entries of every Proxy that `live` (the UIDs of the Proxies the store
+    /// holds) does not name, whichever map holds them: Proxies deleted while no watch
+    /// event could say so (a restart, a relist), and entries written by work that
+    /// finished after its Proxy was forgotten. The UIDs with entries are collected
+    /// before `live` is asked, so a Proxy that arrives meanwhile (and records entries)
+    /// is not judged on a picture that predates it.
+    pub fn forget_all_but(&self, live: impl FnOnce() -> HashSet<String>) {
+        let known = self.tracked_uids();
+        let live = live();
+        for uid in known.difference(&live) {
             self.forget(uid);
         }
+    }
+
+    /// Every UID with an entry in any per-Proxy map.
+    fn tracked_uids(&self) -> HashSet<String> {
+        let mut known: HashSet<String> = self.metrics.tracked_uids().into_iter().collect();
+        known.extend(lock(&self.triggers).keys().cloned());
+        for backoff in [
+            &self.retry_backoff,
+            &self.poll_backoff,
+            &self.replace_backoff,
+        ] {
+            known.extend(backoff.keys());
+        }
+        known.extend(lock(&self.health_failures).keys().cloned());
+        known.extend(lock(&self.pending_replacements).keys().cloned());
+        known.extend(self.events.tracked_uids());
+        known
     }
 
     /// Publishes the sizes of the per-Proxy maps as gauges (a leak shows there).
@@ -161,6 +218,17 @@ impl Context {
         for (map, size) in sizes {
             self.metrics.set_tracked(map, size);
         }
+    }
+}
+
+/// The operator's Pod, from the environment the chart gives it.
+fn operator_pod() -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(std::env::var("POD_NAME").unwrap_or_else(|_| "egressproxy-operator".into())),
+        namespace: Some(std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into())),
+        ..ObjectReference::default()
     }
 }
 

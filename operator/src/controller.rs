@@ -1,21 +1,24 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
-//! A reload of the provider config reconciles every Proxy once.
+//! A reload of the provider config reconciles every Proxy once; a cloud-init Secret
+//! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]).
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
-//! in-memory entry the operator kept for it.
+//! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
+//! finishing late recorded for it afterwards.
 
-use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::ResourceExt;
-use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
+use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
+use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
+use crate::{memory_sweep, secret_watch, watch_report};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
@@ -42,7 +45,19 @@ pub async fn run(
     scope: WatchScope,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (reader, writer) = reflector::store();
+    let (cache, writer) = ProxyCache::new(scope);
+    run_with_cache(ctx, cache, writer, shutdown).await;
+}
+
+/// Runs the controller, filling `cache` through `writer`: the cache garbage collection
+/// reads is then the controller's own.
+pub async fn run_with_cache(
+    ctx: Arc<Context>,
+    cache: ProxyCache,
+    writer: reflector::store::Writer<Proxy>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let reader = cache.store().clone();
     // kube-runtime holds reconciles until the store has its first list; a shutdown that
     // ends the watch before then would leave that wait, and the controller, hanging.
     let ready = reader.clone();
@@ -53,16 +68,21 @@ pub async fn run(
     let store = reader.clone();
     let forgetting = ctx.clone();
     let filtering = ctx.clone();
-    let stream = scope
-        .watch(&ctx.client, watcher::Config::default())
+    let stream = cache
+        .scope()
+        .watch(
+            &ctx.client,
+            watcher::Config::default(),
+            cache.health().clone(),
+            reader.clone(),
+        )
         .reflect(writer)
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(proxy)) => {
                 forgetting.forget(&proxy.uid().unwrap_or_default());
             }
             Ok(watcher::Event::InitDone) => {
-                let live: HashSet<String> = store.state().iter().filter_map(|p| p.uid()).collect();
-                forgetting.forget_all_but(&live);
+                forgetting.forget_all_but(|| memory_sweep::live_uids(&store));
             }
             _ => {}
         })
@@ -80,8 +100,14 @@ pub async fn run(
         changes.changed().await.ok()?;
         Some(((), changes))
     });
-    Controller::for_stream(stream, reader)
+    let ctx_for_reports = ctx.clone();
+    let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
+    let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
+    let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
+    let controller = Controller::for_stream(stream, reader)
+        .with_config(config)
         .reconcile_all_on(provider_changes)
+        .reconcile_on(secrets)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -91,6 +117,13 @@ pub async fn run(
                 }
                 Err(error) => tracing::debug!(%error, "reconcile error"),
             }
-        })
-        .await;
+        });
+    let reporter = watch_report::run(ctx_for_reports, cache.health().clone());
+    // The sweeper and the reporter never end; the controller ends on shutdown, and
+    // takes them along.
+    tokio::select! {
+        () = controller => {}
+        () = sweeper => {}
+        () = reporter => {}
+    }
 }

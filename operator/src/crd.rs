@@ -9,6 +9,7 @@
 //! Integer fields are declared `int32` (with ranges) in the schema: the apiserver knows
 //! no `uint16`/`uint32` formats and warns about them on every apply.
 
+use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -114,15 +115,15 @@ pub enum PlacementUpdatePolicy {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "has(self.userData) != has(self.userDataSecretRef)", "message": "set exactly one of cloudInit.userData and cloudInit.userDataSecretRef"},
-    {"rule": "!has(self.userData) || size(bytes(self.userData)) <= 65536", "message": "cloudInit.userData is over 65536 bytes (UTF-8; a multi-byte character counts more than once): move large files into the image or a Secret-fetched script"},
-    {"rule": "!has(self.vendorData) || size(bytes(self.vendorData)) <= 65536", "message": "cloudInit.vendorData is over 65536 bytes (UTF-8; a multi-byte character counts more than once)"},
+    {"rule": format!("!has(self.userData) || size(bytes(self.userData)) <= {MAX_USER_DATA_BYTES}"), "message": format!("cloudInit.userData is over {MAX_USER_DATA_BYTES} bytes (UTF-8; a multi-byte character counts more than once): move large files into the image or a Secret-fetched script")},
+    {"rule": format!("!has(self.vendorData) || size(bytes(self.vendorData)) <= {MAX_USER_DATA_BYTES}"), "message": format!("cloudInit.vendorData is over {MAX_USER_DATA_BYTES} bytes (UTF-8; a multi-byte character counts more than once)")},
 ]))]
 pub struct CloudInit {
     /// Inline user-data (`#cloud-config`, a script, or MIME multipart). At most 65536
     /// bytes in UTF-8 (a multi-byte character counts more than once), the providers'
     /// limit. Visible to anyone who can read the Proxy: put secrets in a Secret instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 65536))]
+    #[schemars(length(max = MAX_USER_DATA_BYTES))]
     pub user_data: Option<String>,
     /// User-data from a key of a Secret in the Proxy's namespace (at most 65536 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,7 +131,7 @@ pub struct CloudInit {
     /// Inline vendor-data (for providers with the vendor-data capability). At most
     /// 65536 bytes in UTF-8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 65536))]
+    #[schemars(length(max = MAX_USER_DATA_BYTES))]
     pub vendor_data: Option<String>,
 }
 
@@ -285,4 +286,28 @@ pub mod condition {
     pub const PROVISIONED: &str = "Provisioned";
     /// The proxy passes its health check.
     pub const HEALTHY: &str = "Healthy";
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+
+    /// The schema's size limits come from the contract's constant; its prose, which
+    /// cannot, must still agree with it.
+    #[test]
+    fn every_user_data_limit_in_the_schema_is_the_contracts() {
+        let crd = serde_json::to_value(Proxy::crd()).unwrap();
+        let cloud_init = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["cloudInit"];
+        let text = cloud_init.to_string();
+        let numbers: Vec<&str> = text
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|n| n.len() >= 4)
+            .collect();
+        assert!(numbers.len() >= 6, "{numbers:?} in {text}");
+        let limit = MAX_USER_DATA_BYTES.to_string();
+        assert!(numbers.iter().all(|n| *n == limit), "{numbers:?}");
+    }
 }

@@ -8,7 +8,9 @@
 //!    [`MAX_CACHED_PER_PROXY`] entries, expired ones pruned on each publish, and all of
 //!    a Proxy's entries dropped by [`EventPublisher::forget`] when the Proxy goes. So
 //!    memory follows the live Proxies, not every Proxy ever seen.
-//! 3. A failure to publish is logged, never fatal to a reconcile.
+//! 3. A failure to publish is logged, never fatal to a reconcile. An Event whose
+//!    creation failed is not remembered, so the next identical publish creates it; a
+//!    repeat whose Event is gone (expired, deleted) creates a new Event.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,6 +62,12 @@ enum Remembered {
     New(String),
 }
 
+/// The name of a new Event about `regarding`, unique by the time it is made.
+fn event_name(regarding: &ObjectReference, now: jiff::Timestamp) -> String {
+    let object = regarding.name.as_deref().unwrap_or(CONTROLLER);
+    format!("{object}.{:x}", now.as_nanosecond())
+}
+
 /// Publishes Events, folding exact repeats into series.
 pub struct EventPublisher {
     client: kube::Client,
@@ -96,43 +104,100 @@ impl EventPublisher {
         let namespace = regarding.namespace.clone().unwrap_or_default();
         let now = jiff::Timestamp::now();
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let uid = regarding.uid.clone().unwrap_or_default();
         let result = match self.remember(regarding, type_, reason, note, now) {
             Remembered::Repeat(name, count) => {
                 let patch = serde_json::json!({"series": EventSeries {
                     count,
                     last_observed_time: MicroTime(now),
                 }});
-                events
+                match events
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
-                    .map(drop)
+                {
+                    // The Event is gone (expired, or deleted): the repeat starts anew.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        let name = self.restart(&uid, &name, regarding, now);
+                        let event = self.event(regarding, type_, reason, note, name, now);
+                        self.create(&events, &uid, event).await
+                    }
+                    other => other.map(drop),
+                }
             }
             Remembered::New(name) => {
-                let event = Event {
-                    metadata: ObjectMeta {
-                        name: Some(name),
-                        namespace: Some(namespace),
-                        ..ObjectMeta::default()
-                    },
-                    action: Some("Reconcile".into()),
-                    reason: Some(reason.to_owned()),
-                    note: Some(note.to_owned()),
-                    type_: Some(type_.as_str().to_owned()),
-                    event_time: Some(MicroTime(now)),
-                    regarding: Some(regarding.clone()),
-                    reporting_controller: Some(CONTROLLER.to_owned()),
-                    reporting_instance: Some(self.instance.clone()),
-                    ..Event::default()
-                };
-                events
-                    .create(&PostParams::default(), &event)
-                    .await
-                    .map(drop)
+                let event = self.event(regarding, type_, reason, note, name, now);
+                self.create(&events, &uid, event).await
             }
         };
         if let Err(error) = result {
             tracing::warn!(object = ?regarding.name, %error, reason, "cannot publish event");
         }
+    }
+
+    /// Creates `event`; when that fails, forgets it, so that the next identical
+    /// publish creates it instead of patching an Event that does not exist.
+    async fn create(&self, events: &Api<Event>, uid: &str, event: Event) -> kube::Result<()> {
+        let name = event.metadata.name.clone().unwrap_or_default();
+        let result = events.create(&PostParams::default(), &event).await;
+        if result.is_err() {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(sent) = recent.get_mut(uid) {
+                sent.retain(|s| s.name != name);
+                if sent.is_empty() {
+                    recent.remove(uid);
+                }
+            }
+        }
+        result.map(drop)
+    }
+
+    /// A new Event, named `name`.
+    fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        name: String,
+        now: jiff::Timestamp,
+    ) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: regarding.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            action: Some("Reconcile".into()),
+            reason: Some(reason.to_owned()),
+            note: Some(note.to_owned()),
+            type_: Some(type_.as_str().to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(CONTROLLER.to_owned()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Event::default()
+        }
+    }
+
+    /// Starts the series of the remembered Event `name` over under a new name: its
+    /// Event no longer exists. Returns the new name.
+    fn restart(
+        &self,
+        uid: &str,
+        name: &str,
+        regarding: &ObjectReference,
+        now: jiff::Timestamp,
+    ) -> String {
+        let fresh = event_name(regarding, now);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sent) = recent
+            .get_mut(uid)
+            .and_then(|sent| sent.iter_mut().find(|s| s.name == name))
+        {
+            sent.name = fresh.clone();
+            sent.count = 1;
+        }
+        fresh
     }
 
     /// Records a publish: a repeat's earlier Event name and new count, or the name
@@ -161,8 +226,7 @@ impl EventPublisher {
         if sent.len() >= MAX_CACHED_PER_PROXY {
             sent.remove(0);
         }
-        let object = regarding.name.as_deref().unwrap_or(CONTROLLER);
-        let name = format!("{object}.{:x}", now.as_nanosecond());
+        let name = event_name(regarding, now);
         sent.push(Sent {
             type_,
             reason: reason.to_owned(),
@@ -180,6 +244,12 @@ impl EventPublisher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(uid);
+    }
+
+    /// The UIDs of the objects with cached Events.
+    pub fn tracked_uids(&self) -> Vec<String> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.keys().cloned().collect()
     }
 
     /// Objects with cached Events (for the memory gauges).

@@ -9,11 +9,16 @@
 //!    renewed. This is how client-go's leader election times it.
 //! 2. Every write carries the Lease's `resourceVersion`, so of two replicas racing for
 //!    it one gets a conflict and loses.
-//! 3. A candidate retries every `renew_every`, and also as soon as it sees the Lease
+//! 3. A candidate retries every `retry_period`, and also as soon as it sees the Lease
 //!    change, so a released Lease is taken at once.
-//! 4. The leader renews every `renew_every`. When renewing fails for longer than the
-//!    lease lasts, leadership is lost: [`Leadership::lost`] completes and the process
-//!    must stop acting (the binary exits, as controller-runtime's managers do).
+//! 4. The leader renews every `retry_period`. A renewal that fails or hangs (each
+//!    attempt is bounded by half the renew deadline) is retried every `retry_period`
+//!    until `renew_deadline` has passed since the last renewal began; only then, or
+//!    when another replica holds the Lease, is leadership lost: [`Leadership::lost`]
+//!    completes and the process must stop acting (the binary exits, as
+//!    controller-runtime's managers do). The deadline is shorter than the lease, so
+//!    the leader stops before anyone may take over. These are client-go's rules and,
+//!    by default, its proportions (15 s lease, 10 s renew deadline, 2 s retry period).
 //! 5. On a graceful shutdown, once the replica has stopped acting,
 //!    [`Leadership::release`] clears the holder, as client-go's `ReleaseOnCancel`
 //!    does, so a successor does not wait for the lease to expire.
@@ -43,8 +48,44 @@ pub struct LeaseConfig {
     pub identity: String,
     /// How long a lease is valid without renewal.
     pub duration: Duration,
-    /// How often the leader renews, and candidates retry.
-    pub renew_every: Duration,
+    /// How long the leader keeps retrying a renewal before it gives up: less than
+    /// `duration`, so it stops acting before another replica may take over.
+    pub renew_deadline: Duration,
+    /// How often the leader renews and retries a failed renewal, and candidates retry.
+    pub retry_period: Duration,
+}
+
+impl LeaseConfig {
+    /// Settings for a lease of `duration`, timed in client-go's proportions: a renew
+    /// deadline of two thirds of it and a retry period of two fifteenths (15 s, 10 s,
+    /// 2 s).
+    pub fn new(name: String, namespace: String, identity: String, duration: Duration) -> Self {
+        LeaseConfig {
+            name,
+            namespace,
+            identity,
+            duration,
+            renew_deadline: duration * 2 / 3,
+            retry_period: duration * 2 / 15,
+        }
+    }
+
+    /// The longest one attempt may take: half the renew deadline, so that a hung
+    /// attempt leaves time for another within the deadline.
+    fn attempt_timeout(&self) -> Duration {
+        self.renew_deadline / 2
+    }
+}
+
+/// What one attempt at the Lease found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// This replica holds it (took or renewed it).
+    Held,
+    /// Another replica holds it and its lease has not expired.
+    HeldByOther,
+    /// Someone wrote it between our read and our write: read again.
+    Conflict,
 }
 
 /// The lease record as this replica last saw it, and when (on its monotonic clock) it
@@ -98,8 +139,10 @@ impl Leadership {
     /// expires.
     pub async fn release(self) {
         self.renewer.abort();
-        let attempt =
-            tokio::time::timeout(self.config.renew_every, release(&self.api, &self.config));
+        let attempt = tokio::time::timeout(
+            self.config.attempt_timeout(),
+            release(&self.api, &self.config),
+        );
         match attempt.await {
             Ok(Ok(true)) => {
                 tracing::info!(identity = %self.config.identity, lease = %self.config.name, "released the leader lease")
@@ -128,14 +171,14 @@ pub async fn acquire(client: kube::Client, config: LeaseConfig) -> Leadership {
         .boxed();
     loop {
         match try_acquire(&api, &config, &mut observation).await {
-            Ok(true) => break,
-            Ok(false) => {}
+            Ok(Attempt::Held) => break,
+            Ok(Attempt::HeldByOther | Attempt::Conflict) => {}
             Err(error) => {
                 tracing::warn!(%error, lease = %config.name, "cannot read or write the leader lease")
             }
         }
         tokio::select! {
-            () = tokio::time::sleep(config.renew_every) => {}
+            () = tokio::time::sleep(config.retry_period) => {}
             _ = changes.next() => {}
         }
     }
@@ -151,49 +194,80 @@ pub async fn acquire(client: kube::Client, config: LeaseConfig) -> Leadership {
     }
 }
 
-/// Renews the held lease every `renew_every` until it is lost, then says so on `tell`.
+/// Renews the held lease every `retry_period` until it is lost, then says so on `tell`.
 async fn renew(
     api: Api<Lease>,
     config: LeaseConfig,
     mut observation: Observation,
     tell: watch::Sender<bool>,
 ) {
-    let mut last_renewal = Instant::now();
+    // When the last successful renewal was sent: others time the lease from when they
+    // saw its write, which came after this.
+    let mut renewed_at = Instant::now();
     loop {
-        tokio::time::sleep(config.renew_every).await;
-        // A renewal that hangs must not outlive the lease: another replica may take it
-        // meanwhile, and two leaders would act.
-        let attempt = tokio::time::timeout(
-            config.renew_every,
-            try_acquire(&api, &config, &mut observation),
-        );
-        match attempt.await {
-            Ok(Ok(true)) => last_renewal = Instant::now(),
-            Ok(Ok(false)) => {
-                tracing::error!(identity = %config.identity, "another replica took the leader lease");
-                break;
-            }
-            Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed"),
-            Err(_) => tracing::warn!("renewing the leader lease timed out"),
-        }
-        if last_renewal.elapsed() + config.renew_every >= config.duration {
-            tracing::error!("leader lease about to expire without renewal");
-            break;
+        tokio::time::sleep(config.retry_period).await;
+        let deadline = renewed_at + config.renew_deadline;
+        match renew_within(&api, &config, &mut observation, deadline).await {
+            Some(sent_at) => renewed_at = sent_at,
+            None => break,
         }
     }
     let _ = tell.send(true);
+}
+
+/// Renews the lease, retrying every `retry_period` until `deadline`: when the successful
+/// attempt was sent, or `None` when leadership is lost.
+async fn renew_within(
+    api: &Api<Lease>,
+    config: &LeaseConfig,
+    observation: &mut Observation,
+    deadline: Instant,
+) -> Option<Instant> {
+    loop {
+        let sent_at = Instant::now();
+        let Some(left) = deadline
+            .checked_duration_since(sent_at)
+            .filter(|left| !left.is_zero())
+        else {
+            tracing::error!(deadline = ?config.renew_deadline,
+                "could not renew the leader lease within the renew deadline");
+            return None;
+        };
+        // A renewal that hangs must not outlive the deadline: another replica may take
+        // the lease after it, and two leaders would act.
+        let attempt = tokio::time::timeout(
+            config.attempt_timeout().min(left),
+            try_acquire(api, config, observation),
+        );
+        match attempt.await {
+            Ok(Ok(Attempt::Held)) => return Some(sent_at),
+            Ok(Ok(Attempt::HeldByOther)) => {
+                tracing::error!(identity = %config.identity, "another replica took the leader lease");
+                return None;
+            }
+            Ok(Ok(Attempt::Conflict)) => {
+                tracing::warn!("the leader lease changed while renewing it: retrying")
+            }
+            Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed: retrying"),
+            Err(_) => tracing::warn!("renewing the leader lease timed out: retrying"),
+        }
+        let pause = config
+            .retry_period
+            .min(deadline.saturating_duration_since(Instant::now()));
+        tokio::time::sleep(pause).await;
+    }
 }
 
 fn lease_seconds(duration: Duration) -> i32 {
     i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
 }
 
-/// One attempt to take or renew the lease; `Ok(false)` when another replica holds it.
+/// One attempt to take or renew the lease.
 async fn try_acquire(
     api: &Api<Lease>,
     config: &LeaseConfig,
     observation: &mut Observation,
-) -> Result<bool, kube::Error> {
+) -> Result<Attempt, kube::Error> {
     let now = jiff::Timestamp::now();
     let Some(mut lease) = api.get_opt(&config.name).await? else {
         let lease = Lease {
@@ -213,9 +287,9 @@ async fn try_acquire(
         return match api.create(&PostParams::default(), &lease).await {
             Ok(created) => {
                 observation.see(&created.spec.unwrap_or_default(), Instant::now());
-                Ok(true)
+                Ok(Attempt::Held)
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Attempt::Conflict),
             Err(error) => Err(error),
         };
     };
@@ -224,7 +298,7 @@ async fn try_acquire(
     let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty());
     let mine = holder == Some(config.identity.as_str());
     if holder.is_some() && !mine && !observation.expired(Instant::now()) {
-        return Ok(false);
+        return Ok(Attempt::HeldByOther);
     }
     if !mine {
         spec.holder_identity = Some(config.identity.clone());
@@ -239,9 +313,9 @@ async fn try_acquire(
     {
         Ok(written) => {
             observation.see(&written.spec.unwrap_or_default(), Instant::now());
-            Ok(true)
+            Ok(Attempt::Held)
         }
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(Attempt::Conflict),
         Err(error) => Err(error),
     }
 }

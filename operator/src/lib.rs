@@ -3,17 +3,23 @@
 //! - [`crd`]: the `Proxy` resource.
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
-//! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile.
+//! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile;
+//!   [`secret_watch`]: the cloud-init Secrets that retry the Proxies waiting for them.
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
-//!   watches as one stream.
+//!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill, which
+//!   the controller, garbage collection and the memory sweep read;
+//!   [`watch_health`]: which watches have listed and which fail, and
+//!   [`watch_report`]: the Events and gauge that say so.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
-//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//!   [`kube_client`]: the Kubernetes client, with a bounded connection pool.
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
-//! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
+//! - [`context`]: state shared by reconciles; [`memory_sweep`]: its per-Proxy maps swept
+//!   against the store; [`error`]: the crate's error type.
 
 pub mod backoff;
 pub mod context;
@@ -24,11 +30,17 @@ pub mod events;
 pub mod gc;
 pub mod health_check;
 pub mod http;
+pub mod kube_client;
 pub mod leader;
 pub mod limits;
+pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
 pub mod providers;
+pub mod proxy_cache;
 pub mod reconcile;
+pub mod secret_watch;
 pub mod status;
+pub mod watch_health;
+pub mod watch_report;
 pub mod watch_scope;

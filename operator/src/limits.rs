@@ -20,8 +20,12 @@ pub const CALL_TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duratio
 pub const LEASE_DURATION: Bounds = Bounds::new(Duration::from_secs(3), Duration::from_secs(600));
 /// `--gc-interval`: between garbage-collection sweeps.
 pub const GC_INTERVAL: Bounds = Bounds::new(Duration::from_secs(1), Duration::from_secs(86_400));
-/// `--gc-grace`: the age an orphan must reach before it is deleted.
-pub const GC_GRACE: Bounds = Bounds::new(Duration::ZERO, Duration::from_secs(30 * 86_400));
+/// `--gc-grace`: the age an orphan must reach before it is deleted. At least a minute:
+/// an instance's age is counted from the provider's clock, so a provider whose clock
+/// runs behind the operator's makes a brand-new instance look older than it is, and a
+/// smaller grace would let a modest skew (or a slow sweep) delete the instance of a
+/// Proxy created a moment ago.
+pub const GC_GRACE: Bounds = Bounds::new(Duration::from_secs(60), Duration::from_secs(30 * 86_400));
 /// `--providers-reload-interval`: how often the provider config file is re-read.
 pub const RELOAD_INTERVAL: Bounds =
     Bounds::new(Duration::from_millis(100), Duration::from_secs(3600));

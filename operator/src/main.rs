@@ -15,13 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use egressproxy_operator::context::Context;
+use egressproxy_operator::context::{Context, DEFAULT_MAX_CONCURRENT_RECONCILES};
 use egressproxy_operator::leader::{self, LeaseConfig};
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
-use egressproxy_operator::{controller, gc, http, limits};
+use egressproxy_operator::{controller, gc, http, kube_client, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
 /// How long running reconciles may take to finish after SIGTERM before they are
@@ -69,9 +70,15 @@ struct Args {
     /// Interval between garbage-collection sweeps (1s to 24h).
     #[arg(long, default_value = "5m", value_parser = |text: &str| limits::GC_INTERVAL.parse(text))]
     gc_interval: Duration,
-    /// Minimum age of an orphaned instance before it is deleted (up to 30 days).
+    /// Minimum age of an orphaned instance before it is deleted (1m to 30 days).
     #[arg(long, default_value = "10m", value_parser = |text: &str| limits::GC_GRACE.parse(text))]
     gc_grace: Duration,
+    /// Most reconciles running at once (1 to 1000). Each waits mostly on its provider
+    /// and the apiserver; the bound keeps a provider config change, which reconciles
+    /// every Proxy, from sending a call per Proxy at once.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES,
+        value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_concurrent_reconciles: u16,
     /// How often the provider config file is checked for changes (100ms to 1h).
     #[arg(long, default_value = "10s", value_parser = |text: &str| limits::RELOAD_INTERVAL.parse(text))]
     providers_reload_interval: Duration,
@@ -95,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
     let config = ProvidersConfig::parse(&config_text).map_err(|error| {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
-    let client = kube::Client::try_default().await?;
+    let client = kube_client::from_environment(args.max_concurrent_reconciles).await?;
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
@@ -112,13 +119,12 @@ async fn main() -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let lease = LeaseConfig {
-        name: args.lease_name.clone(),
-        namespace: args.lease_namespace.clone(),
+    let lease = LeaseConfig::new(
+        args.lease_name.clone(),
+        args.lease_namespace.clone(),
         identity,
-        duration: args.lease_duration,
-        renew_every: args.lease_duration / 3,
-    };
+        args.lease_duration,
+    );
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease) => leadership,
         () = stopping() => return Ok(()),
@@ -126,17 +132,20 @@ async fn main() -> anyhow::Result<()> {
     metrics.set_leader(true);
 
     let providers = Providers::new(config, metrics.clone());
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client,
         providers,
         args.cluster_name.clone(),
         metrics.clone(),
-    ));
+    );
+    ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
+    let ctx = Arc::new(ctx);
     tracing::info!(
         namespaces = %scope,
         "egressproxy operator started"
     );
-    let collector = gc::run(&ctx, &scope, args.gc_interval, args.gc_grace);
+    let (cache, cache_writer) = ProxyCache::new(scope.clone());
+    let collector = gc::run(&ctx, &cache, args.gc_interval, args.gc_grace);
     let reloader = reload::watch_file(
         &ctx.providers,
         &args.providers,
@@ -150,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
     };
     let lost = tokio::select! {
-        () = controller::run(ctx.clone(), scope.clone(), stopping()) => false,
+        () = controller::run_with_cache(ctx.clone(), cache.clone(), cache_writer, stopping()) => false,
         () = stopped_in_time => false,
         () = collector => false,
         () = reloader => false,

@@ -9,6 +9,8 @@
 //! - `egressproxy_is_leader`: 1 on the replica that acts;
 //! - `egressproxy_provider_config_reloads_total{result}`: provider config file changes,
 //!   `applied` or `rejected` (invalid: the previous config stays);
+//! - `egressproxy_namespace_watch_up{namespace}`: 1 while the watch of Proxies in the
+//!   namespace works (`""` for a cluster-wide watch), 0 while it fails;
 //! - `egressproxy_tracked_proxies{map}`: Proxies with an entry in each per-Proxy map
 //!   kept in memory; it falls back to the number of live Proxies after deletes
 //!   (a leak shows here).
@@ -52,6 +54,11 @@ struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabels {
+    namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     map: String,
 }
@@ -78,6 +85,7 @@ pub struct Metrics {
     is_leader: Gauge,
     config_reloads: Family<ReloadLabels, Counter>,
     tracked: Family<MapLabels, Gauge>,
+    namespace_watch_up: Family<NamespaceLabels, Gauge>,
     phases: Mutex<HashMap<String, Phase>>,
 }
 
@@ -93,6 +101,7 @@ impl Default for Metrics {
             is_leader: Gauge::default(),
             config_reloads: Family::default(),
             tracked: Family::default(),
+            namespace_watch_up: Family::default(),
             phases: Mutex::default(),
             registry: Registry::default(),
         };
@@ -122,6 +131,11 @@ impl Default for Metrics {
             "provider_config_reloads",
             "Provider config file changes, applied or rejected",
             metrics.config_reloads.clone(),
+        );
+        registry.register(
+            "namespace_watch_up",
+            "1 while the watch of Proxies in the namespace works, 0 while it fails",
+            metrics.namespace_watch_up.clone(),
         );
         registry.register(
             "tracked_proxies",
@@ -223,6 +237,15 @@ impl Metrics {
                 map: map.to_owned(),
             })
             .set(i64::try_from(size).unwrap_or(i64::MAX));
+    }
+
+    /// Records whether the watch of Proxies in `namespace` works.
+    pub fn set_namespace_watch_up(&self, namespace: &str, up: bool) {
+        self.namespace_watch_up
+            .get_or_create(&NamespaceLabels {
+                namespace: namespace.to_owned(),
+            })
+            .set(i64::from(up));
     }
 
     /// The metrics in the Prometheus text format.

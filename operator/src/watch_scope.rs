@@ -4,13 +4,17 @@
 //! `operator.watchNamespaces`): it then never lists, watches or reads anything outside
 //! those namespaces, including when it collects garbage.
 
+use std::sync::Arc;
+
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use kube::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::crd::Proxy;
-use crate::merged_watch;
+use crate::watch_health::{ALL_NAMESPACES, WatchHealth};
+use crate::{merged_watch, proxy_cache};
 
 /// The longest name Kubernetes accepts for a namespace (an RFC 1123 label).
 const MAX_NAMESPACE_LEN: usize = 63;
@@ -71,32 +75,49 @@ impl WatchScope {
     }
 
     /// The Proxies in scope as one watch stream that a single reflector store can
-    /// follow (see [`merged_watch`] for how several namespaces become one). A failing
-    /// watch is logged with its namespace: a missing Role in one namespace is the
-    /// likeliest mistake, and the watch retries with backoff until it is fixed.
+    /// follow (see [`merged_watch`] for how several namespaces become one), trimmed
+    /// ([`proxy_cache::trim`]), each namespace's watch reported to `health`. `store`
+    /// is the store the stream feeds: the merged stream looks up there the objects it
+    /// needs again. A failing watch is logged with its namespace: a missing Role in one
+    /// namespace is the likeliest mistake, and the watch retries with backoff until it
+    /// is fixed, holding back no other namespace.
     pub fn watch(
         &self,
         client: &kube::Client,
         config: watcher::Config,
+        health: Arc<WatchHealth>,
+        store: Store<Proxy>,
     ) -> BoxStream<'static, Result<watcher::Event<Proxy>, watcher::Error>> {
         let mut streams: Vec<_> = self
             .apis(client)
             .into_iter()
             .map(|api| {
-                let namespace = api.namespace().unwrap_or("(all)").to_owned();
-                watcher(api, config.clone())
+                let namespace = api.namespace().unwrap_or(ALL_NAMESPACES).to_owned();
+                let key = namespace.clone();
+                let health = health.clone();
+                let stream = watcher(api, config.clone())
                     .default_backoff()
-                    .inspect_err(move |error| {
-                        tracing::warn!(%namespace, %error,
-                            "cannot watch Proxies: check the operator's permissions in this namespace");
+                    .modify(proxy_cache::trim)
+                    .inspect(move |event| health.saw(&key, event))
+                    .inspect_err({
+                        let namespace = namespace.clone();
+                        move |error| {
+                            tracing::warn!(%namespace, %error,
+                                "cannot watch Proxies: check the operator's permissions in this namespace");
+                        }
                     })
-                    .boxed()
+                    .boxed();
+                (namespace, stream)
             })
             .collect();
         if streams.len() == 1 {
-            return streams.remove(0);
+            return streams.remove(0).1;
         }
-        merged_watch::merge(streams).boxed()
+        let lookup = move |namespace: &str, name: &str| {
+            let key = ObjectRef::new(name).within(namespace);
+            store.get(&key).map(|proxy| (*proxy).clone())
+        };
+        merged_watch::merge(streams, lookup).boxed()
     }
 }
 

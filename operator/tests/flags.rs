@@ -25,6 +25,10 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_bounds() {
         ("--lease-duration", "1s", "at least 3s"),
         ("--gc-interval", "0s", "at least 1s"),
         ("--gc-grace", "10years", "at most 30days"),
+        // An orphan younger than this may be the instance of a Proxy created a moment
+        // ago: a grace of 0 would race it.
+        ("--gc-grace", "0s", "at least 1m"),
+        ("--gc-grace", "59s", "at least 1m"),
         ("--providers-reload-interval", "1ms", "at least 100ms"),
     ];
     for (flag, value, bound) in cases {
@@ -32,6 +36,17 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_bounds() {
         assert!(
             stderr.contains(flag) && stderr.contains(bound),
             "{flag} {value}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_reconcile_bound_outside_its_range_is_refused() {
+    for value in ["0", "1001"] {
+        let stderr = refusal("--max-concurrent-reconciles", value);
+        assert!(
+            stderr.contains("--max-concurrent-reconciles") && stderr.contains("1..=1000"),
+            "{value}: {stderr}"
         );
     }
 }

@@ -1,11 +1,12 @@
 //! Garbage collection against a provider whose ListInstances pages form a cycle
-//! (A → B → A), a provider bug no real provider here can be made to show, so a small
-//! fake serves it; the operator side (sweep, Context, apiserver) is real. The sweep
-//! must stop, skip that provider, and log why.
+//! (A → B → A) or never end (a new token on every page), provider bugs no real provider
+//! here can be made to show, so a small fake serves them; the operator side (sweep,
+//! Context, apiserver) is real. The sweep must stop, skip that provider, and log why.
+
+mod common;
 
 use std::sync::{Arc, Mutex};
 
-use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_operator::context::Context;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
@@ -15,12 +16,11 @@ use egressproxy_provider::server::ProviderServer;
 use tonic::{Request, Response, Status};
 use tracing_subscriber::layer::SubscriberExt;
 
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
-
-/// Answers ListInstances with pages whose next tokens follow `tokens` by page token.
+/// Answers ListInstances with pages whose next tokens follow `tokens` by page token;
+/// without `tokens`, every page hands out a token never seen before.
 struct CyclingPages {
     /// (page token asked for, next page token handed out).
-    tokens: Vec<(&'static str, &'static str)>,
+    tokens: Option<Vec<(&'static str, &'static str)>>,
     pages_served: Arc<Mutex<u32>>,
 }
 
@@ -71,13 +71,19 @@ impl pb::provider_server::Provider for CyclingPages {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let asked = request.into_inner().page_token;
-        *self.pages_served.lock().unwrap() += 1;
-        let next = self
-            .tokens
-            .iter()
-            .find(|(token, _)| *token == asked)
-            .map(|(_, next)| (*next).to_owned())
-            .unwrap_or_default();
+        let served = {
+            let mut served = self.pages_served.lock().unwrap();
+            *served += 1;
+            *served
+        };
+        let next = match &self.tokens {
+            Some(tokens) => tokens
+                .iter()
+                .find(|(token, _)| *token == asked)
+                .map(|(_, next)| (*next).to_owned())
+                .unwrap_or_default(),
+            None => format!("page-{served}"),
+        };
         Ok(Response::new(pb::ListInstancesResponse {
             instances: Vec::new(),
             next_page_token: next,
@@ -99,7 +105,9 @@ impl std::io::Write for Captured {
     }
 }
 
-async fn sweep_with_pages(tokens: Vec<(&'static str, &'static str)>) -> (Vec<String>, u32, String) {
+async fn sweep_with_pages(
+    tokens: Option<Vec<(&'static str, &'static str)>>,
+) -> (Vec<String>, u32, String) {
     let logs = Captured::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::registry().with(
@@ -109,8 +117,7 @@ async fn sweep_with_pages(tokens: Vec<(&'static str, &'static str)>) -> (Vec<Str
     );
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let env = KubeTestEnv::new("gc-pages").await.unwrap();
-    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let env = common::env_with_crd("gc-pages").await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let pages_served = Arc::new(Mutex::new(0));
@@ -130,12 +137,11 @@ async fn sweep_with_pages(tokens: Vec<(&'static str, &'static str)>) -> (Vec<Str
         "gc-pages".into(),
         metrics,
     );
-    let scope = WatchScope::AllNamespaces;
-    let sweep = egressproxy_operator::gc::sweep(&ctx, &scope, std::time::Duration::ZERO);
+    let cache = common::follow(&env.client, WatchScope::Namespaces(vec![env.namespace])).await;
+    let sweep = egressproxy_operator::gc::sweep(&ctx, &cache, std::time::Duration::ZERO);
     let report = tokio::time::timeout(std::time::Duration::from_secs(30), sweep)
         .await
-        .expect("the sweep must stop on a page-token cycle")
-        .unwrap();
+        .expect("the sweep must stop on a page walk that does not end");
     let served = *pages_served.lock().unwrap();
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     (report.failed_providers, served, text)
@@ -143,7 +149,8 @@ async fn sweep_with_pages(tokens: Vec<(&'static str, &'static str)>) -> (Vec<Str
 
 #[tokio::test]
 async fn a_page_token_cycle_stops_the_sweep_of_that_provider_and_says_why() {
-    let (failed, served, logs) = sweep_with_pages(vec![("", "A"), ("A", "B"), ("B", "A")]).await;
+    let (failed, served, logs) =
+        sweep_with_pages(Some(vec![("", "A"), ("A", "B"), ("B", "A")])).await;
     assert_eq!(failed, vec!["cyclic".to_owned()]);
     assert_eq!(served, 3, "pages '', A, B; then A again is refused");
     assert!(
@@ -155,11 +162,23 @@ async fn a_page_token_cycle_stops_the_sweep_of_that_provider_and_says_why() {
 
 #[tokio::test]
 async fn a_repeated_page_token_stops_the_sweep_too() {
-    let (failed, served, logs) = sweep_with_pages(vec![("", "A"), ("A", "A")]).await;
+    let (failed, served, logs) = sweep_with_pages(Some(vec![("", "A"), ("A", "A")])).await;
     assert_eq!(failed, vec!["cyclic".to_owned()]);
     assert_eq!(served, 2);
     assert!(
         logs.contains("PAGE_TOKEN_CYCLE") || logs.contains("cycle"),
         "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_page_walk_that_never_ends_stops_at_the_contracts_cap() {
+    let (failed, served, logs) = sweep_with_pages(None).await;
+    assert_eq!(failed, vec!["cyclic".to_owned()]);
+    let cap = egressproxy_provider::validation::MAX_LIST_PAGES;
+    assert_eq!(served as usize, cap, "the walk stops after {cap} pages");
+    assert!(
+        logs.contains(&format!("{cap} pages")) && logs.contains("never ends"),
+        "the log says why: {logs}"
     );
 }

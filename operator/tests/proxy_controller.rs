@@ -692,9 +692,8 @@ async fn garbage_collection_deletes_only_our_orphans() {
     let sweep = |scope: WatchScope, grace: Duration| {
         let ctx = h.ctx.clone();
         async move {
-            egressproxy_operator::gc::sweep(&ctx, &scope, grace)
-                .await
-                .unwrap()
+            let cache = common::follow(&ctx.client, scope).await;
+            egressproxy_operator::gc::sweep(&ctx, &cache, grace).await
         }
     };
     let report = sweep(WatchScope::AllNamespaces, Duration::from_secs(3600)).await;
@@ -721,16 +720,17 @@ async fn garbage_collection_deletes_only_our_orphans() {
 async fn only_one_replica_holds_the_lease() {
     use egressproxy_operator::leader::{LeaseConfig, acquire};
     let env = KubeTestEnv::new("lease").await.unwrap();
-    let config = |identity: &str| LeaseConfig {
-        name: "egressproxy-operator".into(),
-        namespace: env.namespace.clone(),
-        identity: identity.into(),
-        duration: Duration::from_secs(2),
-        renew_every: Duration::from_millis(300),
+    let config = |identity: &str| {
+        LeaseConfig::new(
+            "egressproxy-operator".into(),
+            env.namespace.clone(),
+            identity.into(),
+            Duration::from_secs(2),
+        )
     };
     let first = acquire(env.client.clone(), config("replica-a")).await;
     let second = tokio::spawn(acquire(env.client.clone(), config("replica-b")));
-    // Ten renewals by the first (3 s, longer than the 2 s lease), counted on the Lease
+    // Ten renewals by the first (2.7 s, longer than the 2 s lease), counted on the Lease
     // itself, give the second many chances to take it.
     let renewals = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = env.namespaced();

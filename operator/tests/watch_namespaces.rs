@@ -191,9 +191,8 @@ async fn two_watched_namespaces_are_served_and_a_third_is_ignored() {
     // namespace goes, one of the ignored namespace stays (its Proxies are invisible).
     let watched_orphan = orphan(&provider, &cluster, &second.namespace).await;
     let foreign_orphan = orphan(&provider, &cluster, &ignored.namespace).await;
-    let report = egressproxy_operator::gc::sweep(&controller.ctx, &scope, Duration::ZERO)
-        .await
-        .unwrap();
+    let report =
+        egressproxy_operator::gc::sweep(&controller.ctx, &controller.cache, Duration::ZERO).await;
     assert_eq!(report.deleted, vec![watched_orphan]);
     let mut expected = [remaining, vec![foreign_orphan]].concat();
     expected.sort();

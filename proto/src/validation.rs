@@ -27,6 +27,13 @@ pub const MAX_NAME_BYTES: usize = 512;
 pub const MAX_HOST_BYTES: usize = 256;
 /// Largest instance id a provider returns, in bytes; a longer one names no instance.
 pub const MAX_ID_BYTES: usize = 512;
+/// The `page_size` callers ask for: every provider honours it (a page may still hold
+/// fewer instances, to stay under 4 MiB).
+pub const FULL_PAGE_SIZE: u32 = 1000;
+/// Most pages a caller walks for one listing. A provider fits every listing into this
+/// many pages; a walk that goes on past it is a provider bug, and the caller stops it
+/// with an error rather than looping with ever more memory.
+pub const MAX_LIST_PAGES: usize = 1000;
 
 #[derive(Default)]
 struct Violations(Vec<(String, String)>);

@@ -294,3 +294,44 @@ pub(crate) async fn wait_all_gone(
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
+
+/// Waits until `check` holds for the Proxies of the namespace, as one watch of them sees
+/// them: at thousands of Proxies, listing them every fraction of a second would load
+/// the apiserver the benchmark measures.
+pub(crate) async fn watch_until(
+    proxies: &kube::Api<Proxy>,
+    what: &str,
+    within: std::time::Duration,
+    check: impl Fn(&[std::sync::Arc<Proxy>]) -> bool,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let mut events = watcher(proxies.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let wait = async {
+        let mut listed = false;
+        while let Some(event) = events.next().await {
+            listed |= matches!(event, Ok(watcher::Event::InitDone));
+            if listed && check(&store.state()) {
+                return true;
+            }
+        }
+        false
+    };
+    match tokio::time::timeout(within, wait).await {
+        Ok(true) => Ok(()),
+        Ok(false) => anyhow::bail!("the watch of Proxies ended while waiting for {what}"),
+        Err(_) => anyhow::bail!("{what}: not within {within:?}"),
+    }
+}
+
+/// Whether every one of `proxies` is Ready.
+pub(crate) fn all_ready(proxies: &[std::sync::Arc<Proxy>]) -> bool {
+    use egressproxy_operator::crd::Phase;
+    proxies
+        .iter()
+        .all(|p| p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready))
+}

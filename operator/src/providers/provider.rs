@@ -266,42 +266,19 @@ impl Provider {
         }
     }
 
-    /// Every instance whose tags contain `selector`, across pages. A page token the
-    /// provider already handed out (a repeat, or a cycle such as A → B → A) fails the
-    /// listing instead of looping forever.
+    /// Every instance whose tags contain `selector`, across pages, walked as
+    /// [`super::list_walk`] bounds it.
     pub async fn list(&self, selector: &HashMap<String, String>) -> Result<Vec<pb::Instance>> {
-        let mut instances = Vec::new();
-        let mut page_token = String::new();
-        let mut seen_tokens = std::collections::HashSet::new();
-        loop {
-            let request = pb::ListInstancesRequest {
-                tag_selector: selector.clone(),
-                page_size: None,
-                page_token: page_token.clone(),
-            };
-            let page = self
-                .call("ListInstances", |mut c| async move {
+        super::list_walk::walk(
+            selector,
+            |request| {
+                self.call("ListInstances", |mut c| async move {
                     c.list_instances(request).await
                 })
-                .await?;
-            instances.extend(page.instances);
-            if page.next_page_token.is_empty() {
-                return Ok(instances);
-            }
-            if !seen_tokens.insert(page.next_page_token.clone()) {
-                let message = format!(
-                    "ListInstances handed out page token {:?} a second time, after {} pages: \
-                     its pages form a cycle (a provider bug), so the listing stops",
-                    page.next_page_token,
-                    seen_tokens.len() + 1
-                );
-                return Err(self.error(
-                    "ListInstances",
-                    ProviderError::transient(message).with_reason("PAGE_TOKEN_CYCLE"),
-                ));
-            }
-            page_token = page.next_page_token;
-        }
+            },
+            |error| self.error("ListInstances", error),
+        )
+        .await
     }
 
     /// ValidatePlacement when the provider supports it; `Ok(())` when it does not.

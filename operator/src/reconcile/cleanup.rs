@@ -6,19 +6,19 @@
 //!    `spec.provider`).
 //! 2. Otherwise every instance recorded or tagged with its UID is deleted
 //!    (NOT_FOUND is success), then the finalizer goes.
-//! 3. If its provider is no longer configured, the finalizer stays (the VM would
-//!    leak) until the annotation `egressproxy.dev/abandon-instance: "true"` says to
-//!    leave the VM behind.
+//! 3. If that fails (its provider is no longer configured, unreachable, cannot list),
+//!    the finalizer stays (the VM would leak) until the annotation
+//!    `egressproxy.dev/abandon-instance: "true"` says to leave the VM behind (see
+//!    [`super::abandon`]).
 //!
 //! When the finalizer goes, every in-memory entry of the Proxy goes with it.
 
 use std::collections::{BTreeSet, HashMap};
 
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use super::{ABANDON_ANNOTATION, ProxyKey, save, tags};
+use super::{ProxyKey, abandon, save, tags};
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus, condition};
 use crate::error::{Error, Result};
@@ -32,9 +32,15 @@ pub(super) async fn cleanup(
     api: &Api<Proxy>,
 ) -> Result<Action> {
     let mut status = proxy.status.clone().unwrap_or_default();
-    let outcome = delete_everything(proxy, key, ctx, &status).await;
+    let outcome = match delete_everything(proxy, key, ctx, &status).await {
+        Err(error) if abandon::requested(proxy) => {
+            abandon::record(ctx, proxy, key, &status, &error).await;
+            Ok(Action::await_change())
+        }
+        outcome => outcome,
+    };
     if let Err(error) = &outcome {
-        let message = error.describe();
+        let message = abandon::refusal(error, key);
         set_condition(
             &mut status.conditions,
             condition::READY,
@@ -72,32 +78,13 @@ async fn delete_everything(
         tracing::info!(proxy = %key, "no instance was ever created: nothing to delete");
         return Ok(Action::await_change());
     }
-    let provider = match ctx.providers.get(&proxy.spec.provider) {
-        Ok(provider) => provider,
-        Err(error) => {
-            if proxy
-                .annotations()
-                .get(ABANDON_ANNOTATION)
-                .is_some_and(|v| v == "true")
-            {
-                let note = format!(
-                    "provider {:?} is not configured; instance {} was left behind as {ABANDON_ANNOTATION} asks",
-                    proxy.spec.provider,
-                    status
-                        .provider_id
-                        .as_deref()
-                        .unwrap_or("(id never recorded)")
-                );
-                ctx.publish(proxy, EventType::Warning, "InstanceAbandoned", &note)
-                    .await;
-                return Ok(Action::await_change());
-            }
-            return Err(match error {
-                Error::ProviderNotConfigured(name) => Error::ProviderGone(name),
-                other => other,
-            });
-        }
-    };
+    let provider = ctx
+        .providers
+        .get(&proxy.spec.provider)
+        .map_err(|error| match error {
+            Error::ProviderNotConfigured(name) => Error::ProviderGone(name),
+            other => other,
+        })?;
     let mut ids: BTreeSet<String> = status.provider_id.iter().cloned().collect();
     let selector = HashMap::from([
         (tags::CLUSTER.to_owned(), ctx.cluster_name.clone()),

@@ -26,6 +26,7 @@
 //!
 //! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
+mod abandon;
 mod act;
 mod cleanup;
 pub mod key;
@@ -57,7 +58,8 @@ const MAX_PASSES: usize = 4;
 
 /// The finalizer that guards every Proxy's VM.
 pub const FINALIZER: &str = "egressproxy.dev/instance";
-/// Annotation that lets a Proxy whose provider is gone be deleted, leaving its VM.
+/// Annotation that lets a Proxy whose VM cannot be deleted (its provider gone or
+/// broken) be deleted, leaving its VM.
 pub const ABANDON_ANNOTATION: &str = "egressproxy.dev/abandon-instance";
 /// Annotation whose every new value retries the Proxy at once (as Flux's
 /// `reconcile.fluxcd.io/requestedAt`): set it to the current time.
@@ -113,7 +115,7 @@ fn record_trace_id() {
 /// What the controller does when [`reconcile`] fails: back off per object.
 pub fn error_policy(proxy: Arc<Proxy>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(proxy = %proxy.name_any(), error = %error.describe(), "reconcile failed");
-    Action::requeue(ctx.retry_backoff.next(&ProxyKey::of(&proxy).uid))
+    Action::requeue(ctx.retry_delay(&ProxyKey::of(&proxy).uid))
 }
 
 /// One reconcile's working state: what it acts on, and the status it builds.
@@ -276,7 +278,7 @@ async fn fail(
     }
     status.last_error = Some(message);
     match error.retry() {
-        Retry::Backoff => Action::requeue(ctx.retry_backoff.next(&key.uid)),
+        Retry::Backoff => Action::requeue(ctx.retry_delay(&key.uid)),
         // A provider's hint, kept within what our own backoff would allow.
         Retry::After(hint) => Action::requeue(ctx.retry_backoff.next_after_hint(
             &key.uid,

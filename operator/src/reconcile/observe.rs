@@ -6,6 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use egressproxy_provider::pb;
+use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
@@ -129,36 +130,53 @@ pub async fn cloud_init(ctx: &Context, key: &ProxyKey, proxy: &Proxy) -> Result<
     let Some(spec) = &proxy.spec.cloud_init else {
         return Ok(pb::CloudInit::default());
     };
-    let user_data =
-        match (&spec.user_data, &spec.user_data_secret_ref) {
-            (Some(inline), _) => inline.clone().into_bytes(),
-            (None, Some(reference)) => {
-                let secret_name = format!("{}/{}", key.namespace, reference.name);
-                let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &key.namespace);
-                let secret = secrets.get_opt(&reference.name).await?.ok_or_else(|| {
-                    Error::CloudInitSecret {
+    let user_data = match (&spec.user_data, &spec.user_data_secret_ref) {
+        (Some(inline), _) => inline.clone().into_bytes(),
+        (None, Some(reference)) => {
+            let secret_name = format!("{}/{}", key.namespace, reference.name);
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            let secret =
+                secrets
+                    .get_opt(&reference.name)
+                    .await?
+                    .ok_or_else(|| Error::CloudInitSecret {
                         secret: secret_name.clone(),
                         problem:
                             "not found: create it, or fix spec.cloudInit.userDataSecretRef.name"
                                 .into(),
-                    }
-                })?;
-                let value = secret
-                    .data
-                    .as_ref()
-                    .and_then(|data| data.get(&reference.key));
+                    })?;
+            let value = secret
+                .data
+                .as_ref()
+                .and_then(|data| data.get(&reference.key));
+            let user_data =
                 value
                     .map(|bytes| bytes.0.clone())
                     .ok_or_else(|| Error::CloudInitSecret {
-                        secret: secret_name,
+                        secret: secret_name.clone(),
                         problem: format!(
                             "has no key {:?}: fix spec.cloudInit.userDataSecretRef.key",
                             reference.key
                         ),
-                    })?
+                    })?;
+            // Inline user-data is checked at admission; a Secret's only here, and
+            // the error names the Secret, which a person fixes without touching
+            // the Proxy.
+            if user_data.len() > MAX_USER_DATA_BYTES {
+                return Err(Error::CloudInitSecret {
+                    secret: secret_name,
+                    problem: format!(
+                        "key {:?} holds {} bytes of user-data, over the {MAX_USER_DATA_BYTES}-byte limit: \
+                             move large files into the image or fetch them at boot",
+                        reference.key,
+                        user_data.len()
+                    ),
+                });
             }
-            (None, None) => Vec::new(),
-        };
+            user_data
+        }
+        (None, None) => Vec::new(),
+    };
     Ok(pb::CloudInit {
         user_data,
         vendor_data: spec.vendor_data.clone().map(String::into_bytes),

@@ -4,6 +4,9 @@
 
 #![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
 
+pub mod fixtures;
+pub mod freezing_relay;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +16,7 @@ use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -40,6 +44,8 @@ pub async fn env_with_crd(test: &str) -> KubeTestEnv {
 pub struct Controller {
     /// Its shared state (metrics, providers).
     pub ctx: Arc<Context>,
+    /// Its cache of Proxies.
+    pub cache: ProxyCache,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -67,15 +73,18 @@ impl Controller {
             metrics,
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(egressproxy_operator::controller::run(
+        let (cache, writer) = ProxyCache::new(scope);
+        tokio::spawn(egressproxy_operator::controller::run_with_cache(
             ctx.clone(),
-            scope,
+            cache.clone(),
+            writer,
             async {
                 let _ = stopped.await;
             },
         ));
         Controller {
             ctx,
+            cache,
             stop: Some(stop),
         }
     }
@@ -87,6 +96,25 @@ impl Drop for Controller {
             let _ = stop.send(());
         }
     }
+}
+
+/// A cache of the Proxies in `scope` with no controller behind it (for garbage
+/// collection on its own), once every namespace has been listed.
+pub async fn follow(client: &kube::Client, scope: WatchScope) -> ProxyCache {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let (cache, writer) = ProxyCache::new(scope);
+    let stream = cache.scope().watch(
+        client,
+        watcher::Config::default(),
+        cache.health().clone(),
+        cache.store().clone(),
+    );
+    tokio::spawn(stream.reflect(writer).for_each(|_| async {}));
+    tokio::time::timeout(WAIT, cache.wait_until_listed())
+        .await
+        .expect("the Proxies were never listed");
+    cache
 }
 
 /// Provider config text with one provider, `reference`, at `endpoint`.
@@ -109,6 +137,47 @@ where
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
         .unwrap()
+}
+
+/// Waits (watching the namespace's objects of `api`) until `check` holds for all of
+/// them; panics with `what` after [`WAIT`].
+pub async fn wait_for_all<K>(api: &Api<K>, what: &str, check: impl Fn(&[K]) -> bool)
+where
+    K: Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + kube::Resource
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let mut events = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let wait = async {
+        loop {
+            // The store changes as the watch's events pass through it; it holds the
+            // whole picture once the first list is done.
+            if let Some(Ok(watcher::Event::InitDone)) | None = events.next().await {
+                break;
+            }
+        }
+        loop {
+            let all: Vec<K> = store.state().iter().map(|k| (**k).clone()).collect();
+            if check(&all) {
+                return;
+            }
+            events.next().await;
+        }
+    };
+    tokio::time::timeout(WAIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }
 
 /// The Lease's holder, as written.
@@ -203,6 +272,11 @@ impl OperatorProcess {
             .spawn()
             .unwrap();
         OperatorProcess { child, http }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the operator still runs")
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.

@@ -1,0 +1,62 @@
+//! Proxies, a stand-in for their VMs' proxy, and waits for Events, for the tests that
+//! drive the controller against the reference provider.
+
+use egressproxy_operator::crd::Proxy;
+use futures::TryStreamExt;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// A stand-in for the VM's proxy: the reference provider's instances report
+/// 127.0.0.1, so a listener there answers every health check.
+pub async fn proxy_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    port
+}
+
+/// Proxy `name` of the `reference` provider, checked on `port`, with `extra` merged
+/// into its spec.
+pub fn proxy(name: &str, port: u16, extra: serde_json::Value) -> Proxy {
+    let mut spec = serde_json::json!({
+        "provider": "reference",
+        "placement": {"machineType": "small", "image": "debian-12"},
+        "proxyPort": port,
+        "healthCheck": {"periodSeconds": 2, "timeoutSeconds": 1},
+    });
+    for (key, value) in extra.as_object().cloned().unwrap_or_default() {
+        spec[key] = value;
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "egressproxy.dev/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Waits (watching Events) until an Event about Proxy `name` has `reason`; returns it.
+pub async fn wait_event(events: &Api<Event>, name: &str, reason: &str) -> Event {
+    let seen = std::cell::RefCell::new(Vec::new());
+    let found = watcher(events.clone(), watcher::Config::default())
+        .applied_objects()
+        .try_filter(|event| {
+            let about = event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
+            if about {
+                seen.borrow_mut()
+                    .push(event.reason.clone().unwrap_or_default());
+            }
+            std::future::ready(about && event.reason.as_deref() == Some(reason))
+        });
+    let mut found = std::pin::pin!(found);
+    match tokio::time::timeout(super::WAIT, found.try_next()).await {
+        Ok(Ok(Some(event))) => event,
+        _ => panic!("no {reason} Event about {name}: saw {:?}", seen.borrow()),
+    }
+}
