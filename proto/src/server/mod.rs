@@ -10,27 +10,32 @@
 //! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
 //!    answers DEADLINE_EXCEEDED with ErrorInfo ([`DeadlineLayer::server`]);
 //! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
-//! 6. TLS, or mutual TLS when a client CA is given.
+//! 6. TLS, or mutual TLS when a client CA is given, re-read when the files change
+//!    (`server/tls.rs`: renewed certificates are served without a restart, and calls in
+//!    flight are not dropped).
 //!
 //! Shutdown is graceful: when the shutdown future completes, health flips to
 //! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
 
 mod reflection;
+mod tls;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 pub use crate::deadline::{Deadline, DeadlineLayer};
 use crate::pb;
 use crate::reference::Misbehaviour;
 use crate::trace_context;
+pub use tls::HANDSHAKE_TIMEOUT;
 
 /// Files that configure the server's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +59,14 @@ pub enum ServeError {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// A TLS file was read but does not hold what it must.
+    #[error("invalid TLS file {path}: {problem}")]
+    TlsInvalid {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
     },
     /// Reflection could not index the descriptor sets.
     #[error("cannot build gRPC reflection")]
@@ -112,7 +125,8 @@ impl ProviderServer {
         self
     }
 
-    /// Enables TLS (and mTLS when `tls.client_ca` is set).
+    /// Enables TLS (and mTLS when `tls.client_ca` is set). The files are read when
+    /// serving starts and again whenever they change.
     pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;
         self
@@ -169,6 +183,8 @@ impl ProviderServer {
 
         let deadline =
             (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(DeadlineLayer::server());
+        // Read before anything is served, so a bad file stops the server at once.
+        let tls = tls.map(tls::ReloadingTls::load).transpose()?.map(Arc::new);
         let mut builder = Server::builder()
             .layer(tower::util::option_layer(deadline))
             .trace_fn(|request| {
@@ -181,11 +197,6 @@ impl ProviderServer {
                 trace_context::set_parent_from_headers(&span, request.headers());
                 span
             });
-        if let Some(tls) = &tls {
-            builder = builder
-                .tls_config(server_tls_config(tls)?)
-                .map_err(ServeError::Transport)?;
-        }
 
         let reporter = health_reporter.clone();
         let shutdown = async move {
@@ -197,28 +208,18 @@ impl ProviderServer {
                     .await;
             }
         };
-        builder
-            .add_routes(routes.routes())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-            .await
-            .map_err(ServeError::Transport)
+        let router = builder.add_routes(routes.routes());
+        match tls {
+            Some(tls) => router
+                .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+                .await
+                .map_err(ServeError::Transport),
+            None => router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+                .map_err(ServeError::Transport),
+        }
     }
-}
-
-fn server_tls_config(tls: &ServerTls) -> Result<ServerTlsConfig, ServeError> {
-    let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let mut config = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &tls.client_ca {
-        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    Ok(config)
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
-    std::fs::read(path).map_err(|source| ServeError::TlsFile {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// A future that completes on SIGINT or SIGTERM, for [`ProviderServer::serve`].
