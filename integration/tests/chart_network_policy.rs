@@ -24,6 +24,14 @@ kvmAgent:
   port: 50052
   tls:
     enabled: false
+    mtls:
+      enabled: false
+  ssh:
+    secretName: kvm-agent-ssh
+  config:
+    hosts:
+      - name: hv1
+        ssh: { address: 192.0.2.10, user: egressproxy }
   networkPolicy:
     enabled: true
     egress:

@@ -82,6 +82,11 @@ async fn every_rendering_passes_a_server_side_dry_run() {
                     "operator.networkPolicy.enabled=true",
                     "kvmAgent.enabled=true",
                     "kvmAgent.tls.enabled=false",
+                    "kvmAgent.tls.mtls.enabled=false",
+                    "kvmAgent.ssh.secretName=kvm-agent-ssh",
+                    "kvmAgent.config.hosts[0].name=hv1",
+                    "kvmAgent.config.hosts[0].ssh.address=hv1.example.org",
+                    "kvmAgent.config.hosts[0].ssh.user=egressproxy",
                     "kvmAgent.podDisruptionBudget.enabled=true",
                     "crds.enabled=false",
                 ],
@@ -267,8 +272,29 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "kvmAgent.ssh.secretName: host \"hv1\" connects over SSH",
         ),
         (
-            "kvmAgent:\n  enabled: true\n  tls:\n    source: certManager\n",
+            "kvmAgent:\n  enabled: true\n  tls:\n    source: certManager\n  config:\n    hosts: [{name: hv1, ssh: {address: hv1, user: u}}]\n  ssh: {secretName: k}\n",
             "kvmAgent.tls.certManager.issuerRef.name: name the cert-manager Issuer",
+        ),
+        // Settings that cannot work with the agent in the cluster.
+        (
+            "kvmAgent:\n  enabled: true\n",
+            "kvmAgent.config.hosts: list at least one hypervisor",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  config:\n    hosts: []\n",
+            "kvmAgent.config.hosts: list at least one hypervisor",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  ssh: {secretName: k}\n  config:\n    hosts:\n      - {name: hv1, ssh: {address: hv1, user: u}}\n      - {name: hv2, local: true}\n",
+            "kvmAgent.config.hosts[1].local: host \"hv2\" would use the libvirt socket of the pod's own node",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  config:\n    hosts:\n      - {name: hv1, libvirtSocket: /run/libvirt/libvirt-sock}\n",
+            "kvmAgent.config.hosts[0].ssh: host \"hv1\" needs ssh",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  ssh: {secretName: k}\n  tls:\n    enabled: false\n    mtls: {enabled: true}\n  config:\n    hosts: [{name: hv1, ssh: {address: hv1, user: u}}]\n",
+            "kvmAgent.tls.mtls.enabled needs kvmAgent.tls.enabled=true",
         ),
     ];
     for (values, expected) in cases {

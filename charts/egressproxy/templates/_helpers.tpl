@@ -4,14 +4,21 @@ context and return that component's name, labels or selector.
 */}}
 
 {{- define "egressproxy.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* `<release>-<chart>` (or fullnameOverride), at most 50 characters: component names
+add a suffix and must stay within 63. */}}
 {{- define "egressproxy.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -50,24 +57,34 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The container security context every component runs with. */}}
-{{- define "egressproxy.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
-{{- define "egressproxy.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- /* Scheduling and security of a pod spec. Args: (list <root> <component values>). */ -}}
+{{- define "egressproxy.podSpecExtras" -}}
+{{- $root := index . 0 -}}
+{{- $values := index . 1 -}}
+{{- include "egressproxy.imagePullSecrets" $root }}
+{{- with $values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* OTEL_* variables for component $name, when an endpoint is set. */}}
