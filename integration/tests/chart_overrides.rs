@@ -137,7 +137,11 @@ async fn the_overrides_users_expect_are_accepted_and_rendered() {
     );
     assert_eq!(container["securityContext"]["runAsUser"], 1000680000);
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
-    assert!(has(&container["volumeMounts"], "mountPath", "/etc/mirror-ca"));
+    assert!(has(
+        &container["volumeMounts"],
+        "mountPath",
+        "/etc/mirror-ca"
+    ));
     assert!(has(&spec["volumes"], "name", "mirror-ca"));
     object(&rendered, "Service", "edge-kvm-agent");
 

@@ -248,7 +248,7 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
         ),
         (
             "kvmAgent:\n  tls:\n    source: vault\n",
-            "at '/kvmAgent/tls/source': value must be one of 'secret', 'certManager'",
+            "at '/kvmAgent/tls/source': value must be one of 'helm', 'secret', 'certManager'",
         ),
         (
             "kvmAgent:\n  config:\n    hosts:\n      - name: hv1\n        ssh: { adress: hv1, user: u }\n",
