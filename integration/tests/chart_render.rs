@@ -78,6 +78,8 @@ async fn every_rendering_passes_a_server_side_dry_run() {
                 &[],
                 &[
                     &watch,
+                    // Named: no ClusterRole to read kube-system's UID either.
+                    "operator.clusterName=dry-run",
                     "operator.replicas=2",
                     "operator.networkPolicy.enabled=true",
                     "kvmAgent.enabled=true",

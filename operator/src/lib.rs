@@ -14,8 +14,11 @@
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
 //! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
+//! - [`cluster_name`]: the `egressproxy.dev/cluster` tag's value (the flag, or the
+//!   cluster's own identity).
 
 pub mod backoff;
+pub mod cluster_name;
 pub mod context;
 pub mod controller;
 pub mod crd;

@@ -21,7 +21,7 @@ use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::watch_scope::WatchScope;
-use egressproxy_operator::{controller, gc, http, limits};
+use egressproxy_operator::{cluster_name, controller, gc, http, limits};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
 /// How long running reconciles may take to finish after SIGTERM before they are
@@ -41,8 +41,9 @@ struct Args {
     providers: PathBuf,
     /// Value of the egressproxy.dev/cluster tag on every instance; garbage collection
     /// only ever touches instances with this tag. Unique per cluster sharing a provider.
+    /// Default: the UID of the kube-system namespace (unique per cluster).
     #[arg(long, env = "EGRESSPROXY_CLUSTER_NAME")]
-    cluster_name: String,
+    cluster_name: Option<String>,
     /// Watch Proxies in these namespaces only (default: all namespaces). Repeat the
     /// flag or separate names with commas.
     #[arg(
@@ -96,6 +97,10 @@ async fn main() -> anyhow::Result<()> {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
     let client = kube::Client::try_default().await?;
+    let (cluster_name, named_by) =
+        cluster_name::resolve(args.cluster_name.as_deref(), &client).await?;
+    tracing::info!(cluster = %cluster_name, from = ?named_by,
+        "instances are tagged egressproxy.dev/cluster={cluster_name}");
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
@@ -129,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(
         client,
         providers,
-        args.cluster_name.clone(),
+        cluster_name,
         metrics.clone(),
     ));
     tracing::info!(
