@@ -14,6 +14,7 @@
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
 //! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`kvm_agent`]: `kvm-agent serve` as a separate process.
+//! - [`otlp_http`]: an OTLP/HTTP trace receiver (protobuf or JSON, plain or TLS).
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
 pub mod certificates;
@@ -26,6 +27,7 @@ pub mod kube_apiserver;
 pub mod kube_env;
 pub mod kvm_agent;
 pub mod libvirtd;
+pub mod otlp_http;
 pub mod process;
 pub mod reference_provider;
 pub mod sshd;

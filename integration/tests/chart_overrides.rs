@@ -16,6 +16,10 @@ fullnameOverride: edge
 global:
   # What other subcharts of an umbrella chart pass down.
   storageClass: fast
+  otel:
+    endpoint: https://collector.observability:4318
+    protocol: http/protobuf
+    caConfigMap: collector-ca
   postgresql: { auth: { existingSecret: db } }
 operator:
   clusterName: overrides
@@ -84,6 +88,32 @@ fn has(items: &serde_norway::Value, key: &str, value: &str) -> bool {
         .is_some_and(|items| items.iter().any(|item| item[key] == value))
 }
 
+/// The collector's CA from `global.otel.caConfigMap` is mounted where
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` says, beside the protocol.
+fn assert_collector_ca(spec: &serde_norway::Value) {
+    let container = &spec["containers"][0];
+    let env = |name: &str| {
+        container["env"]
+            .as_sequence()
+            .and_then(|vars| vars.iter().find(|var| var["name"] == name))
+            .map(|var| var["value"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(
+        env("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref(),
+        Some("http/protobuf")
+    );
+    assert_eq!(
+        env("OTEL_EXPORTER_OTLP_CERTIFICATE").as_deref(),
+        Some("/etc/egressproxy/otel-ca/ca.crt")
+    );
+    assert!(has(
+        &container["volumeMounts"],
+        "mountPath",
+        "/etc/egressproxy/otel-ca"
+    ));
+    assert!(has(&spec["volumes"], "name", "otel-ca"));
+}
+
 #[tokio::test]
 async fn the_overrides_users_expect_are_accepted_and_rendered() {
     let env = KubeTestEnv::new("chart-overrides").await.unwrap();
@@ -127,6 +157,7 @@ async fn the_overrides_users_expect_are_accepted_and_rendered() {
         );
     }
     assert_eq!(security["runAsNonRoot"], true, "the rest stays");
+    assert_collector_ca(spec);
 
     let agent = object(&rendered, "Deployment", "edge-kvm-agent");
     let spec = &agent["spec"]["template"]["spec"];
@@ -143,6 +174,7 @@ async fn the_overrides_users_expect_are_accepted_and_rendered() {
         "/etc/mirror-ca"
     ));
     assert!(has(&spec["volumes"], "name", "mirror-ca"));
+    assert_collector_ca(spec);
     object(&rendered, "Service", "edge-kvm-agent");
 
     let answer = Kubectl::new(kubeconfig)

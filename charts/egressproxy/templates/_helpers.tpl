@@ -57,6 +57,26 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
+{{- /* The collector's CA: the volume and the mount (with global.otel.caConfigMap). */ -}}
+{{- define "egressproxy.otelCaVolume" -}}
+{{- with .Values.global.otel.caConfigMap }}
+- name: otel-ca
+  configMap:
+    name: {{ . }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- end -}}
+
+{{- define "egressproxy.otelCaMount" -}}
+{{- if .Values.global.otel.caConfigMap }}
+- name: otel-ca
+  mountPath: /etc/egressproxy/otel-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
 {{- /* Scheduling and security of a pod spec. Args: (list <root> <component values>). */ -}}
 {{- define "egressproxy.podSpecExtras" -}}
 {{- $root := index . 0 -}}
@@ -102,6 +122,10 @@ topologySpreadConstraints:
 {{- if .resourceAttributes }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ .resourceAttributes | quote }}
+{{- end }}
+{{- if .caConfigMap }}
+- name: OTEL_EXPORTER_OTLP_CERTIFICATE
+  value: /etc/egressproxy/otel-ca/ca.crt
 {{- end }}
 {{- end }}
 {{- end }}
