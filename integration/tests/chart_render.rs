@@ -3,34 +3,14 @@
 //! run on the real kube-apiserver, and values the schema or the templates must refuse
 //! are refused with a message naming the field.
 
+mod chart_support;
+
 use std::path::Path;
 
+use chart_support::{CERT_MANAGER_CERTIFICATE_CRD, PROMETHEUS_OPERATOR_KINDS};
 use egressproxy_integration::helm::{self, Helm, Kubectl};
 use egressproxy_integration::kube_apiserver;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
-
-/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
-/// against cert-manager's schema.
-const CERT_MANAGER_CERTIFICATE_CRD: &str =
-    include_str!("fixtures/cert-manager.io_certificates.yaml");
-
-/// A stand-in for the Prometheus Operator's ServiceMonitor CRD: it only makes the kind
-/// known to the apiserver (any content is accepted), so that a dry run checks the rest
-/// of a rendering that contains one.
-const SERVICE_MONITOR_KIND: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: { name: servicemonitors.monitoring.coreos.com }
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList }
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
-"#;
 
 fn offline_helm() -> Helm {
     // lint and template never contact the cluster; any kubeconfig path will do.
@@ -54,7 +34,7 @@ fn helm_lint_passes_for_the_defaults_and_every_example() {
 #[tokio::test]
 async fn every_rendering_passes_a_server_side_dry_run() {
     let env = KubeTestEnv::new("chart-dry-run").await.unwrap();
-    for crd in [CERT_MANAGER_CERTIFICATE_CRD, SERVICE_MONITOR_KIND] {
+    for crd in [CERT_MANAGER_CERTIFICATE_CRD, PROMETHEUS_OPERATOR_KINDS] {
         apply_crds_yaml(&env.client, crd).await.unwrap();
     }
     let apiserver = kube_apiserver::shared().unwrap();

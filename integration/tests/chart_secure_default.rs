@@ -1,7 +1,8 @@
 //! Secure by default: with no TLS values at all, `helm install` of the in-cluster agent
 //! makes a CA, the agent's certificate and the operator's client certificate, and the
 //! agent (run as the chart runs it) serves mutual TLS: a client without a certificate is
-//! refused, the operator's mounted files are accepted.
+//! refused, the operator's mounted files are accepted, and so are NOTES' grpcurl
+//! commands (which fetch the CA and the client certificate first), run as written.
 //!
 //! Then `helm upgrade`: with the same values the Secrets stay as they are (nothing
 //! restarts or reconnects); when the certificates near expiry (`renewDays` above what
@@ -89,6 +90,54 @@ async fn first_answer(
     }
 }
 
+/// Runs NOTES' grpcurl commands as a user pastes them, in an empty directory, with the
+/// agent at `agent` standing in for the port-forward to its Service: fetching the CA and
+/// the client certificate from the cluster, then calling. Returns grpcurl's output.
+fn run_notes_grpcurl(
+    install_output: &str,
+    agent: std::net::SocketAddr,
+    kubeconfig: &Path,
+) -> String {
+    let (_, section) = install_output
+        .split_once("2. Talk to the kvm-agent with grpcurl")
+        .expect("NOTES show grpcurl");
+    let commands: Vec<String> = section
+        .lines()
+        .skip(1)
+        .take_while(|line| !line.contains("kill %1"))
+        .filter(|line| !line.contains("port-forward"))
+        .map(|line| {
+            line.trim_start()
+                .replace("127.0.0.1:50051", &agent.to_string())
+        })
+        .collect();
+    let script = commands.join("\n");
+    let grpcurl = egressproxy_integration::tools::bin("grpcurl").unwrap();
+    let path = format!(
+        "{}:{}",
+        grpcurl.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "NOTES' commands failed:\n{script}\n{text}"
+    );
+    text
+}
+
 fn certificates(pem: &[u8]) -> usize {
     String::from_utf8_lossy(pem)
         .matches("-----BEGIN CERTIFICATE-----")
@@ -106,7 +155,7 @@ async fn the_defaults_serve_mutual_tls_with_certificates_the_chart_makes_and_kee
     let helm = Helm::new(env.apiserver().kubeconfig_path()).unwrap();
     // Its own namespace only, so the operator leaves other tests' Proxies alone.
     let watch = format!("operator.watchNamespaces={{{ns}}}");
-    helm.install(RELEASE, &ns, &[&values], &[&watch]).unwrap();
+    let installed = helm.install(RELEASE, &ns, &[&values], &[&watch]).unwrap();
 
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &ns);
     let server_secret = secrets.get(&format!("{AGENT}-tls")).await.unwrap();
@@ -146,6 +195,12 @@ async fn the_defaults_serve_mutual_tls_with_certificates_the_chart_makes_and_kee
         refused.is_err(),
         "a client without a certificate was served: {refused:?}"
     );
+    let answer = run_notes_grpcurl(
+        &installed,
+        agent.listen(),
+        env.apiserver().kubeconfig_path(),
+    );
+    assert!(answer.contains("kvm.egressproxy.dev"), "{answer}");
 
     // The same values again: nothing changes.
     helm.upgrade(RELEASE, &ns, &[&values], &[&watch]).unwrap();

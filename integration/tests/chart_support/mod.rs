@@ -14,6 +14,42 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 
 const WAIT: Duration = Duration::from_secs(90);
 
+/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
+/// against cert-manager's schema.
+pub(crate) const CERT_MANAGER_CERTIFICATE_CRD: &str =
+    include_str!("../fixtures/cert-manager.io_certificates.yaml");
+
+/// Stand-ins for the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs: they
+/// only make the kinds known to the apiserver (any content is accepted), so that a dry
+/// run checks the rest of a rendering that contains them.
+pub(crate) const PROMETHEUS_OPERATOR_KINDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: servicemonitors.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: prometheusrules.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: { kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule, listKind: PrometheusRuleList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+"#;
+
 pub(crate) fn proxy_api(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("egressproxy.dev", "v1alpha1", "Proxy");
     Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
