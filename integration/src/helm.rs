@@ -188,6 +188,13 @@ impl Helm {
         run(command, None)
     }
 
+    /// The hooks of installed release `release` (`helm get hooks`), as YAML.
+    pub fn get_hooks(&self, release: &str, namespace: &str) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command.args(["get", "hooks", release, "--namespace", namespace]);
+        run(command, None)
+    }
+
     /// `helm uninstall`.
     pub fn uninstall(&self, release: &str, namespace: &str) -> anyhow::Result<String> {
         let mut command = self.command();

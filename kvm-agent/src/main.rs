@@ -63,6 +63,32 @@ enum Command {
         #[arg(long, requires = "tls_cert")]
         client_ca: Option<PathBuf>,
     },
+    /// Ask a running agent's gRPC health (exit 0 when SERVING), over TLS or mutual TLS as
+    /// it serves: the exec probe of the chart's Deployment (the kubelet's own gRPC probe
+    /// speaks no TLS) and of `helm test`.
+    Probe {
+        /// The agent's `host:port`.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        address: String,
+        /// PEM CA that signed the agent's certificate: connect with TLS (else plaintext).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Name to verify in the agent's certificate (default: the host of --address).
+        #[arg(long, requires = "ca")]
+        server_name: Option<String>,
+        /// PEM client certificate, for an agent that requires mutual TLS (needs --key).
+        #[arg(long, requires_all = ["key", "ca"])]
+        cert: Option<PathBuf>,
+        /// PEM private key of --cert.
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
+        /// Deadline of each call, e.g. `5s`.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Also list the agent's instances (id, name, state, address).
+        #[arg(long)]
+        list_instances: bool,
+    },
     /// Delete base image volumes (and their markers) that no volume in the host's storage
     /// pool uses as its backing file. Never deletes a base an overlay uses.
     EvictImages {
@@ -81,6 +107,21 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A probe runs every few seconds: no span export, no log set-up, one line of output.
+    if let Command::Probe {
+        address,
+        ca,
+        server_name,
+        cert,
+        key,
+        timeout,
+        list_instances,
+    } = cli.command
+    {
+        let options =
+            egressproxy_provider::probe::options(&address, ca, server_name, cert.zip(key), timeout);
+        return probe(&options, list_instances).await;
+    }
     let _telemetry = match egressproxy_provider::telemetry::init("kvm-agent", cli.verbose) {
         Ok(guard) => guard,
         Err(e) => {
@@ -124,11 +165,53 @@ async fn main() -> ExitCode {
             host,
             min_age,
         } => evict_images(&config, host.as_deref(), min_age).await,
+        Command::Probe { .. } => unreachable!("answered before logging is set up"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvm-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kvm-agent probe`: `SERVING` (and the instances) on stdout and exit 0, or the reason
+/// on stderr and exit 1.
+async fn probe(options: &egressproxy_provider::client::ClientOptions, list: bool) -> ExitCode {
+    use egressproxy_provider::probe;
+
+    if let Err(problem) = probe::check_health(options).await {
+        eprintln!("kvm-agent probe: {problem}");
+        return ExitCode::FAILURE;
+    }
+    println!("{}: SERVING", options.endpoint);
+    if !list {
+        return ExitCode::SUCCESS;
+    }
+    match probe::list_instances(options).await {
+        Ok(instances) => {
+            println!("{} instances", instances.len());
+            for instance in instances {
+                let state = egressproxy_provider::pb::InstanceState::try_from(instance.state)
+                    .map_or("UNKNOWN", |state| state.as_str_name());
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    instance.id,
+                    instance.name,
+                    state,
+                    instance
+                        .addresses
+                        .iter()
+                        .map(|address| address.address.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(problem) => {
+            eprintln!("kvm-agent probe: {problem}");
             ExitCode::FAILURE
         }
     }

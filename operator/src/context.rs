@@ -15,6 +15,7 @@ use kube::Resource;
 use crate::backoff::Backoff;
 use crate::crd::Proxy;
 use crate::events::{EventPublisher, EventType};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 
@@ -51,6 +52,8 @@ pub struct Context {
     pub permanent_retry: Duration,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// The control loop's liveness, which the controller beats.
+    pub liveness: Arc<Liveness>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// Replacements whose successor is not created yet, per Proxy UID.
@@ -97,8 +100,15 @@ impl Context {
             pending_replacements: Mutex::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
+            liveness: Arc::default(),
             metrics,
         }
+    }
+
+    /// The same, beating `liveness` (the one `/healthz` reads).
+    pub fn with_liveness(mut self, liveness: Arc<Liveness>) -> Self {
+        self.liveness = liveness;
+        self
     }
 
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.

@@ -14,6 +14,7 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
+use crate::liveness::Liveness;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
 
@@ -80,16 +81,24 @@ pub async fn run(
         changes.changed().await.ok()?;
         Some(((), changes))
     });
+    let liveness = ctx.liveness.clone();
     Controller::for_stream(stream, reader)
         .reconcile_all_on(provider_changes)
+        // Requests that pass through the queue like a Proxy's, so that an idle controller
+        // still shows it processes requests (`liveness`).
+        .reconcile_on(Liveness::probes())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, action)) => {
-                    tracing::debug!(proxy = %object.name, ?action, "reconciled")
+        .for_each(|result| {
+            liveness.beat();
+            async move {
+                match result {
+                    Ok((object, action)) => {
+                        tracing::debug!(proxy = %object.name, ?action, "reconciled")
+                    }
+                    Err(error) if Liveness::is_probe(&error) => {}
+                    Err(error) => tracing::debug!(%error, "reconcile error"),
                 }
-                Err(error) => tracing::debug!(%error, "reconcile error"),
             }
         })
         .await;

@@ -9,7 +9,8 @@
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
-//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
@@ -29,6 +30,7 @@ pub mod health_check;
 pub mod http;
 pub mod leader;
 pub mod limits;
+pub mod liveness;
 pub mod merged_watch;
 pub mod metrics;
 pub mod providers;

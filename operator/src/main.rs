@@ -17,6 +17,7 @@ use std::time::Duration;
 use clap::Parser;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::leader::{self, LeaseConfig};
+use egressproxy_operator::liveness::Liveness;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
@@ -111,7 +112,13 @@ async fn main() -> anyhow::Result<()> {
             )
         })?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-    tokio::spawn(http::serve(listener, metrics.clone(), client.clone()));
+    let liveness = Arc::new(Liveness::default());
+    tokio::spawn(http::serve(
+        listener,
+        metrics.clone(),
+        client.clone(),
+        liveness.clone(),
+    ));
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -129,14 +136,12 @@ async fn main() -> anyhow::Result<()> {
         () = stopping() => return Ok(()),
     };
     metrics.set_leader(true);
+    liveness.start_controlling();
 
     let providers = Providers::new(config, metrics.clone());
-    let ctx = Arc::new(Context::new(
-        client,
-        providers,
-        cluster_name,
-        metrics.clone(),
-    ));
+    let ctx = Arc::new(
+        Context::new(client, providers, cluster_name, metrics.clone()).with_liveness(liveness),
+    );
     tracing::info!(
         namespaces = %scope,
         "egressproxy operator started"

@@ -181,6 +181,28 @@ app.kubernetes.io/component: kvm-agent
 {{- default (printf "%s-client-tls" (include "egressproxy.operator.fullname" .)) .Values.kvmAgent.tls.mtls.clientSecretName -}}
 {{- end -}}
 
+{{- /*
+`kvm-agent probe` against the agent at host $host (list <root> <host>), as YAML list
+items: with TLS it verifies the certificate for the Service's name against ca.crt, with
+mutual TLS it presents the operator's client certificate (mounted at probe-tls/).
+*/ -}}
+{{- define "egressproxy.kvmAgent.probeCommand" -}}
+{{- $root := index . 0 -}}
+{{- $host := index . 1 -}}
+{{- $tls := $root.Values.kvmAgent.tls -}}
+- /usr/local/bin/kvm-agent
+- probe
+- --address={{ $host }}:{{ $root.Values.kvmAgent.port }}
+{{- if $tls.enabled }}
+- --ca=/etc/kvm-agent/tls/ca.crt
+- --server-name={{ include "egressproxy.kvmAgent.host" $root }}
+{{- if $tls.mtls.enabled }}
+- --cert=/etc/kvm-agent/probe-tls/tls.crt
+- --key=/etc/kvm-agent/probe-tls/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* The in-cluster DNS name of the agent's Service (also in its certificate). */}}
 {{- define "egressproxy.kvmAgent.host" -}}
 {{- printf "%s.%s.svc" (include "egressproxy.kvmAgent.fullname" .) .Release.Namespace -}}

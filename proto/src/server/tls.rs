@@ -31,6 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::{ServeError, ServerTls};
+use crate::error::with_causes;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,7 +84,7 @@ impl ReloadingTls {
         let files = match read_files(&self.paths) {
             Ok(files) => files,
             Err(error) => {
-                tracing::warn!(error = %error_chain(&error),
+                tracing::warn!(error = %with_causes(&error),
                     "cannot re-read the TLS files: serving the certificate loaded before");
                 return loaded.config.clone();
             }
@@ -100,7 +101,7 @@ impl ReloadingTls {
                 loaded.rejected = None;
             }
             Err(error) => {
-                tracing::warn!(error = %error_chain(&error),
+                tracing::warn!(error = %with_causes(&error),
                     "TLS files changed but do not load: serving the certificate loaded before");
                 loaded.rejected = Some(files);
             }
@@ -216,15 +217,4 @@ fn server_config(paths: &ServerTls, files: &Files) -> Result<Arc<ServerConfig>, 
     })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
