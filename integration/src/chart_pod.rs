@@ -7,8 +7,9 @@
 //!    ConfigMap and every Secret or projected Secret volume (the TLS files), with the
 //!    items and paths the Deployment names.
 //! 3. The container's args and plain env values, with every path under a mount moved
-//!    under that root and `--listen`/`--http-listen` on a free loopback port; `POD_NAME`
-//!    and `POD_NAMESPACE` as the downward API sets them.
+//!    under that root, `--listen`/`--http-listen` on a free loopback port and
+//!    `--metrics-listen` on another; `POD_NAME` and `POD_NAMESPACE` as the downward API
+//!    sets them.
 //!
 //! The process (its output in a log file) is stopped with its whole process tree when the
 //! [`ChartPod`] is dropped. [`ChartPod::run_probe`] runs the container's exec probes the
@@ -39,7 +40,9 @@ pub struct ChartPod {
     daemon: Daemon,
     files: PodFiles,
     listen: std::net::SocketAddr,
-    container: Container,
+    metrics_listen: std::net::SocketAddr,
+    // Boxed: a container spec is large, and pods are held in enums beside small things.
+    container: Box<Container>,
 }
 
 /// Which exec probe of the container [`ChartPod::run_probe`] runs.
@@ -210,12 +213,19 @@ impl ChartPod {
             Some(listen) => listen,
             None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?,
         };
+        // A free port picked here, on the listen address's host (which may be inside a
+        // network namespace this process cannot bind in).
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let metrics_listen = std::net::SocketAddr::new(listen.ip(), metrics_port);
         let args: Vec<String> = container
             .args
             .iter()
             .flatten()
             .map(|arg| match arg.split_once('=') {
                 Some((flag @ ("--listen" | "--http-listen"), _)) => format!("{flag}={listen}"),
+                Some(("--metrics-listen", _)) => format!("--metrics-listen={metrics_listen}"),
                 _ => relocate(arg),
             })
             .collect();
@@ -253,7 +263,8 @@ impl ChartPod {
             daemon,
             files,
             listen,
-            container,
+            metrics_listen,
+            container: Box::new(container),
         })
     }
 
@@ -305,6 +316,11 @@ impl ChartPod {
             .collect();
         let mut command = self.files.exec_command(&argv, &rewrite)?;
         command.output().context("run the probe")
+    }
+
+    /// The address given to the container's `--metrics-listen` flag, if it has one.
+    pub fn metrics_listen(&self) -> std::net::SocketAddr {
+        self.metrics_listen
     }
 
     /// The loopback address given to the container's `--listen`/`--http-listen` flag.

@@ -4,6 +4,7 @@
 //! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
+//! - [`alerts`]: the chart's PrometheusRule against the metrics the binaries export.
 //! - [`certificates`]: a test CA with server and client certificates (openssl).
 //! - [`chaos`]: a seeded random sequence for fault injection.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
@@ -17,6 +18,7 @@
 //! - [`otlp_http`]: an OTLP/HTTP trace receiver (protobuf or JSON, plain or TLS).
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
+pub mod alerts;
 pub mod certificates;
 pub mod chaos;
 pub mod chart_pod;

@@ -83,6 +83,17 @@ async fn the_agent_serves_mutual_tls_as_the_chart_runs_it() {
         ],
     )
     .await;
+    // The operator's client certificate: the agent's probe presents it too.
+    create_secret(
+        &env,
+        "ag-egressproxy-operator-client-tls",
+        &[
+            ("tls.crt", &certs.join("client.crt")),
+            ("tls.key", &certs.join("client.key")),
+            ("ca.crt", &certs.join("ca.crt")),
+        ],
+    )
+    .await;
 
     let values = dir.path().join("values.yaml");
     std::fs::write(&values, VALUES).unwrap();

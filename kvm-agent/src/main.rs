@@ -62,6 +62,10 @@ enum Command {
         /// PEM CA bundle: require client certificates signed by it (mutual TLS).
         #[arg(long, requires = "tls_cert")]
         client_ca: Option<PathBuf>,
+        /// Serve Prometheus metrics on `/metrics` at this address (plain HTTP; off
+        /// without it).
+        #[arg(long, env = "KVM_AGENT_METRICS_LISTEN")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Ask a running agent's gRPC health (exit 0 when SERVING), over TLS or mutual TLS as
     /// it serves: the exec probe of the chart's Deployment (the kubelet's own gRPC probe
@@ -143,6 +147,7 @@ async fn main() -> ExitCode {
             tls_cert,
             tls_key,
             client_ca,
+            metrics_listen,
         } => {
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(egressproxy_provider::server::ServerTls {
@@ -152,7 +157,7 @@ async fn main() -> ExitCode {
                 }),
                 _ => None,
             };
-            match serve(&config, listen, tls).await {
+            match serve(&config, listen, tls, metrics_listen).await {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     eprintln!("kvm-agent: {e:#}");
@@ -222,6 +227,7 @@ async fn serve(
     path: &Path,
     listen: std::net::SocketAddr,
     tls: Option<egressproxy_provider::server::ServerTls>,
+    metrics_listen: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
     use egressproxy_provider::server::{ProviderServer, shutdown_signal};
     use kvm_agent::provider::instances::Instances;
@@ -237,13 +243,40 @@ async fn serve(
         )
     })?;
     let address = listener.local_addr()?;
+    if let Some(metrics_listen) = metrics_listen {
+        let metrics = tokio::net::TcpListener::bind(metrics_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot listen on {metrics_listen} (--metrics-listen): {e}")
+            })?;
+        let metrics_address = metrics.local_addr()?;
+        tracing::info!(address = %metrics_address, "serving /metrics");
+        tokio::spawn(serve_metrics(metrics));
+    }
     println!("listening on {address}");
     tracing::info!(%address, hosts = config.hosts.len(), "kvm-agent serving");
     ProviderServer::new(provider)
+        .with_call_observer(kvm_agent::metrics::call_observer())
         .with_tls(tls)
         .serve(listener, shutdown_signal())
         .await?;
     Ok(())
+}
+
+/// `/metrics` in Prometheus' text format, until the process ends.
+async fn serve_metrics(listener: tokio::net::TcpListener) {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async {
+            (
+                [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                kvm_agent::metrics::global().encode(),
+            )
+        }),
+    );
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(%error, "the metrics endpoint stopped");
+    }
 }
 
 fn check_config(path: &Path) -> Result<(), kvm_agent::Error> {

@@ -16,6 +16,9 @@ agent's Deployment, so `helm template`, `helm lint` and `helm install` all refus
 {{- fail (printf "kvmAgent.config.hosts[%d].ssh: host %q needs ssh (address, user): the in-cluster agent reaches hypervisors over SSH" $index (toString $host.name)) }}
 {{- end }}
 {{- end }}
+{{- if eq (int $agent.port) (int $agent.metricsPort) }}
+{{- fail (printf "kvmAgent.metricsPort (%v) must differ from kvmAgent.port: one port cannot serve gRPC and /metrics" $agent.metricsPort) }}
+{{- end }}
 {{- if and $agent.tls.mtls.enabled (not $agent.tls.enabled) }}
 {{- fail "kvmAgent.tls.mtls.enabled needs kvmAgent.tls.enabled=true (mutual TLS is TLS with client certificates); to serve plaintext, set kvmAgent.tls.mtls.enabled=false as well" }}
 {{- end }}

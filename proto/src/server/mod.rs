@@ -9,7 +9,9 @@
 //!    `google.rpc` error detail types (`server/reflection.rs`);
 //! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
 //!    answers DEADLINE_EXCEEDED with ErrorInfo ([`DeadlineLayer::server`]);
-//! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
+//! 5. a `grpc.request` span per call, a child of the caller's W3C trace context, and
+//!    optionally each call's method, status and duration to a [`CallObserver`]
+//!    (`server/observe.rs`, for metrics);
 //! 6. TLS, or mutual TLS when a client CA is given, re-read when the files change
 //!    (`server/tls.rs`: renewed certificates are served without a restart, and calls in
 //!    flight are not dropped).
@@ -17,6 +19,7 @@
 //! Shutdown is graceful: when the shutdown future completes, health flips to
 //! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
 
+mod observe;
 mod reflection;
 mod tls;
 
@@ -35,6 +38,7 @@ pub use crate::deadline::{Deadline, DeadlineLayer};
 use crate::pb;
 use crate::reference::Misbehaviour;
 use crate::trace_context;
+pub use observe::CallObserver;
 pub use tls::HANDSHAKE_TIMEOUT;
 
 /// Files that configure the server's TLS.
@@ -83,6 +87,7 @@ pub struct ProviderServer {
     service_names: Vec<&'static str>,
     tls: Option<ServerTls>,
     misbehave: Option<Misbehaviour>,
+    observe: observe::ObserveLayer,
 }
 
 type ServiceRequest = http::Request<tonic::body::Body>;
@@ -102,6 +107,7 @@ impl ProviderServer {
             service_names: Vec::new(),
             tls: None,
             misbehave: None,
+            observe: observe::ObserveLayer::default(),
         }
         .with_service(pb::provider_server::ProviderServer::new(provider))
     }
@@ -122,6 +128,14 @@ impl ProviderServer {
     {
         self.routes.add_service(service);
         self.service_names.push(S::NAME);
+        self
+    }
+
+    /// Reports every call (method, gRPC status, duration) to `observer`, e.g. for metrics.
+    pub fn with_call_observer(mut self, observer: std::sync::Arc<dyn CallObserver>) -> Self {
+        self.observe = observe::ObserveLayer {
+            observer: Some(observer),
+        };
         self
     }
 
@@ -152,6 +166,7 @@ impl ProviderServer {
             service_names,
             tls,
             misbehave,
+            observe,
         } = self;
         let breaks = |m: Misbehaviour| misbehave == Some(m);
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -185,7 +200,9 @@ impl ProviderServer {
             (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(DeadlineLayer::server());
         // Read before anything is served, so a bad file stops the server at once.
         let tls = tls.map(tls::ReloadingTls::load).transpose()?.map(Arc::new);
+        // The observer outside the deadline, so that it sees the deadline's answers too.
         let mut builder = Server::builder()
+            .layer(observe)
             .layer(tower::util::option_layer(deadline))
             .trace_fn(|request| {
                 let span = tracing::info_span!(
