@@ -201,6 +201,19 @@ impl Helm {
         command.args(["uninstall", release, "--namespace", namespace]);
         run(command, None)
     }
+
+    /// `helm uninstall --no-hooks`: the test apiserver runs no pods, so a hook's Job
+    /// would never finish (tests run the hook's pod themselves, with
+    /// [`crate::chart_pod::run_pod_to_completion`]).
+    pub fn uninstall_without_hooks(
+        &self,
+        release: &str,
+        namespace: &str,
+    ) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command.args(["uninstall", release, "--namespace", namespace, "--no-hooks"]);
+        run(command, None)
+    }
 }
 
 fn add_values(command: &mut Command, values: &[&Path], set: &[&str]) {

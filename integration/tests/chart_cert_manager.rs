@@ -147,5 +147,5 @@ async fn the_mtls_example_makes_certificates_that_cert_manager_s_schema_accepts(
         error.to_string().contains("spec.privateKey.algorithm"),
         "{error}"
     );
-    helm.uninstall("cm", ns).unwrap();
+    helm.uninstall_without_hooks("cm", ns).unwrap();
 }

@@ -157,5 +157,5 @@ async fn egress_policies_allow_dns_the_agent_and_the_users_rules_only() {
         ),
         "{error:#}"
     );
-    helm.uninstall("np", ns).unwrap();
+    helm.uninstall_without_hooks("np", ns).unwrap();
 }

@@ -15,6 +15,8 @@
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
 //! - [`context`]: state shared by reconciles; [`error`]: the crate's error type.
+//! - [`uninstall_check`]: the chart's pre-delete hook, refusing to uninstall while
+//!   Proxies exist.
 //! - [`cluster_name`]: the `egressproxy.dev/cluster` tag's value (the flag, or the
 //!   cluster's own identity).
 
@@ -36,4 +38,5 @@ pub mod metrics;
 pub mod providers;
 pub mod reconcile;
 pub mod status;
+pub mod uninstall_check;
 pub mod watch_scope;

@@ -22,7 +22,7 @@ use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::watch_scope::WatchScope;
-use egressproxy_operator::{cluster_name, controller, gc, http, limits};
+use egressproxy_operator::{cluster_name, controller, gc, http, limits, uninstall_check};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
 /// How long running reconciles may take to finish after SIGTERM before they are
@@ -80,12 +80,30 @@ struct Args {
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Subcommand {
+    /// The chart's pre-delete hook: exit 1, naming them and saying what to do, while
+    /// Proxies exist in the operator's scope (`--namespace`); exit 0 when none do.
+    UninstallCheck,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let scope = WatchScope::from_flags(&args.namespaces).map_err(|error| anyhow::anyhow!(error))?;
+    if let Some(Subcommand::UninstallCheck) = args.command {
+        let client = kube::Client::try_default().await?;
+        if let Err(refusal) = uninstall_check::check(&client, &scope).await? {
+            eprintln!("{refusal}");
+            std::process::exit(1);
+        }
+        println!("no Proxies left: the uninstall may go on");
+        return Ok(());
+    }
     let _telemetry = telemetry::init("egressproxy-operator", args.verbose)?;
     let stopping = listen_for_shutdown();
     let config_text = std::fs::read_to_string(&args.providers).map_err(|error| {
