@@ -108,6 +108,7 @@ async fn a_renewed_certificate_is_served_without_a_restart_or_a_dropped_call() {
         remaining: Some(1),
         effect: FaultEffect::Latency(Duration::from_millis(500)),
         message: String::new(),
+        retry_after: None,
     });
     let in_flight = tokio::spawn({
         let mut client = before.clone();
