@@ -7,11 +7,14 @@
 //!    ConfigMap and every Secret or projected Secret volume (the TLS files), with the
 //!    items and paths the Deployment names.
 //! 3. The container's args and plain env values, with every path under a mount moved
-//!    under that root and `--listen`/`--http-listen` on a free loopback port; `POD_NAME`
-//!    and `POD_NAMESPACE` as the downward API sets them.
+//!    under that root, `--listen`/`--http-listen` on a free loopback port and
+//!    `--metrics-listen` on another; `POD_NAME` and `POD_NAMESPACE` as the downward API
+//!    sets them.
 //!
 //! The process (its output in a log file) is stopped with its whole process tree when the
-//! [`ChartPod`] is dropped.
+//! [`ChartPod`] is dropped. [`ChartPod::run_probe`] runs the container's exec probes the
+//! way the kubelet does, inside that stand-in filesystem; [`run_pod_to_completion`] runs
+//! a Pod the chart makes as a hook (`helm test`, pre-delete) once, the same way.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +23,9 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, KeyToPath, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, KeyToPath, PodSpec, Secret, ServiceAccount, Volume,
+};
 use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 
@@ -33,8 +38,107 @@ use crate::reference_provider::workspace_binary;
 pub struct ChartPod {
     // Declared first: the process stops before its files go.
     daemon: Daemon,
-    root: tempfile::TempDir,
+    files: PodFiles,
     listen: std::net::SocketAddr,
+    metrics_listen: std::net::SocketAddr,
+    // Boxed: a container spec is large, and pods are held in enums beside small things.
+    container: Box<Container>,
+}
+
+/// Which exec probe of the container [`ChartPod::run_probe`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `readinessProbe`.
+    Readiness,
+    /// `livenessProbe`.
+    Liveness,
+}
+
+/// A container's volumes materialised under a private root, and the rewriting of the
+/// paths under its mounts to that root.
+#[derive(Debug)]
+struct PodFiles {
+    root: tempfile::TempDir,
+    /// Mount paths, longest first.
+    mounts: Vec<String>,
+}
+
+impl PodFiles {
+    /// Writes every volume `container` mounts under a new root directory, and moves the
+    /// paths that config files name.
+    async fn materialise(
+        env: &KubeTestEnv,
+        namespace: &str,
+        pod: &PodSpec,
+        container: &Container,
+    ) -> anyhow::Result<Self> {
+        let root = tempfile::tempdir().context("pod root directory")?;
+        let volumes: BTreeMap<&str, &Volume> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|volume| (volume.name.as_str(), volume))
+            .collect();
+        let mut mounts = Vec::new();
+        for mount in container.volume_mounts.iter().flatten() {
+            let volume = volumes
+                .get(mount.name.as_str())
+                .with_context(|| format!("volumeMount {} names no volume", mount.name))?;
+            let target = root.path().join(mount.mount_path.trim_start_matches('/'));
+            materialise(env, namespace, volume, mount.sub_path.as_deref(), &target).await?;
+            mounts.push(mount.mount_path.clone());
+        }
+        // Longest first, through placeholders, so that neither a mount inside another nor
+        // one whose path starts with another's (hv1, hv10) is moved twice.
+        mounts.sort_by_key(|path| std::cmp::Reverse(path.len()));
+        let files = PodFiles { root, mounts };
+        // Config files name paths under other mounts (TLS files): move those too.
+        for mount in &files.mounts {
+            let file = files.root.path().join(mount.trim_start_matches('/'));
+            if file.is_file() {
+                let text = std::fs::read_to_string(&file)?;
+                std::fs::write(&file, files.relocate(&text))?;
+            }
+        }
+        Ok(files)
+    }
+
+    /// `text` with every path under a mount moved under the root.
+    fn relocate(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (index, mount) in self.mounts.iter().enumerate() {
+            text = text.replace(mount.as_str(), &format!("\u{0}{index}\u{0}"));
+        }
+        for (index, mount) in self.mounts.iter().enumerate() {
+            let moved = self.root.path().join(mount.trim_start_matches('/'));
+            text = text.replace(&format!("\u{0}{index}\u{0}"), &moved.display().to_string());
+        }
+        text
+    }
+
+    /// The command of an exec in `container` (an image path such as
+    /// `/usr/local/bin/kvm-agent`, then its args): the workspace binary of that name, the
+    /// args relocated and with each `(from, to)` of `rewrite` replaced.
+    fn exec_command(
+        &self,
+        argv: &[String],
+        rewrite: &[(String, String)],
+    ) -> anyhow::Result<Command> {
+        let (program, args) = argv.split_first().context("an exec without a command")?;
+        let name = Path::new(program)
+            .file_name()
+            .context("a command without a file name")?
+            .to_string_lossy();
+        let mut command = Command::new(workspace_binary(&name)?);
+        for arg in args {
+            let mut arg = self.relocate(arg);
+            for (from, to) in rewrite {
+                arg = arg.replace(from, to);
+            }
+            command.arg(arg);
+        }
+        Ok(command)
+    }
 }
 
 /// How a [`ChartPod`] runs beyond what the Deployment says.
@@ -81,13 +185,6 @@ impl ChartPod {
         service_account: Option<&str>,
         options: &PodOptions,
     ) -> anyhow::Result<Self> {
-        let root = tempfile::tempdir().context("pod root directory")?;
-        let kubeconfig = match service_account {
-            Some(account) => {
-                Some(service_account_kubeconfig(env, namespace, account, root.path()).await?)
-            }
-            None => None,
-        };
         let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), namespace);
         let deployment = deployments
             .get(deployment)
@@ -98,56 +195,37 @@ impl ChartPod {
             .template
             .spec
             .context("Deployment without a pod spec")?;
-        let container = pod.containers.first().context("pod without containers")?;
-        let volumes: BTreeMap<&str, &Volume> = pod
-            .volumes
-            .iter()
-            .flatten()
-            .map(|volume| (volume.name.as_str(), volume))
-            .collect();
-
-        let mut mounts = Vec::new();
-        for mount in container.volume_mounts.iter().flatten() {
-            let volume = volumes
-                .get(mount.name.as_str())
-                .with_context(|| format!("volumeMount {} names no volume", mount.name))?;
-            let target = root.path().join(mount.mount_path.trim_start_matches('/'));
-            materialise(env, namespace, volume, mount.sub_path.as_deref(), &target).await?;
-            mounts.push(mount.mount_path.clone());
-        }
-        // Longest first, through placeholders, so that neither a mount inside another nor
-        // one whose path starts with another's (hv1, hv10) is moved twice.
-        mounts.sort_by_key(|path| std::cmp::Reverse(path.len()));
-        let relocate = |text: &str| -> String {
-            let mut text = text.to_owned();
-            for (index, mount) in mounts.iter().enumerate() {
-                text = text.replace(mount.as_str(), &format!("\u{0}{index}\u{0}"));
+        let container = pod
+            .containers
+            .first()
+            .context("pod without containers")?
+            .clone();
+        let files = PodFiles::materialise(env, namespace, &pod, &container).await?;
+        let kubeconfig = match service_account {
+            Some(account) => {
+                Some(service_account_kubeconfig(env, namespace, account, files.root.path()).await?)
             }
-            for (index, mount) in mounts.iter().enumerate() {
-                let moved = root.path().join(mount.trim_start_matches('/'));
-                text = text.replace(&format!("\u{0}{index}\u{0}"), &moved.display().to_string());
-            }
-            text
+            None => None,
         };
-        // Config files name paths under other mounts (TLS files): move those too.
-        for mount in &mounts {
-            let file = root.path().join(mount.trim_start_matches('/'));
-            if file.is_file() {
-                let text = std::fs::read_to_string(&file)?;
-                std::fs::write(&file, relocate(&text))?;
-            }
-        }
+        let relocate = |text: &str| files.relocate(text);
 
         let listen = match options.listen {
             Some(listen) => listen,
             None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?,
         };
+        // A free port picked here, on the listen address's host (which may be inside a
+        // network namespace this process cannot bind in).
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let metrics_listen = std::net::SocketAddr::new(listen.ip(), metrics_port);
         let args: Vec<String> = container
             .args
             .iter()
             .flatten()
             .map(|arg| match arg.split_once('=') {
                 Some((flag @ ("--listen" | "--http-listen"), _)) => format!("{flag}={listen}"),
+                Some(("--metrics-listen", _)) => format!("--metrics-listen={metrics_listen}"),
                 _ => relocate(arg),
             })
             .collect();
@@ -179,18 +257,25 @@ impl ChartPod {
         let log = options
             .log
             .clone()
-            .unwrap_or_else(|| root.path().join(format!("{binary}.log")));
+            .unwrap_or_else(|| files.root.path().join(format!("{binary}.log")));
         let daemon = Daemon::spawn(binary, command, &log)?;
         Ok(Self {
             daemon,
-            root,
+            files,
             listen,
+            metrics_listen,
+            container: Box::new(container),
         })
     }
 
     /// The process's pid (the binary itself: `ip netns exec` execs it).
     pub fn pid(&self) -> u32 {
         self.daemon.pid()
+    }
+
+    /// Stops the process (and its process tree); its files stay until the drop.
+    pub fn stop(&mut self) {
+        self.daemon.stop();
     }
 
     /// Fails with the log's tail if the process has exited.
@@ -200,13 +285,143 @@ impl ChartPod {
 
     /// The directory standing in for the pod's filesystem.
     pub fn root(&self) -> &Path {
-        self.root.path()
+        self.files.root.path()
+    }
+
+    /// Runs the container's exec `probe` as the kubelet would: its command with the
+    /// image's binary replaced by the workspace's, paths moved into the pod's files, and
+    /// `127.0.0.1:<containerPort>` pointed at where this process listens. Fails when
+    /// the container has no such exec probe.
+    pub fn run_probe(&self, probe: Probe) -> anyhow::Result<std::process::Output> {
+        let spec = match probe {
+            Probe::Readiness => &self.container.readiness_probe,
+            Probe::Liveness => &self.container.liveness_probe,
+        };
+        let argv = spec
+            .as_ref()
+            .and_then(|spec| spec.exec.as_ref())
+            .and_then(|exec| exec.command.clone())
+            .with_context(|| format!("the container has no exec {probe:?} probe"))?;
+        let rewrite: Vec<(String, String)> = self
+            .container
+            .ports
+            .iter()
+            .flatten()
+            .map(|port| {
+                (
+                    format!("127.0.0.1:{}", port.container_port),
+                    self.listen.to_string(),
+                )
+            })
+            .collect();
+        let mut command = self.files.exec_command(&argv, &rewrite)?;
+        command.output().context("run the probe")
+    }
+
+    /// The address given to the container's `--metrics-listen` flag, if it has one.
+    pub fn metrics_listen(&self) -> std::net::SocketAddr {
+        self.metrics_listen
     }
 
     /// The loopback address given to the container's `--listen`/`--http-listen` flag.
     pub fn listen(&self) -> std::net::SocketAddr {
         self.listen
     }
+}
+
+/// Runs `pod` (a hook the chart makes: a `helm test` Pod, a pre-delete Job's pod
+/// template) once, out of cluster, as its first container would run: volumes
+/// materialised, its command with the image's binary replaced by the workspace's, paths
+/// moved, each `(from, to)` of `rewrite` replaced in the args (a Service's name by where
+/// the test's process listens), and as `service_account` when given (a token the
+/// apiserver issued). Waits up to `within` for it to exit; its output either way.
+pub async fn run_pod_to_completion(
+    env: &KubeTestEnv,
+    namespace: &str,
+    pod: &PodSpec,
+    service_account: Option<&str>,
+    rewrite: &[(String, String)],
+    within: std::time::Duration,
+) -> anyhow::Result<std::process::Output> {
+    let container = pod.containers.first().context("pod without containers")?;
+    let files = PodFiles::materialise(env, namespace, pod, container).await?;
+    let argv: Vec<String> = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .collect();
+    let mut command = files.exec_command(&argv, rewrite)?;
+    for var in container.env.iter().flatten() {
+        if let Some(value) = &var.value {
+            command.env(&var.name, files.relocate(value));
+        }
+    }
+    if let Some(account) = service_account {
+        let kubeconfig =
+            service_account_kubeconfig(env, namespace, account, files.root.path()).await?;
+        command.env("KUBECONFIG", kubeconfig);
+    }
+    command.env("POD_NAMESPACE", namespace);
+    let child = command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("start the hook's process")?;
+    let pid = child.id();
+    let waited = tokio::time::timeout(
+        within,
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await;
+    match waited {
+        Ok(output) => Ok(output.context("wait for the hook")??),
+        Err(_) => {
+            let _ = crate::process::signal_tree(pid, nix::sys::signal::Signal::SIGKILL);
+            bail!("the hook's process ran longer than {within:?}")
+        }
+    }
+}
+
+/// The hook of `kind` named `name` in `hooks_yaml` (what `helm get hooks` prints), as
+/// its pod spec: a Pod's own, a Job's template's. The document is read by `kubectl`
+/// (Kubernetes' YAML rules: `defaultMode: 0440` is octal there, a string in YAML 1.2).
+pub fn hook_pod_spec(
+    kubectl: &crate::helm::Kubectl,
+    hooks_yaml: &str,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<PodSpec> {
+    let mut documents = vec![String::new()];
+    for line in hooks_yaml.lines() {
+        if line.trim_end() == "---" {
+            documents.push(String::new());
+        } else if let Some(document) = documents.last_mut() {
+            document.push_str(line);
+            document.push('\n');
+        }
+    }
+    for document in documents {
+        let Ok(head) = serde_norway::from_str::<serde_norway::Value>(&document) else {
+            continue;
+        };
+        if head["kind"] != kind || head["metadata"]["name"] != name {
+            continue;
+        }
+        let json = kubectl.run(
+            &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+            Some(&document),
+        )?;
+        let object: serde_json::Value = serde_json::from_str(&json)?;
+        let spec = match kind {
+            "Pod" => object["spec"].clone(),
+            _ => object["spec"]["template"]["spec"].clone(),
+        };
+        return Ok(serde_json::from_value(spec)?);
+    }
+    bail!("no {kind} {name} among the release's hooks")
 }
 
 /// Writes what `volume` would show at `target` (or, with `sub_path`, the one file).

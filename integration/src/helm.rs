@@ -188,10 +188,30 @@ impl Helm {
         run(command, None)
     }
 
+    /// The hooks of installed release `release` (`helm get hooks`), as YAML.
+    pub fn get_hooks(&self, release: &str, namespace: &str) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command.args(["get", "hooks", release, "--namespace", namespace]);
+        run(command, None)
+    }
+
     /// `helm uninstall`.
     pub fn uninstall(&self, release: &str, namespace: &str) -> anyhow::Result<String> {
         let mut command = self.command();
         command.args(["uninstall", release, "--namespace", namespace]);
+        run(command, None)
+    }
+
+    /// `helm uninstall --no-hooks`: the test apiserver runs no pods, so a hook's Job
+    /// would never finish (tests run the hook's pod themselves, with
+    /// [`crate::chart_pod::run_pod_to_completion`]).
+    pub fn uninstall_without_hooks(
+        &self,
+        release: &str,
+        namespace: &str,
+    ) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command.args(["uninstall", release, "--namespace", namespace, "--no-hooks"]);
         run(command, None)
     }
 }

@@ -4,6 +4,7 @@
 //! - [`tools`]: locates the pinned test tools (grpcurl, buf, helm, kube-harness, the
 //!   Python virtualenv with grpcio).
 //! - [`chart_pod`]: a binary run as an installed chart's Deployment would run it.
+//! - [`alerts`]: the chart's PrometheusRule against the metrics the binaries export.
 //! - [`certificates`]: a test CA with server and client certificates (openssl).
 //! - [`chaos`]: a seeded random sequence for fault injection.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
@@ -14,8 +15,10 @@
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
 //! - [`reference_provider`]: the reference provider binary as a separate process.
 //! - [`kvm_agent`]: `kvm-agent serve` as a separate process.
+//! - [`otlp_http`]: an OTLP/HTTP trace receiver (protobuf or JSON, plain or TLS).
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
 
+pub mod alerts;
 pub mod certificates;
 pub mod chaos;
 pub mod chart_pod;
@@ -26,6 +29,7 @@ pub mod kube_apiserver;
 pub mod kube_env;
 pub mod kvm_agent;
 pub mod libvirtd;
+pub mod otlp_http;
 pub mod process;
 pub mod reference_provider;
 pub mod sshd;

@@ -10,13 +10,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chart_support::make_certificates;
+use chart_support::{create_secret, create_ssh_secret, make_certificates};
 use egressproxy_integration::chart_pod::ChartPod;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::tools;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
 
 const AGENT: &str = "ag-egressproxy-kvm-agent";
 
@@ -29,8 +27,7 @@ kvmAgent:
   ssh:
     secretName: kvm-agent-ssh
   tls:
-    mtls:
-      enabled: true
+    source: secret
   config:
     hosts:
       - name: hv1
@@ -40,25 +37,6 @@ kvmAgent:
     images:
       debian-12: { url: \"file:///nonexistent/debian-12.qcow2\", guestAgent: preinstalled }
 ";
-
-async fn create_secret(env: &KubeTestEnv, name: &str, files: &[(&str, &Path)]) {
-    let data: serde_json::Map<String, serde_json::Value> = files
-        .iter()
-        .map(|(key, path)| {
-            let text = std::fs::read_to_string(path).unwrap();
-            ((*key).to_owned(), serde_json::Value::String(text))
-        })
-        .collect();
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "stringData": data,
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-}
 
 fn grpcurl(
     address: &str,
@@ -94,35 +72,24 @@ async fn the_agent_serves_mutual_tls_as_the_chart_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path();
     make_certificates(certs, &authority);
-    let key = certs.join("id_ed25519");
-    let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let public = std::fs::read_to_string(certs.join("id_ed25519.pub")).unwrap();
-    let host_key: Vec<&str> = public.split_whitespace().take(2).collect();
-    std::fs::write(
-        certs.join("known_hosts"),
-        format!("[127.0.0.1]:1 {}\n", host_key.join(" ")),
-    )
-    .unwrap();
-    create_secret(
-        &env,
-        "kvm-agent-ssh",
-        &[
-            ("id_ed25519", &key),
-            ("known_hosts", &certs.join("known_hosts")),
-        ],
-    )
-    .await;
+    create_ssh_secret(&env, certs, "kvm-agent-ssh").await;
     create_secret(
         &env,
         &format!("{AGENT}-tls"),
         &[
             ("tls.crt", &certs.join("server.crt")),
             ("tls.key", &certs.join("server.key")),
+            ("ca.crt", &certs.join("ca.crt")),
+        ],
+    )
+    .await;
+    // The operator's client certificate: the agent's probe presents it too.
+    create_secret(
+        &env,
+        "ag-egressproxy-operator-client-tls",
+        &[
+            ("tls.crt", &certs.join("client.crt")),
+            ("tls.key", &certs.join("client.key")),
             ("ca.crt", &certs.join("ca.crt")),
         ],
     )

@@ -6,13 +6,15 @@
 //! tools this harness builds), so nothing issues them; `chart_agent.rs` and
 //! `chart_tls.rs` run the pods with certificates from Secrets in the same layout.
 
+mod chart_support;
+
+use chart_support::CERT_MANAGER_CERTIFICATE_CRD;
 use egressproxy_integration::helm::{self, Helm};
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 
-const CERTIFICATE_CRD: &str = include_str!("fixtures/cert-manager.io_certificates.yaml");
 const AGENT: &str = "cm-egressproxy-kvm-agent";
 const OPERATOR: &str = "cm-egressproxy-operator";
 
@@ -56,7 +58,9 @@ fn strings(value: &serde_json::Value) -> Vec<String> {
 async fn the_mtls_example_makes_certificates_that_cert_manager_s_schema_accepts() {
     let env = KubeTestEnv::new("chart-cert-manager").await.unwrap();
     let ns = env.namespace.as_str();
-    apply_crds_yaml(&env.client, CERTIFICATE_CRD).await.unwrap();
+    apply_crds_yaml(&env.client, CERT_MANAGER_CERTIFICATE_CRD)
+        .await
+        .unwrap();
     let helm = Helm::new(env.apiserver().kubeconfig_path()).unwrap();
     let example = helm::chart_dir().join("examples/mtls-cert-manager.yaml");
     // Namespaced objects only (no CRD, no ClusterRole), so this release stays out of the
@@ -143,5 +147,5 @@ async fn the_mtls_example_makes_certificates_that_cert_manager_s_schema_accepts(
         error.to_string().contains("spec.privateKey.algorithm"),
         "{error}"
     );
-    helm.uninstall("cm", ns).unwrap();
+    helm.uninstall_without_hooks("cm", ns).unwrap();
 }

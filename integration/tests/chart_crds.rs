@@ -37,7 +37,7 @@ async fn the_crd_follows_crds_enabled_and_crds_keep() {
         "keep=false must not ask Helm to keep the CRD"
     );
     let uid = crd.metadata.uid.clone().unwrap();
-    helm.uninstall("temporary", ns).unwrap();
+    helm.uninstall_without_hooks("temporary", ns).unwrap();
     // The apiserver removes the CRD once its instances are cleaned up (none here).
     tokio::time::timeout(
         Duration::from_secs(60),
@@ -53,5 +53,5 @@ async fn the_crd_follows_crds_enabled_and_crds_keep() {
         crds.get_opt(CRD).await.unwrap().is_none(),
         "crds.enabled=false installed the CRD"
     );
-    helm.uninstall("without-crd", ns).unwrap();
+    helm.uninstall_without_hooks("without-crd", ns).unwrap();
 }

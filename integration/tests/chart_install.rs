@@ -11,8 +11,9 @@
 //!    a Role in each (no Secrets elsewhere, no cluster-wide Proxies), a PDB appears, and the
 //!    operator brings a Proxy in each watched namespace to Ready with them and leaves one
 //!    in a third namespace alone.
-//! 4. `helm uninstall`: the chart's objects go, the CRD (`crds.keep`) and the Proxies stay;
-//!    installing the release again adopts the kept CRD.
+//! 4. `helm uninstall --no-hooks` (uninstalling anyway, past the hook that refuses while
+//!    Proxies exist: `chart_lifecycle.rs`): the chart's objects go, the CRD (`crds.keep`)
+//!    and the Proxies stay; installing the release again adopts the kept CRD.
 //!
 //! One test function: the release owns the cluster-wide CRD, which only one release in
 //! this apiserver can own. `chart_crds.rs` covers `crds.keep=false` in its own process.
@@ -206,7 +207,7 @@ async fn install_reconcile_upgrade_and_uninstall() {
     );
 
     // 4. Uninstall: the CRD and the Proxies stay (crds.keep defaults to true).
-    helm.uninstall(RELEASE, release_ns).unwrap();
+    helm.uninstall_without_hooks(RELEASE, release_ns).unwrap();
     assert!(deployments.get_opt(OPERATOR).await.unwrap().is_none());
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     assert!(

@@ -24,6 +24,14 @@ kvmAgent:
   port: 50052
   tls:
     enabled: false
+    mtls:
+      enabled: false
+  ssh:
+    secretName: kvm-agent-ssh
+  config:
+    hosts:
+      - name: hv1
+        ssh: { address: 192.0.2.10, user: egressproxy }
   networkPolicy:
     enabled: true
     egress:
@@ -149,5 +157,5 @@ async fn egress_policies_allow_dns_the_agent_and_the_users_rules_only() {
         ),
         "{error:#}"
     );
-    helm.uninstall("np", ns).unwrap();
+    helm.uninstall_without_hooks("np", ns).unwrap();
 }

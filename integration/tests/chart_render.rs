@@ -3,34 +3,14 @@
 //! run on the real kube-apiserver, and values the schema or the templates must refuse
 //! are refused with a message naming the field.
 
+mod chart_support;
+
 use std::path::Path;
 
+use chart_support::{CERT_MANAGER_CERTIFICATE_CRD, PROMETHEUS_OPERATOR_KINDS};
 use egressproxy_integration::helm::{self, Helm, Kubectl};
 use egressproxy_integration::kube_apiserver;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
-
-/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
-/// against cert-manager's schema.
-const CERT_MANAGER_CERTIFICATE_CRD: &str =
-    include_str!("fixtures/cert-manager.io_certificates.yaml");
-
-/// A stand-in for the Prometheus Operator's ServiceMonitor CRD: it only makes the kind
-/// known to the apiserver (any content is accepted), so that a dry run checks the rest
-/// of a rendering that contains one.
-const SERVICE_MONITOR_KIND: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: { name: servicemonitors.monitoring.coreos.com }
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList }
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
-"#;
 
 fn offline_helm() -> Helm {
     // lint and template never contact the cluster; any kubeconfig path will do.
@@ -54,7 +34,7 @@ fn helm_lint_passes_for_the_defaults_and_every_example() {
 #[tokio::test]
 async fn every_rendering_passes_a_server_side_dry_run() {
     let env = KubeTestEnv::new("chart-dry-run").await.unwrap();
-    for crd in [CERT_MANAGER_CERTIFICATE_CRD, SERVICE_MONITOR_KIND] {
+    for crd in [CERT_MANAGER_CERTIFICATE_CRD, PROMETHEUS_OPERATOR_KINDS] {
         apply_crds_yaml(&env.client, crd).await.unwrap();
     }
     let apiserver = kube_apiserver::shared().unwrap();
@@ -78,10 +58,17 @@ async fn every_rendering_passes_a_server_side_dry_run() {
                 &[],
                 &[
                     &watch,
+                    // Named: no ClusterRole to read kube-system's UID either.
+                    "operator.clusterName=dry-run",
                     "operator.replicas=2",
                     "operator.networkPolicy.enabled=true",
                     "kvmAgent.enabled=true",
                     "kvmAgent.tls.enabled=false",
+                    "kvmAgent.tls.mtls.enabled=false",
+                    "kvmAgent.ssh.secretName=kvm-agent-ssh",
+                    "kvmAgent.config.hosts[0].name=hv1",
+                    "kvmAgent.config.hosts[0].ssh.address=hv1.example.org",
+                    "kvmAgent.config.hosts[0].ssh.user=egressproxy",
                     "kvmAgent.podDisruptionBudget.enabled=true",
                     "crds.enabled=false",
                 ],
@@ -243,7 +230,7 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
         ),
         (
             "kvmAgent:\n  tls:\n    source: vault\n",
-            "at '/kvmAgent/tls/source': value must be one of 'secret', 'certManager'",
+            "at '/kvmAgent/tls/source': value must be one of 'helm', 'secret', 'certManager'",
         ),
         (
             "kvmAgent:\n  config:\n    hosts:\n      - name: hv1\n        ssh: { adress: hv1, user: u }\n",
@@ -267,8 +254,29 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "kvmAgent.ssh.secretName: host \"hv1\" connects over SSH",
         ),
         (
-            "kvmAgent:\n  enabled: true\n  tls:\n    source: certManager\n",
+            "kvmAgent:\n  enabled: true\n  tls:\n    source: certManager\n  config:\n    hosts: [{name: hv1, ssh: {address: hv1, user: u}}]\n  ssh: {secretName: k}\n",
             "kvmAgent.tls.certManager.issuerRef.name: name the cert-manager Issuer",
+        ),
+        // Settings that cannot work with the agent in the cluster.
+        (
+            "kvmAgent:\n  enabled: true\n",
+            "kvmAgent.config.hosts: list at least one hypervisor",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  config:\n    hosts: []\n",
+            "kvmAgent.config.hosts: list at least one hypervisor",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  ssh: {secretName: k}\n  config:\n    hosts:\n      - {name: hv1, ssh: {address: hv1, user: u}}\n      - {name: hv2, local: true}\n",
+            "kvmAgent.config.hosts[1].local: host \"hv2\" would use the libvirt socket of the pod's own node",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  config:\n    hosts:\n      - {name: hv1, libvirtSocket: /run/libvirt/libvirt-sock}\n",
+            "kvmAgent.config.hosts[0].ssh: host \"hv1\" needs ssh",
+        ),
+        (
+            "kvmAgent:\n  enabled: true\n  ssh: {secretName: k}\n  tls:\n    enabled: false\n    mtls: {enabled: true}\n  config:\n    hosts: [{name: hv1, ssh: {address: hv1, user: u}}]\n",
+            "kvmAgent.tls.mtls.enabled needs kvmAgent.tls.enabled=true",
         ),
     ];
     for (values, expected) in cases {

@@ -4,7 +4,8 @@
 //! Every module under `src/` (a folder, a file, or both) is listed in [`MODULES`]: a new
 //! one that is not fails [`every_module_under_src_is_listed`], so nothing escapes the
 //! rule. A lower layer may use the layers below it and the shared leaves
-//! ([`crate::classification`], [`crate::config`], `single_flight`), which name no layer.
+//! ([`crate::classification`], [`crate::config`], `single_flight`, [`crate::metrics`]),
+//! which name no layer.
 //! The map of what may name what is itself checked to have no cycle, so no chain of
 //! imports can come back to where it started. No layer below the provider names the
 //! top-level `error` module (or its re-export `crate::Error`) or builds a contract error
@@ -40,6 +41,7 @@ const MODULES: &[(&str, May)] = &[
             "config",
             "classification",
             "single_flight",
+            "metrics",
         ]),
     ),
     ("guest", May::Only(&["guest", "config", "classification"])),
@@ -51,15 +53,17 @@ const MODULES: &[(&str, May)] = &[
             "config",
             "classification",
             "single_flight",
+            "metrics",
         ]),
     ),
     (
         "transport",
-        May::Only(&["transport", "config", "classification"]),
+        May::Only(&["transport", "config", "classification", "metrics"]),
     ),
     ("config", May::Only(&["config", "classification"])),
     ("single_flight", May::Only(&["single_flight"])),
     ("classification", May::Only(&["classification"])),
+    ("metrics", May::Only(&["metrics"])),
 ];
 
 /// Contract types a lower layer must not build: every contract error comes from the one

@@ -48,6 +48,9 @@
 //!   shown without its secrets ([`config::redact_url`]). A leaf: it imports no layer.
 //! - [`startup`]: the configuration loaded and checked against the machine (private keys,
 //!   `known_hosts`, the spool directory), all problems together; above the layers.
+//! - [`metrics`]: the process's Prometheus metrics (gRPC calls, libvirt calls, the image
+//!   cache, SSH sessions), recorded where the work happens; a leaf like
+//!   [`classification`].
 //! - [`classification`]: the vocabulary every layer classifies its own errors in, once
 //!   ([`classification::Classification`]: the contract's class, the reason, a retry
 //!   hint). A leaf: it imports no layer.
@@ -72,6 +75,7 @@ pub mod error;
 pub mod guest;
 pub mod images;
 pub mod libvirt;
+pub mod metrics;
 pub mod provider;
 pub(crate) mod single_flight;
 pub mod startup;

@@ -62,6 +62,36 @@ enum Command {
         /// PEM CA bundle: require client certificates signed by it (mutual TLS).
         #[arg(long, requires = "tls_cert")]
         client_ca: Option<PathBuf>,
+        /// Serve Prometheus metrics on `/metrics` at this address (plain HTTP; off
+        /// without it).
+        #[arg(long, env = "KVM_AGENT_METRICS_LISTEN")]
+        metrics_listen: Option<std::net::SocketAddr>,
+    },
+    /// Ask a running agent's gRPC health (exit 0 when SERVING), over TLS or mutual TLS as
+    /// it serves: the exec probe of the chart's Deployment (the kubelet's own gRPC probe
+    /// speaks no TLS) and of `helm test`.
+    Probe {
+        /// The agent's `host:port`.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        address: String,
+        /// PEM CA that signed the agent's certificate: connect with TLS (else plaintext).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Name to verify in the agent's certificate (default: the host of --address).
+        #[arg(long, requires = "ca")]
+        server_name: Option<String>,
+        /// PEM client certificate, for an agent that requires mutual TLS (needs --key).
+        #[arg(long, requires_all = ["key", "ca"])]
+        cert: Option<PathBuf>,
+        /// PEM private key of --cert.
+        #[arg(long, requires = "cert")]
+        key: Option<PathBuf>,
+        /// Deadline of each call, e.g. `5s`.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Also list the agent's instances (id, name, state, address).
+        #[arg(long)]
+        list_instances: bool,
     },
     /// Delete base image volumes (and their markers) that no volume in the host's storage
     /// pool uses as its backing file. Never deletes a base an overlay uses.
@@ -81,6 +111,21 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A probe runs every few seconds: no span export, no log set-up, one line of output.
+    if let Command::Probe {
+        address,
+        ca,
+        server_name,
+        cert,
+        key,
+        timeout,
+        list_instances,
+    } = cli.command
+    {
+        let options =
+            egressproxy_provider::probe::options(&address, ca, server_name, cert.zip(key), timeout);
+        return probe(&options, list_instances).await;
+    }
     let _telemetry = match egressproxy_provider::telemetry::init("kvm-agent", cli.verbose) {
         Ok(guard) => guard,
         Err(e) => {
@@ -102,6 +147,7 @@ async fn main() -> ExitCode {
             tls_cert,
             tls_key,
             client_ca,
+            metrics_listen,
         } => {
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(egressproxy_provider::server::ServerTls {
@@ -111,7 +157,7 @@ async fn main() -> ExitCode {
                 }),
                 _ => None,
             };
-            match serve(&config, listen, tls).await {
+            match serve(&config, listen, tls, metrics_listen).await {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     eprintln!("kvm-agent: {e:#}");
@@ -124,6 +170,7 @@ async fn main() -> ExitCode {
             host,
             min_age,
         } => evict_images(&config, host.as_deref(), min_age).await,
+        Command::Probe { .. } => unreachable!("answered before logging is set up"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -134,11 +181,53 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `kvm-agent probe`: `SERVING` (and the instances) on stdout and exit 0, or the reason
+/// on stderr and exit 1.
+async fn probe(options: &egressproxy_provider::client::ClientOptions, list: bool) -> ExitCode {
+    use egressproxy_provider::probe;
+
+    if let Err(problem) = probe::check_health(options).await {
+        eprintln!("kvm-agent probe: {problem}");
+        return ExitCode::FAILURE;
+    }
+    println!("{}: SERVING", options.endpoint);
+    if !list {
+        return ExitCode::SUCCESS;
+    }
+    match probe::list_instances(options).await {
+        Ok(instances) => {
+            println!("{} instances", instances.len());
+            for instance in instances {
+                let state = egressproxy_provider::pb::InstanceState::try_from(instance.state)
+                    .map_or("UNKNOWN", |state| state.as_str_name());
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    instance.id,
+                    instance.name,
+                    state,
+                    instance
+                        .addresses
+                        .iter()
+                        .map(|address| address.address.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(problem) => {
+            eprintln!("kvm-agent probe: {problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `kvm-agent serve`: prints `listening on ADDR` once it accepts connections.
 async fn serve(
     path: &Path,
     listen: std::net::SocketAddr,
     tls: Option<egressproxy_provider::server::ServerTls>,
+    metrics_listen: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
     use egressproxy_provider::server::{ProviderServer, shutdown_signal};
     use kvm_agent::provider::instances::Instances;
@@ -154,13 +243,40 @@ async fn serve(
         )
     })?;
     let address = listener.local_addr()?;
+    if let Some(metrics_listen) = metrics_listen {
+        let metrics = tokio::net::TcpListener::bind(metrics_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot listen on {metrics_listen} (--metrics-listen): {e}")
+            })?;
+        let metrics_address = metrics.local_addr()?;
+        tracing::info!(address = %metrics_address, "serving /metrics");
+        tokio::spawn(serve_metrics(metrics));
+    }
     println!("listening on {address}");
     tracing::info!(%address, hosts = config.hosts.len(), "kvm-agent serving");
     ProviderServer::new(provider)
+        .with_call_observer(kvm_agent::metrics::call_observer())
         .with_tls(tls)
         .serve(listener, shutdown_signal())
         .await?;
     Ok(())
+}
+
+/// `/metrics` in Prometheus' text format, until the process ends.
+async fn serve_metrics(listener: tokio::net::TcpListener) {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(|| async {
+            (
+                [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                kvm_agent::metrics::global().encode(),
+            )
+        }),
+    );
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::error!(%error, "the metrics endpoint stopped");
+    }
 }
 
 fn check_config(path: &Path) -> Result<(), kvm_agent::Error> {

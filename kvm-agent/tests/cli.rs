@@ -235,5 +235,5 @@ fn the_documented_commands_and_their_options_exist() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 5, "{block}");
+    assert_eq!(seen, 6, "{block}");
 }

@@ -16,6 +16,7 @@ use kube::Resource;
 use crate::backoff::Backoff;
 use crate::crd::Proxy;
 use crate::events::{EventPublisher, EventType};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 
@@ -63,6 +64,8 @@ pub struct Context {
     /// The operator itself, as Events about it (not about one Proxy) name it: its Pod
     /// (`POD_NAME` in `POD_NAMESPACE`, as the chart sets them).
     pub operator: ObjectReference,
+    /// The control loop's liveness, which the controller beats.
+    pub liveness: Arc<Liveness>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// Replacements whose successor is not created yet, per Proxy UID.
@@ -109,6 +112,7 @@ impl Context {
             pending_replacements: Mutex::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
+            liveness: Arc::default(),
             metrics,
             max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             operator: operator_pod(),
@@ -120,6 +124,12 @@ impl Context {
         self.events
             .publish(&self.operator, type_, reason, note)
             .await;
+    }
+
+    /// The same, beating `liveness` (the one `/healthz` reads).
+    pub fn with_liveness(mut self, liveness: Arc<Liveness>) -> Self {
+        self.liveness = liveness;
+        self
     }
 
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.

@@ -16,6 +16,7 @@ use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 use crate::context::Context;
 use crate::crd::Proxy;
 use crate::proxy_cache::ProxyCache;
+use crate::liveness::Liveness;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
 use crate::{memory_sweep, secret_watch, watch_report};
@@ -101,6 +102,7 @@ pub async fn run_with_cache(
         Some(((), changes))
     });
     let ctx_for_reports = ctx.clone();
+    let liveness = ctx.liveness.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
     let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
@@ -108,14 +110,21 @@ pub async fn run_with_cache(
         .with_config(config)
         .reconcile_all_on(provider_changes)
         .reconcile_on(secrets)
+        // Requests that pass through the queue like a Proxy's, so that an idle controller
+        // still shows it processes requests (`liveness`).
+        .reconcile_on(Liveness::probes())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, action)) => {
-                    tracing::debug!(proxy = %object.name, ?action, "reconciled")
+        .for_each(|result| {
+            liveness.beat();
+            async move {
+                match result {
+                    Ok((object, action)) => {
+                        tracing::debug!(proxy = %object.name, ?action, "reconciled")
+                    }
+                    Err(error) if Liveness::is_probe(&error) => {}
+                    Err(error) => tracing::debug!(%error, "reconcile error"),
                 }
-                Err(error) => tracing::debug!(%error, "reconcile error"),
             }
         });
     let reporter = watch_report::run(ctx_for_reports, cache.health().clone());

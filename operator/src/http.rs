@@ -1,5 +1,6 @@
-//! The operator's HTTP endpoints: `/metrics` (Prometheus), `/healthz` (the process
-//! runs) and `/readyz` (configuration loaded and the Kubernetes API reachable).
+//! The operator's HTTP endpoints: `/metrics` (Prometheus), `/healthz` (the control loop
+//! still processes requests: [`crate::liveness`]) and `/readyz` (configuration loaded and
+//! the Kubernetes API reachable).
 
 use std::sync::Arc;
 
@@ -8,12 +9,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
 struct Endpoints {
     metrics: Arc<Metrics>,
     client: kube::Client,
+    liveness: Arc<Liveness>,
 }
 
 /// Serves the endpoints on `listener` until the process ends.
@@ -21,12 +24,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     client: kube::Client,
+    liveness: Arc<Liveness>,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(alive))
         .route("/readyz", get(ready))
-        .with_state(Endpoints { metrics, client });
+        .with_state(Endpoints {
+            metrics,
+            client,
+            liveness,
+        });
     axum::serve(listener, app).await
 }
 
@@ -37,6 +45,13 @@ async fn metrics_text(
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
         endpoints.metrics.encode(),
     )
+}
+
+async fn alive(State(endpoints): State<Endpoints>) -> (StatusCode, String) {
+    match endpoints.liveness.check() {
+        Ok(alive) => (StatusCode::OK, alive),
+        Err(stopped) => (StatusCode::SERVICE_UNAVAILABLE, stopped),
+    }
 }
 
 async fn ready(State(endpoints): State<Endpoints>) -> (StatusCode, String) {

@@ -14,14 +14,20 @@
 //! - [`events`]: Events about Proxies, one per distinct note.
 //! - [`health_check`]: does the proxy really proxy?
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
-//!   [`kube_client`]: the Kubernetes client, with a bounded connection pool.
+//!   [`kube_client`]: the Kubernetes client, with a bounded connection pool;
+//!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
 //! - [`leader`]: leader election on a Lease; [`gc`]: garbage collection of orphans.
 //! - [`backoff`]: per-object exponential backoff with jitter; [`limits`]: the bounds of
 //!   every duration setting.
 //! - [`context`]: state shared by reconciles; [`memory_sweep`]: its per-Proxy maps swept
 //!   against the store; [`error`]: the crate's error type.
+//! - [`uninstall_check`]: the chart's pre-delete hook, refusing to uninstall while
+//!   Proxies exist.
+//! - [`cluster_name`]: the `egressproxy.dev/cluster` tag's value (the flag, or the
+//!   cluster's own identity).
 
 pub mod backoff;
+pub mod cluster_name;
 pub mod context;
 pub mod controller;
 pub mod crd;
@@ -33,6 +39,7 @@ pub mod http;
 pub mod kube_client;
 pub mod leader;
 pub mod limits;
+pub mod liveness;
 pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
@@ -43,4 +50,5 @@ pub mod secret_watch;
 pub mod status;
 pub mod watch_health;
 pub mod watch_report;
+pub mod uninstall_check;
 pub mod watch_scope;

@@ -17,12 +17,15 @@ use std::time::Duration;
 use clap::Parser;
 use egressproxy_operator::context::{Context, DEFAULT_MAX_CONCURRENT_RECONCILES};
 use egressproxy_operator::leader::{self, LeaseConfig};
+use egressproxy_operator::liveness::Liveness;
 use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
-use egressproxy_operator::{controller, gc, http, kube_client, limits};
+use egressproxy_operator::{
+    cluster_name, controller, gc, http, kube_client, limits, uninstall_check,
+};
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
 /// How long running reconciles may take to finish after SIGTERM before they are
@@ -42,8 +45,9 @@ struct Args {
     providers: PathBuf,
     /// Value of the egressproxy.dev/cluster tag on every instance; garbage collection
     /// only ever touches instances with this tag. Unique per cluster sharing a provider.
+    /// Default: the UID of the kube-system namespace (unique per cluster).
     #[arg(long, env = "EGRESSPROXY_CLUSTER_NAME")]
-    cluster_name: String,
+    cluster_name: Option<String>,
     /// Watch Proxies in these namespaces only (default: all namespaces). Repeat the
     /// flag or separate names with commas.
     #[arg(
@@ -85,12 +89,30 @@ struct Args {
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Subcommand {
+    /// The chart's pre-delete hook: exit 1, naming them and saying what to do, while
+    /// Proxies exist in the operator's scope (`--namespace`); exit 0 when none do.
+    UninstallCheck,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let scope = WatchScope::from_flags(&args.namespaces).map_err(|error| anyhow::anyhow!(error))?;
+    if let Some(Subcommand::UninstallCheck) = args.command {
+        let client = kube::Client::try_default().await?;
+        if let Err(refusal) = uninstall_check::check(&client, &scope).await? {
+            eprintln!("{refusal}");
+            std::process::exit(1);
+        }
+        println!("no Proxies left: the uninstall may go on");
+        return Ok(());
+    }
     let _telemetry = telemetry::init("egressproxy-operator", args.verbose)?;
     let stopping = listen_for_shutdown();
     let config_text = std::fs::read_to_string(&args.providers).map_err(|error| {
@@ -103,6 +125,10 @@ async fn main() -> anyhow::Result<()> {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
     let client = kube_client::from_environment(args.max_concurrent_reconciles).await?;
+    let (cluster_name, named_by) =
+        cluster_name::resolve(args.cluster_name.as_deref(), &client).await?;
+    tracing::info!(cluster = %cluster_name, from = ?named_by,
+        "instances are tagged egressproxy.dev/cluster={cluster_name}");
     let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.http_listen)
         .await
@@ -113,7 +139,13 @@ async fn main() -> anyhow::Result<()> {
             )
         })?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-    tokio::spawn(http::serve(listener, metrics.clone(), client.clone()));
+    let liveness = Arc::new(Liveness::default());
+    tokio::spawn(http::serve(
+        listener,
+        metrics.clone(),
+        client.clone(),
+        liveness.clone(),
+    ));
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -130,14 +162,11 @@ async fn main() -> anyhow::Result<()> {
         () = stopping() => return Ok(()),
     };
     metrics.set_leader(true);
+    liveness.start_controlling();
 
     let providers = Providers::new(config, metrics.clone());
-    let mut ctx = Context::new(
-        client,
-        providers,
-        args.cluster_name.clone(),
-        metrics.clone(),
-    );
+    let mut ctx = Context::new(client, providers, cluster_name, metrics.clone())
+        .with_liveness(liveness);
     ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
     let ctx = Arc::new(ctx);
     tracing::info!(

@@ -7,6 +7,8 @@
 //! - [`server`]: serve a `Provider` with reflection, health, TLS/mTLS, W3C trace context
 //!   and graceful shutdown.
 //! - [`client`]: connect to a provider, with trace context and a deadline on every call.
+//! - [`probe`]: a running provider's health and instances, for exec probes and
+//!   `helm test`.
 //! - [`telemetry`]: logging and OpenTelemetry export configured by `OTEL_*` variables.
 //! - [`reference`](mod@reference): an in-memory provider with fault injection, the example to copy.
 //! - [`conformance`]: checks any provider must pass, run against a live endpoint.
@@ -16,6 +18,7 @@ pub mod conformance;
 mod deadline;
 pub mod error;
 pub mod paging;
+pub mod probe;
 pub mod reference;
 pub mod server;
 pub mod telemetry;

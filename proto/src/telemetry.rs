@@ -2,11 +2,15 @@
 //!
 //! - Logs go to stderr through `tracing-subscriber`; `RUST_LOG` wins over the
 //!   verbosity the binary passes (its `-v` count).
-//! - Spans are exported with OTLP over gRPC when the standard variables configure it
-//!   (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; the
-//!   exporter reads the rest of `OTEL_*` itself). Export is off when they are unset,
-//!   when `OTEL_TRACES_EXPORTER=none`, or when `OTEL_SDK_DISABLED=true`.
+//! - Spans are exported with OTLP when the standard variables configure it
+//!   (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), over gRPC
+//!   or HTTP (protobuf or JSON) as `OTEL_EXPORTER_OTLP_PROTOCOL` says, to plain or TLS
+//!   collectors ([`otlp`]: the protocol and TLS variables; the exporter reads the rest
+//!   of `OTEL_*` itself). Export is off when no endpoint is set, when
+//!   `OTEL_TRACES_EXPORTER=none`, or when `OTEL_SDK_DISABLED=true`.
 //! - The W3C trace-context propagator is installed globally.
+
+pub mod otlp;
 
 use std::io::IsTerminal;
 
@@ -64,10 +68,11 @@ pub fn init(service_name: &'static str, verbosity: u8) -> anyhow::Result<Telemet
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
 
-    let tracer_provider = if otlp_export_enabled(|name| std::env::var(name).ok()) {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()?;
+    let settings = otlp_export_enabled(|name| std::env::var(name).ok())
+        .then(|| otlp::OtlpSettings::from_env(|name| std::env::var(name).ok()))
+        .transpose()?;
+    let tracer_provider = if let Some(settings) = &settings {
+        let exporter = settings.span_exporter()?;
         Some(
             SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
@@ -85,8 +90,8 @@ pub fn init(service_name: &'static str, verbosity: u8) -> anyhow::Result<Telemet
         .with(fmt)
         .with(otel)
         .try_init()?;
-    if tracer_provider.is_some() {
-        tracing::info!("exporting spans with OTLP");
+    if let Some(settings) = &settings {
+        tracing::info!(protocol = ?settings.protocol, tls = settings.https, "exporting spans with OTLP");
     }
     Ok(TelemetryGuard { tracer_provider })
 }

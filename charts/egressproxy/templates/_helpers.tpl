@@ -4,14 +4,21 @@ context and return that component's name, labels or selector.
 */}}
 
 {{- define "egressproxy.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* `<release>-<chart>` (or fullnameOverride), at most 50 characters: component names
+add a suffix and must stay within 63. */}}
 {{- define "egressproxy.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -50,24 +57,54 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The container security context every component runs with. */}}
-{{- define "egressproxy.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- /* The collector's CA: the volume and the mount (with global.otel.caConfigMap). */ -}}
+{{- define "egressproxy.otelCaVolume" -}}
+{{- with .Values.global.otel.caConfigMap }}
+- name: otel-ca
+  configMap:
+    name: {{ . }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
 {{- end -}}
 
-{{- define "egressproxy.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- define "egressproxy.otelCaMount" -}}
+{{- if .Values.global.otel.caConfigMap }}
+- name: otel-ca
+  mountPath: /etc/egressproxy/otel-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- /* Scheduling and security of a pod spec. Args: (list <root> <component values>). */ -}}
+{{- define "egressproxy.podSpecExtras" -}}
+{{- $root := index . 0 -}}
+{{- $values := index . 1 -}}
+{{- include "egressproxy.imagePullSecrets" $root }}
+{{- with $values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* OTEL_* variables for component $name, when an endpoint is set. */}}
@@ -85,6 +122,10 @@ seccompProfile:
 {{- if .resourceAttributes }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ .resourceAttributes | quote }}
+{{- end }}
+{{- if .caConfigMap }}
+- name: OTEL_EXPORTER_OTLP_CERTIFICATE
+  value: /etc/egressproxy/otel-ca/ca.crt
 {{- end }}
 {{- end }}
 {{- end }}
@@ -138,6 +179,28 @@ app.kubernetes.io/component: kvm-agent
 
 {{- define "egressproxy.kvmAgent.clientSecretName" -}}
 {{- default (printf "%s-client-tls" (include "egressproxy.operator.fullname" .)) .Values.kvmAgent.tls.mtls.clientSecretName -}}
+{{- end -}}
+
+{{- /*
+`kvm-agent probe` against the agent at host $host (list <root> <host>), as YAML list
+items: with TLS it verifies the certificate for the Service's name against ca.crt, with
+mutual TLS it presents the operator's client certificate (mounted at probe-tls/).
+*/ -}}
+{{- define "egressproxy.kvmAgent.probeCommand" -}}
+{{- $root := index . 0 -}}
+{{- $host := index . 1 -}}
+{{- $tls := $root.Values.kvmAgent.tls -}}
+- /usr/local/bin/kvm-agent
+- probe
+- --address={{ $host }}:{{ $root.Values.kvmAgent.port }}
+{{- if $tls.enabled }}
+- --ca=/etc/kvm-agent/tls/ca.crt
+- --server-name={{ include "egressproxy.kvmAgent.host" $root }}
+{{- if $tls.mtls.enabled }}
+- --cert=/etc/kvm-agent/probe-tls/tls.crt
+- --key=/etc/kvm-agent/probe-tls/tls.key
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The in-cluster DNS name of the agent's Service (also in its certificate). */}}

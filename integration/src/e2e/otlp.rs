@@ -64,39 +64,7 @@ impl TraceService for Store {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut received = Vec::new();
-        for resource_spans in request.into_inner().resource_spans {
-            let service = resource_spans
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .and_then(|kv| kv.value.as_ref())
-                .map(value_text)
-                .unwrap_or_default();
-            for scope in resource_spans.scope_spans {
-                for span in scope.spans {
-                    received.push(ReceivedSpan {
-                        service: service.clone(),
-                        trace_id: hex::encode(&span.trace_id),
-                        span_id: hex::encode(&span.span_id),
-                        parent_span_id: hex::encode(&span.parent_span_id),
-                        name: span.name,
-                        start_unix_nano: span.start_time_unix_nano,
-                        end_unix_nano: span.end_time_unix_nano,
-                        attributes: attributes_text(&span.attributes),
-                        events: span
-                            .events
-                            .iter()
-                            .map(|event| ReceivedEvent {
-                                name: event.name.clone(),
-                                attributes: attributes_text(&event.attributes),
-                            })
-                            .collect(),
-                    });
-                }
-            }
-        }
+        let received = flatten(request.into_inner());
         if let Some(path) = &self.file {
             let mut lines = String::new();
             for span in &received {
@@ -118,6 +86,44 @@ impl TraceService for Store {
             .extend(received);
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
+}
+
+/// Every span of an export request, flattened (for any transport that received it).
+pub(crate) fn flatten(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
+    let mut received = Vec::new();
+    for resource_spans in request.resource_spans {
+        let service = resource_spans
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| kv.value.as_ref())
+            .map(value_text)
+            .unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                received.push(ReceivedSpan {
+                    service: service.clone(),
+                    trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
+                    parent_span_id: hex::encode(&span.parent_span_id),
+                    name: span.name,
+                    start_unix_nano: span.start_time_unix_nano,
+                    end_unix_nano: span.end_time_unix_nano,
+                    attributes: attributes_text(&span.attributes),
+                    events: span
+                        .events
+                        .iter()
+                        .map(|event| ReceivedEvent {
+                            name: event.name.clone(),
+                            attributes: attributes_text(&event.attributes),
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
+    received
 }
 
 fn attributes_text(attributes: &[KeyValue]) -> BTreeMap<String, String> {
@@ -149,6 +155,15 @@ impl SpanReceiver {
     /// Starts the receiver on a free loopback port, on `runtime`; with `file`, every
     /// span is also appended to it as a JSON line.
     pub fn start(runtime: &tokio::runtime::Handle, file: Option<PathBuf>) -> anyhow::Result<Self> {
+        Self::start_with_tls(runtime, file, None)
+    }
+
+    /// Like [`SpanReceiver::start`], serving TLS with `tls` when given.
+    pub fn start_with_tls(
+        runtime: &tokio::runtime::Handle,
+        file: Option<PathBuf>,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> anyhow::Result<Self> {
         let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -162,7 +177,14 @@ impl SpanReceiver {
                 return;
             };
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                let Ok(with_tls) = builder.tls_config(tls) else {
+                    return;
+                };
+                builder = with_tls;
+            }
+            let _ = builder
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await;

@@ -194,6 +194,7 @@ fn values_yaml(settings: &ReleaseSettings<'_>, namespace: &str) -> String {
          \x20 ssh:\n\
          \x20   secretName: {SSH_SECRET}\n\
          \x20 tls:\n\
+         \x20   source: secret\n\
          \x20   mtls:\n\
          \x20     enabled: true\n\
          \x20 config:\n{config}",

@@ -14,6 +14,42 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 
 const WAIT: Duration = Duration::from_secs(90);
 
+/// cert-manager's own Certificate CRD, so that the chart's Certificates are checked
+/// against cert-manager's schema.
+pub(crate) const CERT_MANAGER_CERTIFICATE_CRD: &str =
+    include_str!("../fixtures/cert-manager.io_certificates.yaml");
+
+/// Stand-ins for the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs: they
+/// only make the kinds known to the apiserver (any content is accepted), so that a dry
+/// run checks the rest of a rendering that contains them.
+pub(crate) const PROMETHEUS_OPERATOR_KINDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: servicemonitors.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: prometheusrules.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: { kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule, listKind: PrometheusRuleList }
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+"#;
+
 pub(crate) fn proxy_api(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("egressproxy.dev", "v1alpha1", "Proxy");
     Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
@@ -71,4 +107,51 @@ pub(crate) async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
 /// See [`egressproxy_integration::certificates::make_certificates`].
 pub(crate) fn make_certificates(dir: &Path, server_name: &str) {
     egressproxy_integration::certificates::make_certificates(dir, server_name).unwrap();
+}
+
+/// Creates Secret `name` in the test's namespace with each file's text under its key.
+pub(crate) async fn create_secret(env: &KubeTestEnv, name: &str, files: &[(&str, &Path)]) {
+    let data: serde_json::Map<String, serde_json::Value> = files
+        .iter()
+        .map(|(key, path)| {
+            let text = std::fs::read_to_string(path).unwrap();
+            ((*key).to_owned(), serde_json::Value::String(text))
+        })
+        .collect();
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "stringData": data,
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// An SSH key and a known_hosts naming `[127.0.0.1]:1` in `dir`, as Secret `name` with
+/// the keys the chart's defaults read (`id_ed25519`, `known_hosts`). Nothing listens on
+/// that port: the agent starts and serves without reaching a hypervisor.
+pub(crate) async fn create_ssh_secret(env: &KubeTestEnv, dir: &Path, name: &str) {
+    let key = dir.join("id_ed25519");
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let public = std::fs::read_to_string(dir.join("id_ed25519.pub")).unwrap();
+    let host_key: Vec<&str> = public.split_whitespace().take(2).collect();
+    let known_hosts = dir.join("known_hosts");
+    std::fs::write(
+        &known_hosts,
+        format!("[127.0.0.1]:1 {}\n", host_key.join(" ")),
+    )
+    .unwrap();
+    create_secret(
+        env,
+        name,
+        &[("id_ed25519", &key), ("known_hosts", &known_hosts)],
+    )
+    .await;
 }

@@ -112,9 +112,13 @@ impl Job {
 
     pub(super) async fn run(self) -> Result<BaseImage, ImageError> {
         let (host, pool) = (&self.host, self.pool.as_str());
-        if let Existing::Complete { path, capacity } =
-            check_existing(host, pool, &self.names, self.call_deadline()).await?
-        {
+        let metrics = crate::metrics::global();
+        let existing = check_existing(host, pool, &self.names, self.call_deadline()).await;
+        if existing.is_err() {
+            metrics.image_lookup(host.name(), "failed");
+        }
+        if let Existing::Complete { path, capacity } = existing? {
+            metrics.image_lookup(host.name(), "hit");
             return Ok(self.base(path, capacity));
         }
         let mut created = false;
@@ -130,9 +134,14 @@ impl Job {
             }
             Ok(result) => result,
         };
+        metrics.image_downloaded(host.name(), self.progress.received());
         match attempt {
-            Ok((path, capacity)) => Ok(self.base(path, capacity)),
+            Ok((path, capacity)) => {
+                metrics.image_lookup(host.name(), "downloaded");
+                Ok(self.base(path, capacity))
+            }
             Err(error) => {
+                metrics.image_lookup(host.name(), "failed");
                 if created {
                     // Not under a stream still writing it: let the upload call return
                     // first (its source is cancelled, its connection cut at the

@@ -354,5 +354,6 @@ pub(crate) async fn traced<T, E: CallError>(
     let started = Instant::now();
     let result = future.instrument(span.clone()).await;
     finish_span(&span, started, &result);
+    crate::metrics::global().libvirt_call(host, op.api, result.is_ok(), started.elapsed());
     result
 }

@@ -389,6 +389,7 @@ impl HostPool {
                 after: deadline.saturating_duration_since(started),
             }),
         };
+        crate::metrics::global().ssh_connect(self.name(), result.is_ok());
         match result {
             Ok(session) => {
                 let session = Arc::new(session);

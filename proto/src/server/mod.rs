@@ -9,28 +9,37 @@
 //!    `google.rpc` error detail types (`server/reflection.rs`);
 //! 4. the caller's deadline: a call still running when its `grpc-timeout` passes
 //!    answers DEADLINE_EXCEEDED with ErrorInfo ([`DeadlineLayer::server`]);
-//! 5. a `grpc.request` span per call, a child of the caller's W3C trace context;
-//! 6. TLS, or mutual TLS when a client CA is given.
+//! 5. a `grpc.request` span per call, a child of the caller's W3C trace context, and
+//!    optionally each call's method, status and duration to a [`CallObserver`]
+//!    (`server/observe.rs`, for metrics);
+//! 6. TLS, or mutual TLS when a client CA is given, re-read when the files change
+//!    (`server/tls.rs`: renewed certificates are served without a restart, and calls in
+//!    flight are not dropped).
 //!
 //! Shutdown is graceful: when the shutdown future completes, health flips to
 //! NOT_SERVING, the listener stops accepting, and in-flight calls finish.
 
+mod observe;
 mod reflection;
+mod tls;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 pub use crate::deadline::{Deadline, DeadlineLayer};
 use crate::pb;
 use crate::reference::Misbehaviour;
 use crate::trace_context;
+pub use observe::CallObserver;
+pub use tls::HANDSHAKE_TIMEOUT;
 
 /// Files that configure the server's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +64,14 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// A TLS file was read but does not hold what it must.
+    #[error("invalid TLS file {path}: {problem}")]
+    TlsInvalid {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// Reflection could not index the descriptor sets.
     #[error("cannot build gRPC reflection")]
     Reflection(#[source] tonic_reflection::server::Error),
@@ -70,6 +87,7 @@ pub struct ProviderServer {
     service_names: Vec<&'static str>,
     tls: Option<ServerTls>,
     misbehave: Option<Misbehaviour>,
+    observe: observe::ObserveLayer,
 }
 
 type ServiceRequest = http::Request<tonic::body::Body>;
@@ -89,6 +107,7 @@ impl ProviderServer {
             service_names: Vec::new(),
             tls: None,
             misbehave: None,
+            observe: observe::ObserveLayer::default(),
         }
         .with_service(pb::provider_server::ProviderServer::new(provider))
     }
@@ -112,7 +131,16 @@ impl ProviderServer {
         self
     }
 
-    /// Enables TLS (and mTLS when `tls.client_ca` is set).
+    /// Reports every call (method, gRPC status, duration) to `observer`, e.g. for metrics.
+    pub fn with_call_observer(mut self, observer: std::sync::Arc<dyn CallObserver>) -> Self {
+        self.observe = observe::ObserveLayer {
+            observer: Some(observer),
+        };
+        self
+    }
+
+    /// Enables TLS (and mTLS when `tls.client_ca` is set). The files are read when
+    /// serving starts and again whenever they change.
     pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;
         self
@@ -138,6 +166,7 @@ impl ProviderServer {
             service_names,
             tls,
             misbehave,
+            observe,
         } = self;
         let breaks = |m: Misbehaviour| misbehave == Some(m);
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -169,7 +198,11 @@ impl ProviderServer {
 
         let deadline =
             (!breaks(Misbehaviour::CancelledAtDeadline)).then_some(DeadlineLayer::server());
+        // Read before anything is served, so a bad file stops the server at once.
+        let tls = tls.map(tls::ReloadingTls::load).transpose()?.map(Arc::new);
+        // The observer outside the deadline, so that it sees the deadline's answers too.
         let mut builder = Server::builder()
+            .layer(observe)
             .layer(tower::util::option_layer(deadline))
             .trace_fn(|request| {
                 let span = tracing::info_span!(
@@ -181,11 +214,6 @@ impl ProviderServer {
                 trace_context::set_parent_from_headers(&span, request.headers());
                 span
             });
-        if let Some(tls) = &tls {
-            builder = builder
-                .tls_config(server_tls_config(tls)?)
-                .map_err(ServeError::Transport)?;
-        }
 
         let reporter = health_reporter.clone();
         let shutdown = async move {
@@ -197,28 +225,18 @@ impl ProviderServer {
                     .await;
             }
         };
-        builder
-            .add_routes(routes.routes())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-            .await
-            .map_err(ServeError::Transport)
+        let router = builder.add_routes(routes.routes());
+        match tls {
+            Some(tls) => router
+                .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+                .await
+                .map_err(ServeError::Transport),
+            None => router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+                .map_err(ServeError::Transport),
+        }
     }
-}
-
-fn server_tls_config(tls: &ServerTls) -> Result<ServerTlsConfig, ServeError> {
-    let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let mut config = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &tls.client_ca {
-        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    Ok(config)
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
-    std::fs::read(path).map_err(|source| ServeError::TlsFile {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// A future that completes on SIGINT or SIGTERM, for [`ProviderServer::serve`].

@@ -26,6 +26,8 @@ use crate::transport::error::TransportError;
 pub struct SshSession {
     host: String,
     handle: Handle<Verifier>,
+    /// Counts the session in `kvm_agent_ssh_sessions` while it lives.
+    _open: crate::metrics::OpenSession,
 }
 
 impl std::fmt::Debug for SshSession {
@@ -175,6 +177,7 @@ impl SshSession {
         Ok(Self {
             host: host_name.to_owned(),
             handle,
+            _open: crate::metrics::global().ssh_session_opened(host_name),
         })
     }
 
