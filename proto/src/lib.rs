@@ -7,6 +7,8 @@
 //! - [`server`]: serve a `Provider` with reflection, health, TLS/mTLS, W3C trace context
 //!   and graceful shutdown.
 //! - [`client`]: connect to a provider, with trace context and a deadline on every call.
+//! - [`paging`] and [`locations`]: ListInstances' and ListLocations' pages, filters and
+//!   room, as the contract states them.
 //! - [`telemetry`]: logging and OpenTelemetry export configured by `OTEL_*` variables.
 //! - [`reference`](mod@reference): an in-memory provider with fault injection, the example to copy.
 //! - [`conformance`]: checks any provider must pass, run against a live endpoint.
@@ -15,6 +17,7 @@ pub mod client;
 pub mod conformance;
 mod deadline;
 pub mod error;
+pub mod locations;
 pub mod paging;
 pub mod reference;
 pub mod server;
@@ -32,7 +35,7 @@ pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from
 /// `GetPluginInfo`; callers refuse a provider whose major version differs.
-pub const CONTRACT_VERSION: &str = "1.1.0";
+pub const CONTRACT_VERSION: &str = "1.2.0";
 
 /// Generated protobuf and gRPC code.
 #[allow(unreachable_pub, missing_debug_implementations, clippy::all)]

@@ -122,6 +122,20 @@ pub enum Misbehaviour {
     TransientWithoutErrorInfo,
     /// DeleteInstance also deletes the oldest other instance.
     DeletesForeign,
+    /// ListLocations works but GetCapabilities does not declare it.
+    LocationsUndeclared,
+    /// ListLocations lists the first location twice.
+    DuplicateLocations,
+    /// ListLocations puts every host in a zone it does not list.
+    HostInUnlistedZone,
+    /// ListLocations ignores the machine type and image filters.
+    LocationFilterIgnored,
+    /// A ListLocations page token the provider never issued reads as the first page.
+    LocationsAcceptForeignPageToken,
+    /// ListLocations lists a zone that Create and ValidatePlacement refuse.
+    UnplaceableLocation,
+    /// A Create on a host without room succeeds.
+    CreatesWithoutRoom,
 }
 
 impl Misbehaviour {
@@ -167,6 +181,11 @@ impl Misbehaviour {
             M::DeleteIgnoredWhileProvisioning => "delete-while-provisioning",
             M::StatusDetailsMismatch | M::TransientWithoutErrorInfo => "errors-well-formed",
             M::DeletesForeign => "foreign-instance-survives",
+            M::LocationsUndeclared => "capabilities-match-behaviour",
+            M::DuplicateLocations | M::HostInUnlistedZone => "list-locations",
+            M::LocationFilterIgnored => "locations-filter",
+            M::LocationsAcceptForeignPageToken => "locations-paging",
+            M::UnplaceableLocation | M::CreatesWithoutRoom => "locations-placeable",
         }
     }
 

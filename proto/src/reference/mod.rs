@@ -21,6 +21,7 @@
 
 pub mod control;
 mod faults;
+mod locations;
 mod misbehave;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tonic::{Request, Response, Status};
 
 pub use faults::{Fault, FaultEffect, Faults};
+pub use locations::DEFAULT_MAX_INSTANCES;
 pub use misbehave::Misbehaviour;
 
 use crate::pb::{self, InstanceState, placement::Location};
@@ -48,10 +50,17 @@ pub struct ReferenceConfig {
     pub deleting_delay: Duration,
     /// The address every running instance reports.
     pub address: IpAddr,
-    /// Valid `placement.host` names; the first is used when no location is given.
+    /// Valid `placement.host` names. A Create without a location goes to the host with
+    /// the most room (the first of those on a tie).
     pub hosts: Vec<String>,
-    /// Valid `placement.zone` names.
+    /// Valid `placement.zone` names. A Create in a zone goes to the zone's host with the
+    /// most room.
     pub zones: Vec<String>,
+    /// The zone of each host (a host not listed is in no zone).
+    pub host_zones: BTreeMap<String, String>,
+    /// The most instances each host holds (a host not listed: [`DEFAULT_MAX_INSTANCES`]).
+    /// A Create on a host without room answers RESOURCE_EXHAUSTED.
+    pub max_instances: BTreeMap<String, u32>,
     /// Valid `placement.machine_type` names.
     pub machine_types: Vec<String>,
     /// Valid `placement.image` names.
@@ -71,6 +80,8 @@ impl Default for ReferenceConfig {
             address: IpAddr::from([127, 0, 0, 1]),
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
+            host_zones: BTreeMap::from([("local".into(), "local-zone".into())]),
+            max_instances: BTreeMap::new(),
             machine_types: vec!["small".into(), "medium".into()],
             images: vec!["debian-12".into()],
             contract_version: CONTRACT_VERSION.into(),
@@ -103,6 +114,8 @@ struct State {
 #[derive(Debug)]
 struct Record {
     instance: pb::Instance,
+    /// The host it takes room on (`None`: a zone without hosts, only to misbehave).
+    host: Option<String>,
     created: Instant,
     /// When Delete was called; the instance is DELETING until `deleting_delay` later.
     deleted: Option<Instant>,
@@ -212,7 +225,8 @@ impl MemoryProvider {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Checks names against the catalogue and fills in the host when none is given.
+    /// Checks names against the catalogue; the location stays as requested (see
+    /// `choose` for where an instance goes).
     fn resolve(&self, placement: &pb::Placement) -> Result<pb::Placement, ProviderError> {
         let config = &self.config;
         let mut violations = Vec::new();
@@ -226,8 +240,7 @@ impl MemoryProvider {
                 violations.push(("placement.zone", unknown("zone", zone, &config.zones)));
                 None
             }
-            Some(location) => Some(location.clone()),
-            None => config.hosts.first().cloned().map(Location::Host),
+            location => location.clone(),
         };
         if !known(&config.machine_types, &placement.machine_type) {
             let text = unknown(
@@ -465,10 +478,11 @@ impl MemoryProvider {
             .as_ref()
             .expect("validated: placement is set");
         let resolved = self.resolve(placement)?;
-        let spec = self.spec(&request, &resolved);
 
         let mut state = self.lock();
         self.purge(&mut state);
+        let (host, resolved) = self.choose(&state, &resolved);
+        let spec = self.spec(&request, &resolved);
         if self.breaks(Misbehaviour::KeyReuseRefused) && state.deleted_keys.contains(&request.key) {
             return Err(ProviderError::already_exists(format!(
                 "key {} was used before",
@@ -506,8 +520,12 @@ impl MemoryProvider {
         {
             return Ok(instance.clone());
         }
+        if !self.breaks(Misbehaviour::CreatesWithoutRoom) {
+            self.check_room(&state, host.as_deref(), &resolved)?;
+        }
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
+            host,
             instance: pb::Instance {
                 id: id.clone(),
                 key: request.key.clone(),
@@ -536,6 +554,7 @@ impl MemoryProvider {
     async fn create_then_hang(&self, request: pb::CreateInstanceRequest) -> Status {
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
+            host: None,
             instance: pb::Instance {
                 id: id.clone(),
                 key: request.key,
@@ -669,11 +688,13 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::ValidatePlacement,
             pb::Capability::VendorData,
             pb::Capability::Ipv6,
+            pb::Capability::ListLocations,
         ]
         .into_iter()
-        .filter(|c| {
-            *c != pb::Capability::ValidatePlacement
-                || !self.breaks(Misbehaviour::UndeclaredCapability)
+        .filter(|c| match c {
+            pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
+            pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
+            _ => true,
         });
         hold_answer(hold).await;
         Ok(Response::new(pb::GetCapabilitiesResponse {
@@ -765,20 +786,33 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
         let hold = self.enter("ValidatePlacement", request.metadata()).await?;
         let placement = request.into_inner().placement;
-        let resolved = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
-            placement.unwrap_or_default()
+        let (resolved, warnings) = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
+            (placement.unwrap_or_default(), Vec::new())
         } else {
             validation::check_placement_request(placement.as_ref())
                 .and_then(|()| {
                     self.resolve(placement.as_ref().expect("validated: placement is set"))
                 })
+                .map(|resolved| self.placed(&resolved))
                 .map_err(|e| self.encode(&e))?
         };
         hold_answer(hold).await;
         Ok(Response::new(pb::ValidatePlacementResponse {
             resolved: Some(resolved)
                 .filter(|_| !self.breaks(Misbehaviour::ValidateResolvesNothing)),
-            warnings: vec![],
+            warnings,
         }))
+    }
+
+    async fn list_locations(
+        &self,
+        request: Request<pb::ListLocationsRequest>,
+    ) -> Result<Response<pb::ListLocationsResponse>, Status> {
+        let hold = self.enter("ListLocations", request.metadata()).await?;
+        let answer = self
+            .locations_page(&request.into_inner())
+            .map_err(|e| self.encode(&e))?;
+        hold_answer(hold).await;
+        Ok(Response::new(answer))
     }
 }

@@ -8,6 +8,7 @@ mod identity;
 mod lifecycle;
 mod limits;
 mod listing;
+mod locations;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -180,6 +181,26 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: ValidatePlacement",
     ),
     check(
+        "list-locations",
+        "callers choose and explain placements from ListLocations; a location listed twice, unnamed or in a zone that is not listed misleads them",
+        "provider.proto: ListLocations, Location",
+    ),
+    check(
+        "locations-filter",
+        "callers ask where one machine type and image fit; an ignored filter answers another question",
+        "provider.proto: ListLocationsRequest",
+    ),
+    check(
+        "locations-paging",
+        "a walk of the locations must see each once, and a token the provider never issued must be refused",
+        "provider.proto: ListLocationsRequest.page_token",
+    ),
+    check(
+        "locations-placeable",
+        "a listed location must be one a Placement can name, and one listed without room must refuse a Create",
+        "provider.proto: ListLocations, MachineTypeRoom.room",
+    ),
+    check(
         "delete-twice-then-gone",
         "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
@@ -277,6 +298,10 @@ impl<'a> Suite<'a> {
             "limits-at-boundary" => self.limits_at_boundary().await,
             "limits-one-past" => self.limits_one_past().await,
             "validate-placement" => self.validate_placement().await,
+            "list-locations" => self.list_locations().await,
+            "locations-filter" => self.locations_filter().await,
+            "locations-paging" => self.locations_paging().await,
+            "locations-placeable" => self.locations_placeable().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
             "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,
