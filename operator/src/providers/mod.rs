@@ -4,6 +4,7 @@
 //!
 //! - [`config`]: the file's format and its checks.
 //! - [`provider`]: one provider's client, calls and handshake.
+//! - `locations`: ListLocations, for a provider that declares it.
 //! - [`reload`]: re-reading the file; an invalid file keeps the previous config.
 //!
 //! A provider's handle ([`Provider`]) lives as long as the operator, so a reconcile
@@ -12,6 +13,7 @@
 //! then reports as not configured.
 
 pub mod config;
+mod locations;
 pub mod provider;
 pub mod reload;
 
