@@ -338,4 +338,10 @@ impl pb::provider_server::Provider for Flaky {
     ) -> Result<tonic::Response<pb::ListLocationsResponse>, tonic::Status> {
         self.inner.list_locations(request).await
     }
+    async fn watch_instances(
+        &self,
+        request: tonic::Request<pb::WatchInstancesRequest>,
+    ) -> Result<tonic::Response<egressproxy_provider::watch::WatchStream>, tonic::Status> {
+        self.inner.watch_instances(request).await
+    }
 }

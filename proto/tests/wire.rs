@@ -210,6 +210,18 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     .await
                     .unwrap_err()
             }
+            "INVALID_RESUME_TOKEN" => {
+                match client
+                    .watch_instances(pb::WatchInstancesRequest {
+                        resume_token: "not-a-resume-token".into(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(_) => panic!("a made-up resume token opened a stream"),
+                    Err(status) => status,
+                }
+            }
             "CAPACITY_EXHAUSTED" => {
                 let mut on_full = request("no-room", 3128);
                 if let Some(placement) = on_full.placement.as_mut() {
@@ -246,7 +258,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         checked += 1;
     }
     assert_eq!(
-        checked, 8,
+        checked, 9,
         "every reason the reference provider sends is checked"
     );
 }

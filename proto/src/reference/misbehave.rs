@@ -136,6 +136,18 @@ pub enum Misbehaviour {
     UnplaceableLocation,
     /// A Create on a host without room succeeds.
     CreatesWithoutRoom,
+    /// WatchInstances works but GetCapabilities does not declare it.
+    WatchUndeclared,
+    /// A new watch stream sends SYNCED without the instances that exist.
+    WatchNoSnapshot,
+    /// A watch stream ignores its tag selector.
+    WatchSelectorIgnored,
+    /// A watch stream never reports an instance as DELETED.
+    WatchMissesDeletes,
+    /// A watch stream reopened with a resume token starts over as a new one.
+    WatchIgnoresResumeToken,
+    /// A resume token the provider never issued starts a new stream.
+    WatchAcceptsForeignToken,
 }
 
 impl Misbehaviour {
@@ -186,6 +198,10 @@ impl Misbehaviour {
             M::LocationFilterIgnored => "locations-filter",
             M::LocationsAcceptForeignPageToken => "locations-paging",
             M::UnplaceableLocation | M::CreatesWithoutRoom => "locations-placeable",
+            M::WatchUndeclared => "capabilities-match-behaviour",
+            M::WatchNoSnapshot | M::WatchSelectorIgnored => "watch-snapshot",
+            M::WatchMissesDeletes => "watch-follows-changes",
+            M::WatchIgnoresResumeToken | M::WatchAcceptsForeignToken => "watch-resume",
         }
     }
 

@@ -14,7 +14,9 @@
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
 //! (loopback by default); a deleted one stays DELETING for
-//! [`ReferenceConfig::deleting_delay`]. [`Faults`] and the control service ([`control`],
+//! [`ReferenceConfig::deleting_delay`]. Every change is told to a [`WatchHub`] (Create,
+//! Delete, a forced state, and timers at the end of provisioning and of DELETING),
+//! which serves WatchInstances. [`Faults`] and the control service ([`control`],
 //! served only when asked for) let tests inject errors, latency and hangs, and force an
 //! instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
 //! conformance suite.
@@ -23,6 +25,7 @@ pub mod control;
 mod faults;
 mod locations;
 mod misbehave;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -36,6 +39,7 @@ pub use locations::DEFAULT_MAX_INSTANCES;
 pub use misbehave::Misbehaviour;
 
 use crate::pb::{self, InstanceState, placement::Location};
+use crate::watch::WatchHub;
 use crate::{CONTRACT_VERSION, ProviderError, paging, validation};
 
 /// The provider name the reference provider reports.
@@ -96,6 +100,7 @@ pub struct MemoryProvider {
     config: Arc<ReferenceConfig>,
     state: Arc<Mutex<State>>,
     faults: Faults,
+    hub: WatchHub,
 }
 
 #[derive(Debug, Default)]
@@ -141,6 +146,7 @@ impl MemoryProvider {
             config: Arc::new(config),
             state: Arc::default(),
             faults: Faults::default(),
+            hub: WatchHub::default(),
         }
     }
 
@@ -157,6 +163,8 @@ impl MemoryProvider {
             .get_mut(id)
             .ok_or_else(|| ProviderError::not_found(format!("instance {id} does not exist")))?;
         record.forced_state = state;
+        let now = self.snapshot(record);
+        self.hub.updated(now);
         Ok(())
     }
 
@@ -214,6 +222,7 @@ impl MemoryProvider {
                     state.ids_by_key.remove(&key);
                 }
                 state.deleted_keys.push(key);
+                self.hub.deleted(&id);
                 tracing::info!(instance.id = %id, "instance gone");
             }
         }
@@ -545,7 +554,9 @@ impl MemoryProvider {
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
         state.last_created = Some((Instant::now(), instance.clone()));
         state.ids_by_key.insert(request.key, id.clone());
-        state.instances.insert(id, record);
+        state.instances.insert(id.clone(), record);
+        self.hub.updated(instance.clone());
+        self.refresh_after(&id, self.config.provisioning_delay);
         Ok(instance)
     }
 
@@ -628,6 +639,9 @@ impl MemoryProvider {
         if record.deleted.is_none() {
             record.deleted = Some(Instant::now());
             tracing::info!(instance.id = %id, "deleting instance");
+            let now = self.snapshot(record);
+            self.hub.updated(now);
+            self.refresh_after(id, self.config.deleting_delay);
         }
         if self.breaks(Misbehaviour::DeletesForeign) {
             let oldest = state
@@ -689,11 +703,13 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::VendorData,
             pb::Capability::Ipv6,
             pb::Capability::ListLocations,
+            pb::Capability::WatchInstances,
         ]
         .into_iter()
         .filter(|c| match c {
             pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
             pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
+            pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
             _ => true,
         });
         hold_answer(hold).await;
@@ -771,7 +787,9 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let hold = self.enter("ListInstances", request.metadata()).await?;
         if self.breaks(Misbehaviour::CancelledAtDeadline) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Far longer than the check's 1 ms deadline, so that tonic's own timer ends
+            // the call even when a loaded machine wakes both timers late at once.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let page = self
             .list(&request.into_inner())
@@ -802,6 +820,16 @@ impl pb::provider_server::Provider for MemoryProvider {
                 .filter(|_| !self.breaks(Misbehaviour::ValidateResolvesNothing)),
             warnings,
         }))
+    }
+
+    async fn watch_instances(
+        &self,
+        request: Request<pb::WatchInstancesRequest>,
+    ) -> Result<Response<crate::watch::WatchStream>, Status> {
+        let hold = self.enter("WatchInstances", request.metadata()).await?;
+        let stream = self.watch_stream(request.into_inner())?;
+        hold_answer(hold).await;
+        Ok(Response::new(stream))
     }
 
     async fn list_locations(

@@ -9,7 +9,7 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
 
 use super::{Checked, Suite, expect_code};
-use crate::conformance::{Outcome, describe};
+use crate::conformance::{Outcome, TAG, describe};
 use crate::pb;
 use crate::validation::MAX_STRING_BYTES;
 
@@ -227,6 +227,17 @@ impl Suite<'_> {
             "CAPABILITY_LIST_LOCATIONS",
             capabilities.contains(&pb::Capability::ListLocations),
             listed,
+        )?;
+        let nothing = pb::WatchInstancesRequest {
+            tag_selector: [(TAG.to_owned(), format!("not-{}", self.ledger.run_id()))].into(),
+            ..Default::default()
+        };
+        let watched = self.client.watch_instances(nothing).await.map(drop);
+        declared_matches(
+            "WatchInstances",
+            "CAPABILITY_WATCH_INSTANCES",
+            capabilities.contains(&pb::Capability::WatchInstances),
+            watched,
         )?;
         if capabilities.contains(&pb::Capability::VendorData) {
             let mut request = self.request("vendor-data");

@@ -9,6 +9,7 @@ mod lifecycle;
 mod limits;
 mod listing;
 mod locations;
+mod watching;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -201,6 +202,21 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: ListLocations, MachineTypeRoom.room",
     ),
     check(
+        "watch-snapshot",
+        "a caller that starts watching must learn every instance it watches, and nothing it does not",
+        "provider.proto: WatchInstances, WatchInstancesResponse",
+    ),
+    check(
+        "watch-follows-changes",
+        "callers act when an instance runs or goes, instead of polling; a change the stream misses is never acted on",
+        "provider.proto: WatchInstances, WatchEventType",
+    ),
+    check(
+        "watch-resume",
+        "a caller that reconnects must get what it missed, or be told to start over; a token never issued must be refused",
+        "provider.proto: WatchInstancesRequest.resume_token",
+    ),
+    check(
         "delete-twice-then-gone",
         "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
@@ -302,6 +318,9 @@ impl<'a> Suite<'a> {
             "locations-filter" => self.locations_filter().await,
             "locations-paging" => self.locations_paging().await,
             "locations-placeable" => self.locations_placeable().await,
+            "watch-snapshot" => self.watch_snapshot().await,
+            "watch-follows-changes" => self.watch_follows_changes().await,
+            "watch-resume" => self.watch_resume().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
             "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,
