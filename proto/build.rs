@@ -21,6 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     tonic_prost_build::configure()
         .skip_protoc_run()
+        // Every server method has a default that answers UNIMPLEMENTED, so a call added
+        // in a minor version does not break the build of existing providers: they answer
+        // it as the contract requires of a provider without its capability. ADR 0018.
+        .generate_default_stubs(true)
         // cloud-init input may hold secrets: its Debug is written by hand and redacts.
         .skip_debug(["egressproxy.provider.v1.CloudInit"])
         .compile_fds(descriptors)?;

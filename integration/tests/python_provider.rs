@@ -1,6 +1,7 @@
 //! The Python example provider (integration/example-providers/python/), written from
 //! the proto and the contract docs alone, generated with grpcio-tools on this machine,
-//! passes every conformance check; and the `provider-conformance` binary's options and
+//! passes every conformance check (those of WatchInstances, which it does not offer,
+//! are skipped); and the `provider-conformance` binary's options and
 //! exit statuses work as documented, also with a provider that loops its page tokens.
 
 use std::path::Path;
@@ -85,7 +86,13 @@ fn the_python_provider_passes_every_check() {
     assert_eq!(report["passed"], true);
     let checks = report["checks"].as_array().unwrap();
     assert!(checks.len() >= 30, "{report:#}");
-    assert!(checks.iter().all(|c| c["status"] == "pass"), "{report:#}");
+    // The example implements contract 1.2: WatchInstances is the one optional call it
+    // leaves out (callers poll it), so those checks, and only those, are skipped.
+    for check in checks {
+        let name = check["name"].as_str().unwrap();
+        let wanted = if name.starts_with("watch-") { "skip" } else { "pass" };
+        assert_eq!(check["status"], wanted, "{name}: {report:#}");
+    }
 }
 
 #[test]

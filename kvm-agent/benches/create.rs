@@ -199,6 +199,7 @@ fn create_directly(
             proxy_port: 3128,
             spec_sha256: "00".repeat(32),
             placement: PlacementRecord {
+                zone: None,
                 host: "hv1".into(),
                 machine_type: "tiny".into(),
                 image: "ipxe".into(),

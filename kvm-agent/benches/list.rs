@@ -159,6 +159,7 @@ fn define_domains(uri: &str, count: usize) -> anyhow::Result<Duration> {
                 proxy_port: 3128,
                 spec_sha256: "ab".repeat(32),
                 placement: PlacementRecord {
+                    zone: None,
                     host: "ssh".into(),
                     machine_type: "small".into(),
                     image: "debian-12".into(),

@@ -78,6 +78,35 @@ pub struct HostConfig {
     /// `kvm`, `qemu` (software emulation), or `auto`.
     #[serde(default)]
     pub domain_type: DomainType,
+    /// The zone the host belongs to: a Proxy's `placement.zone` picks the zone's host
+    /// with the most room. Unset: in no zone.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// How much of the host the agent's VMs may take.
+    #[serde(default)]
+    pub capacity: HostCapacity,
+}
+
+/// How much of a host the agent's VMs may take (room is counted from these and what
+/// libvirt reports; see `docs/kvm-agent.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostCapacity {
+    /// Memory kept for the host itself, never counted as room for VMs, in MiB.
+    #[serde(rename = "reservedMemoryMiB", default = "default_reserved_memory_mib")]
+    pub reserved_memory_mib: u64,
+    /// The most instances of the agent the host holds, in any state (unset: no limit).
+    #[serde(default)]
+    pub max_instances: Option<u32>,
+}
+
+impl Default for HostCapacity {
+    fn default() -> Self {
+        Self {
+            reserved_memory_mib: default_reserved_memory_mib(),
+            max_instances: None,
+        }
+    }
 }
 
 /// How to reach a hypervisor over SSH.
@@ -246,6 +275,9 @@ impl Default for TransportConfig {
 
 fn default_libvirt_socket() -> PathBuf {
     PathBuf::from(DEFAULT_LIBVIRT_SOCKET)
+}
+fn default_reserved_memory_mib() -> u64 {
+    512
 }
 fn default_storage_pool() -> String {
     "default".to_owned()

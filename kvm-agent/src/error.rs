@@ -85,6 +85,22 @@ pub enum Error {
         failures: Vec<String>,
     },
 
+    /// No host the Create may go to has room for its machine type.
+    #[error(
+        "no room for machine type {machine_type} in {asked}: {}; free room (delete instances, \
+         raise capacity.maxInstances, lower capacity.reservedMemoryMiB) or place elsewhere \
+         (ListLocations shows the room of every host)",
+        lacks.join("; ")
+    )]
+    NoRoom {
+        /// The machine type, with its size (`small (1 vCPU, 1024 MiB)`).
+        machine_type: String,
+        /// The location asked for, in words (`zone z1`, `any host`).
+        asked: String,
+        /// What each candidate host lacks (`hv1: 512 MiB free`).
+        lacks: Vec<String>,
+    },
+
     /// Another Create (or Delete) of the same key in this agent still ran when the
     /// caller's deadline passed; its outcome decides this one's.
     #[error(
@@ -183,6 +199,8 @@ impl Error {
             Error::DomainXmlInvalid { .. } => of(C::Permanent, "DOMAIN_XML_INVALID"),
             Error::HostNotReady { .. } => of(C::Permanent, "HOST_NOT_READY"),
             Error::CreateInProgress { .. } => of(C::Transient, "CREATE_IN_PROGRESS"),
+            Error::NoRoom { .. } => of(C::QuotaExhausted, "CAPACITY_EXHAUSTED")
+                .retry_after(egressproxy_provider::locations::NO_ROOM_RETRY),
             Error::SpecMismatch { .. } => of(C::AlreadyExists, "SPEC_MISMATCH"),
             Error::InstanceNotFound { .. } => of(C::NotFound, "INSTANCE_NOT_FOUND"),
             Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
@@ -257,7 +275,8 @@ impl Error {
             ErrorClass::NotFound if !self.is_instance_missing() => ErrorClass::Permanent,
             class => class,
         };
-        let retry_after = retry_after.filter(|_| class == ErrorClass::Transient);
+        let retry_after = retry_after
+            .filter(|_| matches!(class, ErrorClass::Transient | ErrorClass::QuotaExhausted));
         self.field_violations().into_iter().fold(
             ProviderError::new(class, self.to_string())
                 .with_reason(reason)

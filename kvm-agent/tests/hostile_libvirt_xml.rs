@@ -58,6 +58,7 @@ fn metadata(
                     proxy_port,
                     spec_sha256: "ab".repeat(32),
                     placement: PlacementRecord {
+                        zone: None,
                         host,
                         machine_type,
                         image,
@@ -330,6 +331,7 @@ fn every_hostile_character_is_refused_or_kept() {
                 proxy_port: 3128,
                 spec_sha256: "ab".repeat(32),
                 placement: PlacementRecord {
+                    zone: None,
                     host: "h".into(),
                     machine_type: "m".into(),
                     image: "i".into(),

@@ -203,7 +203,7 @@ fn define_on_test_driver(config: &Config, request: &pb::CreateInstanceRequest, c
         firmware: plan.image.1.firmware,
         overlay_path: format!("/var/lib/libvirt/images/{}", plan.names.overlay_volume).into(),
         seed_path: format!("/var/lib/libvirt/images/{}", plan.names.seed_volume).into(),
-        attachment: plan.host.attachment(),
+        attachment: plan.candidates[0].attachment(),
         metadata: InstanceMetadata {
             key: request.key.clone(),
             name: request.name.clone(),
@@ -211,7 +211,8 @@ fn define_on_test_driver(config: &Config, request: &pb::CreateInstanceRequest, c
             proxy_port: request.proxy_port,
             spec_sha256: plan.spec_sha256.clone(),
             placement: PlacementRecord {
-                host: plan.host.name.clone(),
+                zone: None,
+                host: plan.candidates[0].name.clone(),
                 machine_type: plan.machine_type.0.clone(),
                 image: plan.image.0.clone(),
                 base_volume: format!("egressproxy-base-{}.img", "cd".repeat(32)),

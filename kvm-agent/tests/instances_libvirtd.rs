@@ -121,6 +121,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
             proxy_port: 3128,
             spec_sha256: "cd".repeat(32),
             placement: PlacementRecord {
+                zone: None,
                 host: "here".into(),
                 machine_type: "small".into(),
                 image: "debian-12".into(),

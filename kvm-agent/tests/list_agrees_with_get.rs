@@ -38,6 +38,7 @@ fn define(conn: &Connect, key: &str) -> InstanceNames {
             proxy_port: 3128,
             spec_sha256: "ab".repeat(32),
             placement: PlacementRecord {
+                zone: None,
                 host: "test".into(),
                 machine_type: "small".into(),
                 image: "debian-12".into(),

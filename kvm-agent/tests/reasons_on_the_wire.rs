@@ -218,6 +218,7 @@ fn config(host: &GuestHost, images: &HttpServer, ipxe: &Path, files: &KnownHosts
             known = known.display(),
         ),
         ssh_host("kvm-only", &key, &known, "").replace("domainType: qemu", "domainType: kvm"),
+        ssh_host("full", &key, &known, "  capacity: {maxInstances: 0}\n"),
         format!(
             "- name: closed-port\n  ssh: {{address: \"127.0.0.1:1\", user: {user}, privateKey: {key}, knownHosts: {known}}}\n",
             key = key.display(),
@@ -466,6 +467,13 @@ async fn every_documented_reason_reaches_the_wire() {
             .create_instance(with_deadline(create("kvm", "kvm-only", "ipxe"), minute))
             .await,
         "LIBVIRT_REJECTED",
+    );
+    seen.expect(
+        "a Create on a host at its instance limit",
+        client
+            .create_instance(with_deadline(create("no-room", "full", "ipxe"), minute))
+            .await,
+        "CAPACITY_EXHAUSTED",
     );
     // Images.
     for (image, reason) in [

@@ -41,6 +41,7 @@ fn spec(key: &str, firmware: Firmware) -> DomainSpec {
             proxy_port: 3128,
             spec_sha256: "ab".repeat(32),
             placement: PlacementRecord {
+                zone: None,
                 host: "test".into(),
                 machine_type: "small".into(),
                 image: "debian-12".into(),

@@ -9,6 +9,9 @@
 //! - [`client`]: connect to a provider, with trace context and a deadline on every call.
 //! - [`probe`]: a running provider's health and instances, for exec probes and
 //!   `helm test`.
+//! - [`paging`] and [`locations`]: ListInstances' and ListLocations' pages, filters and
+//!   room, as the contract states them.
+//! - [`watch`]: WatchInstances' streams, resume tokens and history ([`watch::WatchHub`]).
 //! - [`telemetry`]: logging and OpenTelemetry export configured by `OTEL_*` variables.
 //! - [`reference`](mod@reference): an in-memory provider with fault injection, the example to copy.
 //! - [`conformance`]: checks any provider must pass, run against a live endpoint.
@@ -17,6 +20,7 @@ pub mod client;
 pub mod conformance;
 mod deadline;
 pub mod error;
+pub mod locations;
 pub mod paging;
 pub mod probe;
 pub mod reference;
@@ -24,6 +28,7 @@ pub mod server;
 pub mod telemetry;
 mod trace_context;
 pub mod validation;
+pub mod watch;
 
 pub use deadline::parse_grpc_timeout;
 
@@ -35,7 +40,7 @@ pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from
 /// `GetPluginInfo`; callers refuse a provider whose major version differs.
-pub const CONTRACT_VERSION: &str = "1.1.0";
+pub const CONTRACT_VERSION: &str = "1.3.0";
 
 /// Generated protobuf and gRPC code.
 #[allow(unreachable_pub, missing_debug_implementations, clippy::all)]

@@ -1,4 +1,5 @@
-//! ListInstances paging as the contract states it, for providers to share.
+//! ListInstances and ListLocations paging as the contract states it, for providers to
+//! share.
 //!
 //! 1. **Page size.** [`page_size`] turns the request's `page_size` into a count: unset
 //!    or 0 is the provider's default, anything over [`MAX_PAGE_SIZE`] is clamped (never
@@ -102,33 +103,49 @@ pub fn page(
     page_token: &str,
     size: usize,
 ) -> Result<pb::ListInstancesResponse, ProviderError> {
+    let (instances, next_page_token) =
+        page_by(instances, |i: &pb::Instance| i.id.clone(), page_token, size)?;
+    Ok(pb::ListInstancesResponse {
+        instances,
+        next_page_token,
+    })
+}
+
+/// One page of any list the contract pages (instances, locations): `items` sorted by
+/// `position`, those after the token's position, at most `size` of them and at most
+/// [`MAX_RESPONSE_BYTES`] as the repeated field 1 of the response; with the token of
+/// the next page, empty on the last.
+pub fn page_by<T: Message>(
+    items: impl IntoIterator<Item = T>,
+    position: impl Fn(&T) -> String,
+    page_token: &str,
+    size: usize,
+) -> Result<(Vec<T>, String), ProviderError> {
     let after = decode_token(page_token)?;
     let budget = MAX_RESPONSE_BYTES - RESPONSE_SLACK_BYTES;
     let mut page = Vec::new();
     let mut bytes = 0;
     let mut more = false;
-    for instance in instances
-        .into_iter()
-        .filter(|i| after.as_deref().is_none_or(|after| i.id.as_str() > after))
-    {
-        // Field 1, length-delimited: a tag byte, the length and the instance.
-        let len = instance.encoded_len();
+    for item in items.into_iter().filter(|i| {
+        after
+            .as_deref()
+            .is_none_or(|after| position(i).as_str() > after)
+    }) {
+        // Field 1, length-delimited: a tag byte, the length and the item.
+        let len = item.encoded_len();
         let framed = 1 + prost::encoding::encoded_len_varint(len as u64) + len;
         if page.len() == size || (!page.is_empty() && bytes + framed > budget) {
             more = true;
             break;
         }
         bytes += framed;
-        page.push(instance);
+        page.push(item);
     }
     let next_page_token = match page.last() {
-        Some(last) if more => encode_token(&last.id),
+        Some(last) if more => encode_token(&position(last)),
         _ => String::new(),
     };
-    Ok(pb::ListInstancesResponse {
-        instances: page,
-        next_page_token,
-    })
+    Ok((page, next_page_token))
 }
 
 #[cfg(test)]

@@ -33,11 +33,14 @@ async fn serve(server: ProviderServer) -> (SocketAddr, ()) {
 }
 
 /// Quick to provision, and DELETING for a moment after Delete, so the suite meets
-/// KEY_BEING_DELETED and DELETING instances in List.
+/// KEY_BEING_DELETED and DELETING instances in List; with a host that has no room, so
+/// the suite meets a location a Create must be refused on.
 fn fast() -> ReferenceConfig {
     ReferenceConfig {
         provisioning_delay: Duration::from_millis(100),
         deleting_delay: Duration::from_secs(1),
+        hosts: vec!["local".into(), "full".into()],
+        max_instances: [("full".to_string(), 0)].into(),
         ..ReferenceConfig::default()
     }
 }
@@ -328,5 +331,17 @@ impl pb::provider_server::Provider for Flaky {
         request: tonic::Request<pb::ValidatePlacementRequest>,
     ) -> Result<tonic::Response<pb::ValidatePlacementResponse>, tonic::Status> {
         self.inner.validate_placement(request).await
+    }
+    async fn list_locations(
+        &self,
+        request: tonic::Request<pb::ListLocationsRequest>,
+    ) -> Result<tonic::Response<pb::ListLocationsResponse>, tonic::Status> {
+        self.inner.list_locations(request).await
+    }
+    async fn watch_instances(
+        &self,
+        request: tonic::Request<pb::WatchInstancesRequest>,
+    ) -> Result<tonic::Response<egressproxy_provider::watch::WatchStream>, tonic::Status> {
+        self.inner.watch_instances(request).await
     }
 }

@@ -22,6 +22,8 @@ async fn start() -> (SocketAddr, MemoryProvider) {
     let provider = MemoryProvider::new(ReferenceConfig {
         provisioning_delay: Duration::from_millis(100),
         deleting_delay: Duration::from_secs(60),
+        hosts: vec!["local".into(), "full".into()],
+        max_instances: [("full".to_string(), 0)].into(),
         ..ReferenceConfig::default()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -208,6 +210,25 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     .await
                     .unwrap_err()
             }
+            "INVALID_RESUME_TOKEN" => {
+                match client
+                    .watch_instances(pb::WatchInstancesRequest {
+                        resume_token: "not-a-resume-token".into(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(_) => panic!("a made-up resume token opened a stream"),
+                    Err(status) => status,
+                }
+            }
+            "CAPACITY_EXHAUSTED" => {
+                let mut on_full = request("no-room", 3128);
+                if let Some(placement) = on_full.placement.as_mut() {
+                    placement.location = Some(pb::placement::Location::Host("full".into()));
+                }
+                client.create_instance(on_full).await.unwrap_err()
+            }
             "INJECTED_FAULT" => {
                 provider.faults().inject(Fault {
                     method: Some("GetPluginInfo".into()),
@@ -237,7 +258,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         checked += 1;
     }
     assert_eq!(
-        checked, 7,
+        checked, 9,
         "every reason the reference provider sends is checked"
     );
 }

@@ -11,6 +11,10 @@ provider must do beyond the proto:
 - page tokens it can tell from anything it did not issue, and pages bounded in bytes;
 - while an instance is DELETING, Create of its key answers UNAVAILABLE, reason
   KEY_BEING_DELETED;
+- ListLocations (CAPABILITY_LIST_LOCATIONS): each host with the room each machine type
+  has in its memory; a Create without a location goes to the host with the most room,
+  and one where none fits is RESOURCE_EXHAUSTED, reason CAPACITY_EXHAUSTED (the host
+  "full" never has room, so callers can see that answer);
 - grpc.health.v1 SERVING for "" and egressproxy.provider.v1.Provider;
 - server reflection v1 (grpcio-reflection ships only v1alpha: the same servicer is
   also registered under the v1 name, whose messages are identical on the wire) and the
@@ -39,10 +43,13 @@ from grpc_status import rpc_status
 
 SERVICE = "egressproxy.provider.v1.Provider"
 DOMAIN = "egressproxy.dev"
-CONTRACT_VERSION = "1.1.0"
-MACHINE_TYPES = ("small", "medium")
+CONTRACT_VERSION = "1.2.0"
+GIB = 1 << 30
+# name -> (vCPUs, memory in bytes)
+MACHINE_TYPES = {"small": (1, GIB), "medium": (2, 2 * GIB)}
 IMAGES = ("debian-12",)
-HOSTS = ("local",)
+# name -> (CPUs, memory in bytes that instances may use)
+HOSTS = {"local": (8, 64 * GIB), "full": (8, 0)}
 PROVISIONING_SECONDS, DELETING_SECONDS = 0.2, 0.2
 MAX_KEY_LEN, MAX_TAGS, MAX_TAG_BYTES, MAX_USER_DATA = 128, 64, 256, 64 * 1024
 MAX_NAME, MAX_STRING, MAX_HOST = 512, 128, 256
@@ -52,6 +59,7 @@ DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 4096  # the 4 MiB every caller accepts, less room
 MAX_FIELD_PATH, MAX_DESCRIPTION, MAX_MESSAGE, MAX_DETAILS = 1024, 512, 1024, 8 * 1024
 TOKEN_CONTEXT = b"python-example/page-token/v1\0"
+LOCATION_TOKEN_CONTEXT = b"python-example/location-token/v1\0"
 
 
 def cut_word(word):
@@ -72,22 +80,22 @@ def field_path(path):
     return path if len(path.encode()) <= MAX_FIELD_PATH else bound(path, MAX_DESCRIPTION)
 
 
-def page_token(last_id):
+def page_token(last_id, context=TOKEN_CONTEXT):
     """The last id of a page with a checksum, so a token this provider did not issue
     (made up, or an issued one changed) is refused instead of read as a position."""
     encoded = base64.urlsafe_b64encode(last_id.encode()).decode().rstrip("=")
-    checksum = hashlib.sha256(TOKEN_CONTEXT + last_id.encode()).hexdigest()[:16]
+    checksum = hashlib.sha256(context + last_id.encode()).hexdigest()[:16]
     return f"{encoded}.{checksum}"
 
 
-def read_page_token(token):
+def read_page_token(token, context=TOKEN_CONTEXT):
     """The last id a token names; None when this provider did not issue it."""
     encoded, _, _ = token.partition(".")
     try:
         last_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
     except ValueError:
         return None
-    return last_id if page_token(last_id) == token else None
+    return last_id if page_token(last_id, context) == token else None
 
 
 class ContractError(Exception):
@@ -158,11 +166,12 @@ def load_generated(directory):
 
 
 class Record:
-    """One instance: the Instance as created, when, the spec a repeated Create must
-    match, and when Delete was called (DELETING until DELETING_SECONDS later)."""
+    """One instance: the Instance as created, the host it takes room on, when, the spec
+    a repeated Create must match, and when Delete was called (DELETING until
+    DELETING_SECONDS later)."""
 
-    def __init__(self, instance, spec):
-        self.instance, self.spec = instance, spec
+    def __init__(self, instance, host, spec):
+        self.instance, self.host, self.spec = instance, host, spec
         self.created, self.deleted = time.monotonic(), None
 
 
@@ -195,7 +204,24 @@ def build_servicer(pb, pb_grpc):
             )
 
         def GetCapabilities(self, request, context):
-            return pb.GetCapabilitiesResponse(capabilities=[pb.CAPABILITY_VALIDATE_PLACEMENT])
+            return pb.GetCapabilitiesResponse(capabilities=[pb.CAPABILITY_VALIDATE_PLACEMENT, pb.CAPABILITY_LIST_LOCATIONS])
+
+        def _free_memory(self, host):
+            """Memory instances on `host` may still use (with the lock held): deleted
+            ones take room until they are gone."""
+            used = sum(MACHINE_TYPES[r.instance.placement.machine_type][1] for r in self.instances.values() if r.host == host)
+            return max(HOSTS[host][1] - used, 0)
+
+        def _room(self, host, machine_type):
+            vcpus, memory = MACHINE_TYPES[machine_type]
+            return 0 if vcpus > HOSTS[host][0] else self._free_memory(host) // memory
+
+        def _choose(self, placement):
+            """The host an instance of `placement` goes to: the one named, or the one with
+            the most room for its machine type (the first on a tie)."""
+            if placement.WhichOneof("location") == "host":
+                return placement.host
+            return max(HOSTS, key=lambda host: (self._room(host, placement.machine_type), -list(HOSTS).index(host)))
 
         def _check_placement(self, placement, present, violations):
             if not present:
@@ -264,16 +290,21 @@ def build_servicer(pb, pb_grpc):
                             raise ContractError(code_pb2.ALREADY_EXISTS, "ALREADY_EXISTS",
                                                 f"key {request.key} belongs to instance {existing}, created with another placement, cloud-init or proxy port: delete it first or use another key")
                         return pb.CreateInstanceResponse(instance=self._snapshot(record))
+                    host = self._choose(request.placement)
+                    if self._room(host, request.placement.machine_type) == 0:
+                        raise ContractError(code_pb2.RESOURCE_EXHAUSTED, "CAPACITY_EXHAUSTED",
+                                            f"no room for machine type {request.placement.machine_type} on host {host}: "
+                                            f"{self._free_memory(host) // (1 << 20)} MiB free; delete instances or name another "
+                                            "host (ListLocations shows the room of each)", retry_after=30)
                     instance_id = f"py-{uuid.uuid4()}"
                     created = timestamp_pb2.Timestamp()
                     created.GetCurrentTime()
                     placement = pb.Placement()
                     placement.CopyFrom(request.placement)
-                    if not placement.WhichOneof("location"):
-                        placement.host = HOSTS[0]
+                    placement.host = host
                     instance = pb.Instance(id=instance_id, key=request.key, name=request.name, create_time=created,
                                            tags=dict(request.tags), placement=placement, proxy_port=request.proxy_port)
-                    record = Record(instance, spec)
+                    record = Record(instance, host, spec)
                     self.instances[instance_id] = record
                     self.ids_by_key[request.key] = instance_id
                     return pb.CreateInstanceResponse(instance=self._snapshot(record))
@@ -350,9 +381,46 @@ def build_servicer(pb, pb_grpc):
                     raise invalid(violations)
                 resolved = pb.Placement()
                 resolved.CopyFrom(request.placement)
-                if not resolved.WhichOneof("location"):
-                    resolved.host = HOSTS[0]
-                return pb.ValidatePlacementResponse(resolved=resolved)
+                warnings = []
+                with self.lock:
+                    self._purge()
+                    resolved.host = self._choose(request.placement)
+                    if self._room(resolved.host, resolved.machine_type) == 0:
+                        warnings.append(f"no room for machine type {resolved.machine_type} on host {resolved.host} now: a Create would answer RESOURCE_EXHAUSTED")
+                return pb.ValidatePlacementResponse(resolved=resolved, warnings=warnings)
+
+            return self._call(context, work)
+
+        def ListLocations(self, request, context):
+            def work():
+                violations = [(field, f"over the {MAX_STRING}-byte limit") for field in ("machine_type", "image")
+                              if len(getattr(request, field).encode()) > MAX_STRING]
+                after = read_page_token(request.page_token, LOCATION_TOKEN_CONTEXT) if request.page_token else ""
+                if after is None:
+                    violations.append(("page_token", "not a token this provider issued: pass next_page_token unchanged, or an empty token to start again"))
+                if violations:
+                    raise invalid(violations)
+                size = min(request.page_size if request.HasField("page_size") and request.page_size else DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+                machine_types = [m for m in MACHINE_TYPES if request.machine_type in ("", m)]
+                images = [i for i in IMAGES if request.image in ("", i)]
+                if not machine_types or not images:
+                    return pb.ListLocationsResponse()
+                locations = []
+                with self.lock:
+                    self._purge()
+                    for host in sorted(HOSTS):
+                        if f"host/{host}" <= after:
+                            continue
+                        instances = sum(1 for r in self.instances.values() if r.host == host)
+                        rooms = [pb.MachineTypeRoom(name=m, vcpus=MACHINE_TYPES[m][0], memory_bytes=MACHINE_TYPES[m][1],
+                                                    room=self._room(host, m)) for m in machine_types]
+                        capacity = pb.Capacity(free_memory_bytes=self._free_memory(host), cpus=HOSTS[host][0], instances=instances)
+                        full = all(room.room == 0 for room in rooms)
+                        locations.append(pb.Location(host=host, machine_types=rooms, images=images, capacity=capacity,
+                                                     message="no room" if full else ""))
+                page = locations[:size]
+                token = page_token(f"host/{page[-1].host}", LOCATION_TOKEN_CONTEXT) if len(page) < len(locations) else ""
+                return pb.ListLocationsResponse(locations=page, next_page_token=token)
 
             return self._call(context, work)
 

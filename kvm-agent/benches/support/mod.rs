@@ -75,6 +75,8 @@ pub fn ssh_and_local_config(
         network: network.map(str::to_owned),
         bridge: None,
         domain_type: DomainType::Qemu,
+        zone: None,
+        capacity: Default::default(),
     };
     Config {
         hosts: vec![

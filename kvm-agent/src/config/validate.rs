@@ -181,6 +181,20 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
             "is empty; name a libvirt storage pool".into(),
         );
     }
+    if let Some(zone) = &host.zone {
+        if zone.is_empty() || zone.len() > egressproxy_provider::validation::MAX_STRING_BYTES {
+            p(
+                format!("{at}.zone"),
+                format!(
+                    "{} bytes: a zone name is 1 to {} bytes (or leave it unset)",
+                    zone.len(),
+                    egressproxy_provider::validation::MAX_STRING_BYTES
+                ),
+            );
+        } else if let Some(problem) = not_xml_safe(zone) {
+            p(format!("{at}.zone"), problem);
+        }
+    }
     let Some(ssh) = &host.ssh else {
         return;
     };

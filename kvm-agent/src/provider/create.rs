@@ -201,7 +201,7 @@ pub async fn create_from_base(
     faults: &FaultHook,
     deadline: Instant,
 ) -> Result<pb::Instance, Error> {
-    let storage_pool = plan.host.storage_pool.clone();
+    let storage_pool = host.config().storage_pool.clone();
     let names = plan.names.clone();
 
     // Never smaller than the base: qemu-img refuses to shrink, and the guest's
@@ -258,7 +258,7 @@ pub async fn create_from_base(
         firmware: plan.image.1.firmware,
         overlay_path: overlay.path,
         seed_path,
-        attachment: plan.host.attachment(),
+        attachment: host.config().attachment(),
         metadata: InstanceMetadata {
             key: request.key.clone(),
             name: request.name.clone(),
@@ -266,7 +266,11 @@ pub async fn create_from_base(
             proxy_port: request.proxy_port,
             spec_sha256: plan.spec_sha256.clone(),
             placement: PlacementRecord {
-                host: plan.host.name.clone(),
+                host: host.name().to_owned(),
+                zone: match &plan.location {
+                    Some(pb::placement::Location::Zone(zone)) => Some(zone.clone()),
+                    _ => None,
+                },
                 machine_type: plan.machine_type.0.clone(),
                 image: plan.image.0.clone(),
                 base_volume: base.volume.clone(),

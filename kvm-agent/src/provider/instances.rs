@@ -16,8 +16,11 @@
 //!   and its volumes alone);
 //! - List fails when any host cannot be reached, so a garbage collector never mistakes
 //!   an unreachable host for an empty one;
-//! - Create finds the key's instance on any host, not only the one it plans for; a
-//!   host that cannot answer is skipped (see `existing_elsewhere`).
+//! - Create finds the key's instance on any host, not only the ones it may place it on;
+//!   a host that cannot answer is skipped (see `existing_on_hosts`). A new instance goes
+//!   to the named host, or to the host with the most room of the zone's hosts (or of
+//!   all of them), as [`crate::provider::room`] chooses; where none has room, Create is
+//!   RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED).
 
 use std::sync::Arc;
 
@@ -32,7 +35,8 @@ use crate::libvirt::domains::{self, NicKind};
 use crate::libvirt::host::capabilities::VirtTypes;
 use crate::libvirt::naming::{InstanceId, InstanceNames};
 use crate::provider::create::{self, CreateStep, FaultHook, Where};
-use crate::provider::plan::plan_create;
+use crate::provider::plan::{CreatePlan, plan_create};
+use crate::provider::room;
 use crate::provider::state::to_contract_instance;
 use crate::provider::sync::KeyLocks;
 use crate::transport::call::LibvirtOp;
@@ -128,10 +132,10 @@ impl Instances {
         Fut: Future<Output = Result<BaseImage, Error>> + Send + 'static,
     {
         let plan = plan_create(&self.config, request)?;
-        let host = self.pool.host(&plan.host.name)?;
+        let first = plan.candidates.first().map(|h| h.name.clone());
         let turn = self
             .key_locks
-            .lock(host.name(), &request.key, deadline)
+            .lock(first.as_deref().unwrap_or_default(), &request.key, deadline)
             .await?;
         let this = self.clone();
         let owned_request = request.clone();
@@ -140,7 +144,7 @@ impl Instances {
         let steps = tokio::spawn(
             async move {
                 let _turn = turn;
-                this.create_locked(host, plan, &owned_request, deadline, ensure_base)
+                this.create_locked(plan, &owned_request, deadline, ensure_base)
                     .await
             }
             .in_current_span(),
@@ -154,27 +158,48 @@ impl Instances {
         }
     }
 
-    /// Create's steps, with the key's lock held.
+    /// Create's steps, with the key's lock held: the key's instance wherever it is, else
+    /// a host chosen by room and a new instance there.
     async fn create_locked<F, Fut>(
         &self,
-        host: Arc<HostPool>,
-        plan: crate::provider::plan::CreatePlan,
+        plan: CreatePlan,
         request: &pb::CreateInstanceRequest,
         deadline: Instant,
         ensure_base: F,
     ) -> Result<pb::Instance, Error>
     where
-        F: FnOnce(Arc<HostPool>, crate::provider::plan::CreatePlan) -> Fut,
+        F: FnOnce(Arc<HostPool>, CreatePlan) -> Fut,
         Fut: Future<Output = Result<BaseImage, Error>>,
     {
-        if let Some(existing) =
-            create::existing_instance(&host, &plan, &request.key, Where::Planned, deadline).await?
+        let named = match &plan.location {
+            Some(egressproxy_provider::pb::placement::Location::Host(name)) => {
+                Some(self.pool.host(name)?)
+            }
+            _ => None,
+        };
+        if let Some(named) = &named
+            && let Some(existing) =
+                create::existing_instance(named, &plan, &request.key, Where::Planned, deadline)
+                    .await?
         {
             return Ok(existing);
         }
         if let Some(existing) = self
-            .existing_elsewhere(&host, &plan, &request.key, deadline)
+            .existing_on_hosts(
+                named.as_ref().map(|h| h.name()),
+                &plan,
+                &request.key,
+                deadline,
+            )
             .await?
+        {
+            return Ok(existing);
+        }
+        let host = self.place(&plan, deadline).await?;
+        if named.is_none()
+            && let Some(existing) =
+                create::existing_instance(&host, &plan, &request.key, Where::Planned, deadline)
+                    .await?
         {
             return Ok(existing);
         }
@@ -193,17 +218,34 @@ impl Instances {
         .await
     }
 
-    /// The key's instance on a host other than `planned`, if the agent made one there: a
-    /// key names one instance on any host, and an earlier Create may have placed it
-    /// elsewhere (another requested host, or another first host since then). The hosts
-    /// are asked at once, each for at most [`ELSEWHERE_LOOKUP`]; one that cannot answer
-    /// is skipped and logged, so that a host that is down does not stop Creates on the
-    /// others (an instance of the key there is found again by Get, List and garbage
-    /// collection once it is back).
-    async fn existing_elsewhere(
+    /// The host a new instance of `plan` goes to: the one with the most room among its
+    /// candidates (see [`crate::provider::room`]), measured now.
+    async fn place(
         &self,
-        planned: &Arc<HostPool>,
-        plan: &crate::provider::plan::CreatePlan,
+        plan: &CreatePlan,
+        deadline: Instant,
+    ) -> Result<Arc<HostPool>, Error> {
+        let candidates = room::measure(&self.pool, &plan.candidates, deadline).await;
+        let host = room::choose_host(
+            candidates,
+            &plan.machine_type.0,
+            &plan.machine_type.1,
+            &room::asked(plan.location.as_ref()),
+        )?;
+        Ok(self.pool.host(&host)?)
+    }
+
+    /// The key's instance on any host but `except`, if the agent made one there: a key
+    /// names one instance on any host, and an earlier Create may have placed it
+    /// elsewhere (another requested host, or another host with more room then). The
+    /// hosts are asked at once, each for at most [`ELSEWHERE_LOOKUP`]; one that cannot
+    /// answer is skipped and logged, so that a host that is down does not stop Creates
+    /// on the others (an instance of the key there is found again by Get, List and
+    /// garbage collection once it is back).
+    async fn existing_on_hosts(
+        &self,
+        except: Option<&str>,
+        plan: &CreatePlan,
         key: &str,
         deadline: Instant,
     ) -> Result<Option<pb::Instance>, Error> {
@@ -211,7 +253,7 @@ impl Instances {
             .config
             .hosts
             .iter()
-            .filter(|h| h.name != planned.name())
+            .filter(|h| Some(h.name.as_str()) != except)
             .map(|h| self.pool.host(&h.name))
             .collect::<Result<Vec<_>, _>>()?;
         let bound = deadline.min(Instant::now() + ELSEWHERE_LOOKUP);

@@ -5,12 +5,16 @@
 //!   [`HostPool::call`](crate::transport::pool::HostPool::call).
 //! - [`plan`]: Create's request checked and resolved against the configuration.
 //! - [`create`]: Create's steps in order, idempotent, with a test fault hook.
+//! - [`room`]: each host's room, and the host a new instance goes to.
+//! - [`locations`]: ListLocations: every host and zone with what it accepts and its room.
 //! - [`state`]: libvirt states and guest addresses in the contract's terms.
 //! - `sync`: per-key locks, so one Create per key runs at a time.
 
 pub mod create;
 pub mod instances;
+pub mod locations;
 pub mod plan;
+pub mod room;
 pub mod service;
 pub mod state;
 pub(crate) mod sync;

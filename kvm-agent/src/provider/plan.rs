@@ -5,7 +5,11 @@
 //! (`placement.host`, `placement.machine_type`, `placement.image`, `name`, `tags["k"]`,
 //! `cloud_init.user_data`, ...). A bad cloud-init document that is the only problem
 //! keeps its own reason (`INVALID_CLOUD_CONFIG`); several problems together have the
-//! class's reason, as one error has one reason. The plan carries the digest of the
+//! class's reason, as one error has one reason.
+//!
+//! The plan names the hosts the instance may go to: the host asked for, the hosts of
+//! the zone asked for (`hosts[].zone`), or every host; which of them takes it is chosen
+//! later by room ([`crate::provider::room`]). The plan carries the digest of the
 //! request's spec
 //! (placement as given, cloud-init, proxy port), stored in the domain's metadata, so a
 //! repeated Create with the same key and another spec is ALREADY_EXISTS.
@@ -23,8 +27,12 @@ use crate::libvirt::xml::metadata::check_xml_safe;
 /// What a Create will make, resolved from the request and the configuration.
 #[derive(Debug, Clone)]
 pub struct CreatePlan {
-    /// The host the instance goes to.
-    pub host: HostConfig,
+    /// The hosts the instance may go to, in configuration order (one when a host was
+    /// asked for).
+    pub candidates: Vec<HostConfig>,
+    /// The location as asked for: kept with the instance, so that Get answers a zone
+    /// for an instance created in a zone.
+    pub location: Option<Location>,
     /// The machine type's name and size.
     pub machine_type: (String, MachineType),
     /// The image's name and configuration.
@@ -50,7 +58,7 @@ pub fn plan_create(
         .as_ref()
         .expect("validated: placement is set");
     let ResolvedParts {
-        host,
+        candidates,
         machine,
         image,
         mut violations,
@@ -81,8 +89,8 @@ pub fn plan_create(
     if !violations.is_empty() {
         return Err(Error::InvalidFields { violations });
     }
-    let (Some(host), Some(machine), Some(image), Some(documents)) =
-        (host, machine, image, documents)
+    let (Some(candidates), Some(machine), Some(image), Some(documents)) =
+        (candidates, machine, image, documents)
     else {
         return Err(no_hosts());
     };
@@ -91,7 +99,8 @@ pub fn plan_create(
         reason: e.to_string(),
     })?;
     Ok(CreatePlan {
-        host,
+        candidates,
+        location: placement.location.clone(),
         machine_type: (placement.machine_type.clone(), machine),
         image: (placement.image.clone(), image),
         hostname: hostname_for_key(&request.key),
@@ -113,8 +122,10 @@ fn no_hosts() -> Error {
 /// A placement resolved against the configuration (ValidatePlacement's answer).
 #[derive(Debug, Clone)]
 pub struct ResolvedPlacement {
-    /// The host the instance would go to.
-    pub host: HostConfig,
+    /// The hosts the instance may go to, in configuration order.
+    pub candidates: Vec<HostConfig>,
+    /// The location as asked for.
+    pub location: Option<Location>,
     /// The machine type's name and size.
     pub machine_type: (String, MachineType),
     /// The image's name and configuration.
@@ -122,10 +133,15 @@ pub struct ResolvedPlacement {
 }
 
 impl ResolvedPlacement {
-    /// The placement as the contract states it, with the chosen host filled in.
-    pub fn to_contract(&self) -> pb::Placement {
+    /// The placement as the contract states it: the location asked for, or `chosen`
+    /// (the host a Create would pick) when none was.
+    pub fn to_contract(&self, chosen: &str) -> pb::Placement {
         pb::Placement {
-            location: Some(Location::Host(self.host.name.clone())),
+            location: Some(
+                self.location
+                    .clone()
+                    .unwrap_or_else(|| Location::Host(chosen.to_owned())),
+            ),
             machine_type: self.machine_type.0.clone(),
             image: self.image.0.clone(),
         }
@@ -141,7 +157,7 @@ pub fn resolve_placement(
     validation::check_placement_request(placement)?;
     let placement = placement.expect("validated: placement is set");
     let ResolvedParts {
-        host,
+        candidates,
         machine,
         image,
         violations,
@@ -149,18 +165,19 @@ pub fn resolve_placement(
     if !violations.is_empty() {
         return Err(Error::InvalidFields { violations });
     }
-    let (Some(host), Some(machine), Some(image)) = (host, machine, image) else {
+    let (Some(candidates), Some(machine), Some(image)) = (candidates, machine, image) else {
         return Err(no_hosts());
     };
     Ok(ResolvedPlacement {
-        host,
+        candidates,
+        location: placement.location.clone(),
         machine_type: (placement.machine_type.clone(), machine),
         image: (placement.image.clone(), image),
     })
 }
 
 struct ResolvedParts {
-    host: Option<HostConfig>,
+    candidates: Option<Vec<HostConfig>>,
     machine: Option<MachineType>,
     image: Option<ImageConfig>,
     violations: Vec<(String, String)>,
@@ -168,22 +185,35 @@ struct ResolvedParts {
 
 fn resolve_parts(config: &Config, placement: &pb::Placement) -> ResolvedParts {
     let mut violations: Vec<(String, String)> = Vec::new();
-    let host = match &placement.location {
-        Some(Location::Host(name)) => config.host(name).cloned().or_else(|| {
-            violations.push((
-                "placement.host".into(),
-                unknown("host", name, host_names(config)),
-            ));
-            None
-        }),
-        Some(Location::Zone(_)) => {
-            violations.push((
-                "placement.zone".into(),
-                "this provider has no zones: set placement.host or leave the location unset".into(),
-            ));
-            None
+    let candidates = match &placement.location {
+        Some(Location::Host(name)) => match config.host(name) {
+            Some(host) => Some(vec![host.clone()]),
+            None => {
+                violations.push((
+                    "placement.host".into(),
+                    unknown("host", name, host_names(config)),
+                ));
+                None
+            }
+        },
+        Some(Location::Zone(zone)) => {
+            let hosts: Vec<HostConfig> = config
+                .hosts
+                .iter()
+                .filter(|h| h.zone.as_deref() == Some(zone.as_str()))
+                .cloned()
+                .collect();
+            if hosts.is_empty() {
+                violations.push((
+                    "placement.zone".into(),
+                    unknown("zone", zone, zone_names(config)),
+                ));
+                None
+            } else {
+                Some(hosts)
+            }
         }
-        None => config.hosts.first().cloned(),
+        None => Some(config.hosts.clone()).filter(|hosts| !hosts.is_empty()),
     };
     let machine = config.machine_types.get(&placement.machine_type).cloned();
     if machine.is_none() {
@@ -208,7 +238,7 @@ fn resolve_parts(config: &Config, placement: &pb::Placement) -> ResolvedParts {
         ));
     }
     ResolvedParts {
-        host,
+        candidates,
         machine,
         image,
         violations,
@@ -217,6 +247,16 @@ fn resolve_parts(config: &Config, placement: &pb::Placement) -> ResolvedParts {
 
 fn host_names(config: &Config) -> impl Iterator<Item = &str> {
     config.hosts.iter().map(|h| h.name.as_str())
+}
+
+/// The configured zones, each once, in configuration order.
+pub fn zone_names(config: &Config) -> impl Iterator<Item = &str> {
+    let mut seen = std::collections::HashSet::new();
+    config
+        .hosts
+        .iter()
+        .filter_map(|h| h.zone.as_deref())
+        .filter(move |zone| seen.insert(*zone))
 }
 
 fn unknown<'a>(what: &str, name: &str, known: impl Iterator<Item = &'a str>) -> String {
@@ -267,7 +307,8 @@ mod tests {
 
     fn config() -> Config {
         Config::parse(
-            "hosts:\n- {name: hv1, local: true}\n- {name: hv2, local: true}\n\
+            "hosts:\n- {name: hv1, local: true, zone: z1}\n- {name: hv2, local: true}\n\
+             - {name: hv3, local: true, zone: z1}\n\
              machineTypes:\n  small: {vcpus: 1, memoryMiB: 1024, diskGiB: 10}\n\
              images:\n  debian-12: {url: 'https://example.org/d.qcow2'}\n",
         )
@@ -310,10 +351,15 @@ mod tests {
             .collect()
     }
 
+    fn candidates(plan: &CreatePlan) -> Vec<&str> {
+        plan.candidates.iter().map(|h| h.name.as_str()).collect()
+    }
+
     #[test]
-    fn a_valid_request_resolves_to_the_first_host_by_default() {
+    fn a_request_may_go_to_the_host_it_names_its_zones_hosts_or_any() {
         let plan = plan_create(&config(), &request()).unwrap();
-        assert_eq!(plan.host.name, "hv1");
+        assert_eq!(candidates(&plan), ["hv1", "hv2", "hv3"]);
+        assert_eq!(plan.location, None);
         assert_eq!(plan.machine_type.1.disk_gib, 10);
         assert_eq!(plan.image.0, "debian-12");
         assert_eq!(plan.names.domain, "egressproxy-uid-1");
@@ -321,7 +367,15 @@ mod tests {
         assert!(String::from_utf8_lossy(&plan.documents.user_data).contains("qemu-guest-agent"));
         let mut on_hv2 = request();
         on_hv2.placement.as_mut().unwrap().location = Some(Location::Host("hv2".into()));
-        assert_eq!(plan_create(&config(), &on_hv2).unwrap().host.name, "hv2");
+        assert_eq!(
+            candidates(&plan_create(&config(), &on_hv2).unwrap()),
+            ["hv2"]
+        );
+        let mut in_z1 = request();
+        in_z1.placement.as_mut().unwrap().location = Some(Location::Zone("z1".into()));
+        let plan = plan_create(&config(), &in_z1).unwrap();
+        assert_eq!(candidates(&plan), ["hv1", "hv3"]);
+        assert_eq!(plan.location, Some(Location::Zone("z1".into())));
     }
 
     #[test]
@@ -348,10 +402,9 @@ mod tests {
         );
         let mut zoned = request();
         zoned.placement.as_mut().unwrap().location = Some(Location::Zone("z".into()));
-        assert_eq!(
-            fields(plan_create(&config(), &zoned).unwrap_err()),
-            ["placement.zone"]
-        );
+        let err = plan_create(&config(), &zoned).unwrap_err();
+        assert!(err.to_string().contains("this provider offers z1"), "{err}");
+        assert_eq!(fields(err), ["placement.zone"]);
         // The contract's own checks come first.
         let mut no_key = request();
         no_key.key.clear();
@@ -393,17 +446,21 @@ mod tests {
     }
 
     #[test]
-    fn placements_resolve_like_create_with_the_host_filled_in() {
+    fn placements_resolve_like_create_with_the_chosen_host_filled_in() {
         let placement = request().placement;
         let resolved = resolve_placement(&config(), placement.as_ref()).unwrap();
         assert_eq!(
-            resolved.to_contract(),
+            resolved.to_contract("hv2"),
             pb::Placement {
-                location: Some(Location::Host("hv1".into())),
+                location: Some(Location::Host("hv2".into())),
                 machine_type: "small".into(),
                 image: "debian-12".into(),
             }
         );
+        let mut in_z1 = request().placement.unwrap();
+        in_z1.location = Some(Location::Zone("z1".into()));
+        let resolved = resolve_placement(&config(), Some(&in_z1)).unwrap();
+        assert_eq!(resolved.to_contract("hv3"), in_z1, "a zone stays the zone");
         let bad = pb::Placement {
             location: Some(Location::Host("hv9".into())),
             machine_type: "small".into(),

@@ -4,8 +4,8 @@
 //! 1. takes its deadline from the request's `grpc-timeout` (a little earlier, so the
 //!    agent's own DEADLINE_EXCEEDED reaches the caller before the caller gives up), or
 //!    `transport.defaultCallTimeout` when the caller set none;
-//! 2. runs on [`Instances`] (Create, Get, Delete, List) or the host check
-//!    (ValidatePlacement), every libvirt call bounded by that deadline and traced under
+//! 2. runs on [`Instances`] (Create, Get, Delete, List), the host check
+//!    (ValidatePlacement) or the hosts' figures (ListLocations), every libvirt call bounded by that deadline and traced under
 //!    the request's span;
 //! 3. answers errors through the crate's one mapping, here at the gRPC edge and nowhere
 //!    else: the work returns the crate's [`Error`], which becomes the contract's
@@ -32,7 +32,9 @@ use crate::config::{DomainType, Firmware};
 use crate::error::Error;
 use crate::libvirt::host::check::{self, Status as CheckStatus};
 use crate::provider::instances::Instances;
+use crate::provider::locations::list_locations;
 use crate::provider::plan::resolve_placement;
+use crate::provider::room;
 use crate::transport::call::LibvirtOp;
 
 /// The name GetPluginInfo reports.
@@ -43,10 +45,11 @@ pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
 pub(crate) const DEFAULT_PAGE_SIZE: usize = paging::MAX_PAGE_SIZE;
 /// The optional features the agent has. IPv6: the guest agent and DHCP leases report
 /// the global IPv6 addresses of a guest on an IPv6 network, and the agent passes them on.
-pub(crate) const CAPABILITIES: [pb::Capability; 3] = [
+pub(crate) const CAPABILITIES: [pb::Capability; 4] = [
     pb::Capability::ValidatePlacement,
     pb::Capability::VendorData,
     pb::Capability::Ipv6,
+    pb::Capability::ListLocations,
 ];
 /// How much earlier than the caller's deadline the agent gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
@@ -85,9 +88,37 @@ impl KvmProvider {
         deadline: Instant,
     ) -> Result<pb::ValidatePlacementResponse, Error> {
         let resolved = resolve_placement(self.instances.config(), placement)?;
-        let host = self.instances.pool().host(&resolved.host.name)?;
+        // The host a Create would choose now; without room anywhere, the first that
+        // answered, with a warning (room is not a property of the placement).
+        let candidates = room::measure(self.instances.pool(), &resolved.candidates, deadline).await;
+        let mut warnings = Vec::new();
+        let answered = candidates
+            .iter()
+            .find(|c| c.measured.is_ok())
+            .map(|c| c.host.clone());
+        let chosen = match room::choose_host(
+            candidates,
+            &resolved.machine_type.0,
+            &resolved.machine_type.1,
+            &room::asked(resolved.location.as_ref()),
+        ) {
+            Ok(host) => host,
+            Err(error @ Error::NoRoom { .. }) => {
+                warnings.push(format!(
+                    "a Create now would answer RESOURCE_EXHAUSTED: {error}"
+                ));
+                answered.unwrap_or_default()
+            }
+            Err(error) => return Err(error),
+        };
+        let host_config = resolved
+            .candidates
+            .iter()
+            .find(|h| h.name == chosen)
+            .cloned()
+            .unwrap_or_else(|| resolved.candidates[0].clone());
+        let host = self.instances.pool().host(&host_config.name)?;
         let needs_uefi = resolved.image.1.firmware == Firmware::Uefi;
-        let host_config = resolved.host.clone();
         // `auto`: the agent's cached answer (one probe per host per run, shared with
         // Create), not a probe per call.
         let auto = match host_config.domain_type {
@@ -120,14 +151,16 @@ impl KvmProvider {
                 failures,
             });
         }
-        Ok(pb::ValidatePlacementResponse {
-            resolved: Some(resolved.to_contract()),
-            warnings: report
+        warnings.extend(
+            report
                 .checks
                 .iter()
                 .filter(|c| c.status == CheckStatus::Warn)
-                .map(line)
-                .collect(),
+                .map(line),
+        );
+        Ok(pb::ValidatePlacementResponse {
+            resolved: Some(resolved.to_contract(&chosen)),
+            warnings,
         })
     }
 
@@ -252,6 +285,22 @@ impl pb::provider_server::Provider for KvmProvider {
         Ok(Response::new(
             self.validate(request.get_ref().placement.as_ref(), deadline)
                 .await?,
+        ))
+    }
+
+    async fn list_locations(
+        &self,
+        request: Request<pb::ListLocationsRequest>,
+    ) -> Result<Response<pb::ListLocationsResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        Ok(Response::new(
+            list_locations(
+                self.instances.config(),
+                self.instances.pool(),
+                request.get_ref(),
+                deadline,
+            )
+            .await?,
         ))
     }
 }

@@ -75,7 +75,10 @@ pub fn to_contract_instance(host: &str, snapshot: DomainSnapshot) -> pb::Instanc
         create_time: metadata.created.parse().ok(),
         tags: metadata.tags.into_iter().collect(),
         placement: Some(pb::Placement {
-            location: Some(pb::placement::Location::Host(metadata.placement.host)),
+            location: Some(match metadata.placement.zone {
+                Some(zone) => pb::placement::Location::Zone(zone),
+                None => pb::placement::Location::Host(metadata.placement.host),
+            }),
             machine_type: metadata.placement.machine_type,
             image: metadata.placement.image,
         }),

@@ -200,6 +200,8 @@ pub fn ssh_host(name: &str, sshd: &Sshd, libvirtd: &Libvirtd) -> HostConfig {
         network: None,
         bridge: None,
         domain_type: DomainType::Qemu,
+        zone: None,
+        capacity: Default::default(),
     }
 }
 
@@ -214,6 +216,8 @@ pub fn local_host(name: &str, socket: &Path) -> HostConfig {
         network: None,
         bridge: None,
         domain_type: DomainType::Qemu,
+        zone: None,
+        capacity: Default::default(),
     }
 }
 

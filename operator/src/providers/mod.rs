@@ -5,6 +5,7 @@
 //! - [`config`]: the file's format and its checks.
 //! - [`provider`]: one provider's client, calls and handshake.
 //! - [`list_walk`]: walking ListInstances pages, bounded.
+//! - `locations`: ListLocations, for a provider that declares it.
 //! - [`reload`]: re-reading the file; an invalid file keeps the previous config.
 //!
 //! A provider's handle ([`Provider`]) lives as long as the operator, so a reconcile
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod list_walk;
+mod locations;
 pub mod provider;
 pub mod reload;
 

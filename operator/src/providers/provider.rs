@@ -173,7 +173,7 @@ impl Provider {
     /// Runs one call inside a client span, timing it into the metrics and classifying
     /// its error. The span is current while the request is built, so the trace context
     /// the provider receives names it as the parent of the provider's own spans.
-    async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    pub(super) async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,

@@ -9,10 +9,10 @@ use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 
-use super::Pass;
 use super::observe::{self, probe_address};
 use super::plan::{Cause, Step};
 use super::tags;
+use super::{Pass, no_room};
 use crate::context::PendingReplacement;
 use crate::crd::{Placement, ProxyAddress, condition};
 use crate::error::{Error, Result};
@@ -106,7 +106,10 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
         Err(Error::Provider { source, .. }) if source.class == ErrorClass::AlreadyExists => {
             return replace_stale_attempt(pass).await;
         }
-        Err(error) => return Err(error),
+        Err(error) => {
+            let asked = placement(&pass.proxy.spec.placement);
+            return Err(no_room::explained(provider, &asked, error).await);
+        }
     };
     let replaced = pass
         .ctx

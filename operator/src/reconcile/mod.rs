@@ -12,7 +12,8 @@
 //! 4. **Act** (`act`): perform that step. A Create checks the placement, reads the
 //!    cloud-init Secret, records the key `<uid>-<replacements>` in status, calls
 //!    CreateInstance and records the id; the same key returns the same VM, so a
-//!    crash anywhere is harmless. After a Create (or a placement replacement) the
+//!    crash anywhere is harmless; a Create refused for room says which locations
+//!    the placement allows and what each lacks ([`no_room`]). After a Create (or a placement replacement) the
 //!    pass runs again at once; every other step ends the reconcile with a requeue.
 //!
 //! The phase is never set directly: [`status::phase`] derives it from the conditions
@@ -30,6 +31,7 @@ mod abandon;
 mod act;
 mod cleanup;
 pub mod key;
+pub mod no_room;
 pub mod observe;
 pub mod plan;
 

@@ -48,6 +48,13 @@ struct Args {
     /// Valid zone names (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "local-zone")]
     zones: Vec<String>,
+    /// The zone of a host, as HOST=ZONE (comma-separated); a host not named is in no zone.
+    #[arg(long, value_delimiter = ',', value_parser = host_setting::<String>, default_value = "local=local-zone")]
+    host_zone: Vec<(String, String)>,
+    /// The most instances a host holds, as HOST=N (comma-separated); a host not named
+    /// holds 1000. A Create on a host without room answers RESOURCE_EXHAUSTED.
+    #[arg(long, value_delimiter = ',', value_parser = host_setting::<u32>)]
+    max_instances: Vec<(String, u32)>,
     /// Valid machine type names (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "small,medium")]
     machine_types: Vec<String>,
@@ -75,6 +82,20 @@ struct Args {
     verbose: u8,
 }
 
+/// `HOST=VALUE`, for the per-host options.
+fn host_setting<T: std::str::FromStr>(text: &str) -> Result<(String, T), String>
+where
+    T::Err: std::fmt::Display,
+{
+    let (host, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected HOST=VALUE"))?;
+    let value = value
+        .parse()
+        .map_err(|e| format!("{text:?}: the value after '=': {e}"))?;
+    Ok((host.to_owned(), value))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -85,6 +106,8 @@ async fn main() -> anyhow::Result<()> {
         address: args.instance_address,
         hosts: args.hosts,
         zones: args.zones,
+        host_zones: args.host_zone.into_iter().collect(),
+        max_instances: args.max_instances.into_iter().collect(),
         machine_types: args.machine_types,
         images: args.images,
         contract_version: args.contract_version,

@@ -122,6 +122,32 @@ pub enum Misbehaviour {
     TransientWithoutErrorInfo,
     /// DeleteInstance also deletes the oldest other instance.
     DeletesForeign,
+    /// ListLocations works but GetCapabilities does not declare it.
+    LocationsUndeclared,
+    /// ListLocations lists the first location twice.
+    DuplicateLocations,
+    /// ListLocations puts every host in a zone it does not list.
+    HostInUnlistedZone,
+    /// ListLocations ignores the machine type and image filters.
+    LocationFilterIgnored,
+    /// A ListLocations page token the provider never issued reads as the first page.
+    LocationsAcceptForeignPageToken,
+    /// ListLocations lists a zone that Create and ValidatePlacement refuse.
+    UnplaceableLocation,
+    /// A Create on a host without room succeeds.
+    CreatesWithoutRoom,
+    /// WatchInstances works but GetCapabilities does not declare it.
+    WatchUndeclared,
+    /// A new watch stream sends SYNCED without the instances that exist.
+    WatchNoSnapshot,
+    /// A watch stream ignores its tag selector.
+    WatchSelectorIgnored,
+    /// A watch stream never reports an instance as DELETED.
+    WatchMissesDeletes,
+    /// A watch stream reopened with a resume token starts over as a new one.
+    WatchIgnoresResumeToken,
+    /// A resume token the provider never issued starts a new stream.
+    WatchAcceptsForeignToken,
 }
 
 impl Misbehaviour {
@@ -167,6 +193,15 @@ impl Misbehaviour {
             M::DeleteIgnoredWhileProvisioning => "delete-while-provisioning",
             M::StatusDetailsMismatch | M::TransientWithoutErrorInfo => "errors-well-formed",
             M::DeletesForeign => "foreign-instance-survives",
+            M::LocationsUndeclared => "capabilities-match-behaviour",
+            M::DuplicateLocations | M::HostInUnlistedZone => "list-locations",
+            M::LocationFilterIgnored => "locations-filter",
+            M::LocationsAcceptForeignPageToken => "locations-paging",
+            M::UnplaceableLocation | M::CreatesWithoutRoom => "locations-placeable",
+            M::WatchUndeclared => "capabilities-match-behaviour",
+            M::WatchNoSnapshot | M::WatchSelectorIgnored => "watch-snapshot",
+            M::WatchMissesDeletes => "watch-follows-changes",
+            M::WatchIgnoresResumeToken | M::WatchAcceptsForeignToken => "watch-resume",
         }
     }
 

@@ -14,14 +14,18 @@
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
 //! (loopback by default); a deleted one stays DELETING for
-//! [`ReferenceConfig::deleting_delay`]. [`Faults`] and the control service ([`control`],
+//! [`ReferenceConfig::deleting_delay`]. Every change is told to a [`WatchHub`] (Create,
+//! Delete, a forced state, and timers at the end of provisioning and of DELETING),
+//! which serves WatchInstances. [`Faults`] and the control service ([`control`],
 //! served only when asked for) let tests inject errors, latency and hangs, and force an
 //! instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
 //! conformance suite.
 
 pub mod control;
 mod faults;
+mod locations;
 mod misbehave;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -31,9 +35,11 @@ use std::time::{Duration, Instant, SystemTime};
 use tonic::{Request, Response, Status};
 
 pub use faults::{Fault, FaultEffect, Faults};
+pub use locations::DEFAULT_MAX_INSTANCES;
 pub use misbehave::Misbehaviour;
 
 use crate::pb::{self, InstanceState, placement::Location};
+use crate::watch::WatchHub;
 use crate::{CONTRACT_VERSION, ProviderError, paging, validation};
 
 /// The provider name the reference provider reports.
@@ -48,10 +54,17 @@ pub struct ReferenceConfig {
     pub deleting_delay: Duration,
     /// The address every running instance reports.
     pub address: IpAddr,
-    /// Valid `placement.host` names; the first is used when no location is given.
+    /// Valid `placement.host` names. A Create without a location goes to the host with
+    /// the most room (the first of those on a tie).
     pub hosts: Vec<String>,
-    /// Valid `placement.zone` names.
+    /// Valid `placement.zone` names. A Create in a zone goes to the zone's host with the
+    /// most room.
     pub zones: Vec<String>,
+    /// The zone of each host (a host not listed is in no zone).
+    pub host_zones: BTreeMap<String, String>,
+    /// The most instances each host holds (a host not listed: [`DEFAULT_MAX_INSTANCES`]).
+    /// A Create on a host without room answers RESOURCE_EXHAUSTED.
+    pub max_instances: BTreeMap<String, u32>,
     /// Valid `placement.machine_type` names.
     pub machine_types: Vec<String>,
     /// Valid `placement.image` names.
@@ -71,6 +84,8 @@ impl Default for ReferenceConfig {
             address: IpAddr::from([127, 0, 0, 1]),
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
+            host_zones: BTreeMap::from([("local".into(), "local-zone".into())]),
+            max_instances: BTreeMap::new(),
             machine_types: vec!["small".into(), "medium".into()],
             images: vec!["debian-12".into()],
             contract_version: CONTRACT_VERSION.into(),
@@ -85,6 +100,7 @@ pub struct MemoryProvider {
     config: Arc<ReferenceConfig>,
     state: Arc<Mutex<State>>,
     faults: Faults,
+    hub: WatchHub,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +119,8 @@ struct State {
 #[derive(Debug)]
 struct Record {
     instance: pb::Instance,
+    /// The host it takes room on (`None`: a zone without hosts, only to misbehave).
+    host: Option<String>,
     created: Instant,
     /// When Delete was called; the instance is DELETING until `deleting_delay` later.
     deleted: Option<Instant>,
@@ -128,6 +146,7 @@ impl MemoryProvider {
             config: Arc::new(config),
             state: Arc::default(),
             faults: Faults::default(),
+            hub: WatchHub::default(),
         }
     }
 
@@ -144,6 +163,8 @@ impl MemoryProvider {
             .get_mut(id)
             .ok_or_else(|| ProviderError::not_found(format!("instance {id} does not exist")))?;
         record.forced_state = state;
+        let now = self.snapshot(record);
+        self.hub.updated(now);
         Ok(())
     }
 
@@ -201,6 +222,7 @@ impl MemoryProvider {
                     state.ids_by_key.remove(&key);
                 }
                 state.deleted_keys.push(key);
+                self.hub.deleted(&id);
                 tracing::info!(instance.id = %id, "instance gone");
             }
         }
@@ -212,7 +234,8 @@ impl MemoryProvider {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Checks names against the catalogue and fills in the host when none is given.
+    /// Checks names against the catalogue; the location stays as requested (see
+    /// `choose` for where an instance goes).
     fn resolve(&self, placement: &pb::Placement) -> Result<pb::Placement, ProviderError> {
         let config = &self.config;
         let mut violations = Vec::new();
@@ -226,8 +249,7 @@ impl MemoryProvider {
                 violations.push(("placement.zone", unknown("zone", zone, &config.zones)));
                 None
             }
-            Some(location) => Some(location.clone()),
-            None => config.hosts.first().cloned().map(Location::Host),
+            location => location.clone(),
         };
         if !known(&config.machine_types, &placement.machine_type) {
             let text = unknown(
@@ -465,10 +487,11 @@ impl MemoryProvider {
             .as_ref()
             .expect("validated: placement is set");
         let resolved = self.resolve(placement)?;
-        let spec = self.spec(&request, &resolved);
 
         let mut state = self.lock();
         self.purge(&mut state);
+        let (host, resolved) = self.choose(&state, &resolved);
+        let spec = self.spec(&request, &resolved);
         if self.breaks(Misbehaviour::KeyReuseRefused) && state.deleted_keys.contains(&request.key) {
             return Err(ProviderError::already_exists(format!(
                 "key {} was used before",
@@ -506,8 +529,12 @@ impl MemoryProvider {
         {
             return Ok(instance.clone());
         }
+        if !self.breaks(Misbehaviour::CreatesWithoutRoom) {
+            self.check_room(&state, host.as_deref(), &resolved)?;
+        }
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
+            host,
             instance: pb::Instance {
                 id: id.clone(),
                 key: request.key.clone(),
@@ -527,7 +554,9 @@ impl MemoryProvider {
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
         state.last_created = Some((Instant::now(), instance.clone()));
         state.ids_by_key.insert(request.key, id.clone());
-        state.instances.insert(id, record);
+        state.instances.insert(id.clone(), record);
+        self.hub.updated(instance.clone());
+        self.refresh_after(&id, self.config.provisioning_delay);
         Ok(instance)
     }
 
@@ -536,6 +565,7 @@ impl MemoryProvider {
     async fn create_then_hang(&self, request: pb::CreateInstanceRequest) -> Status {
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
+            host: None,
             instance: pb::Instance {
                 id: id.clone(),
                 key: request.key,
@@ -609,6 +639,9 @@ impl MemoryProvider {
         if record.deleted.is_none() {
             record.deleted = Some(Instant::now());
             tracing::info!(instance.id = %id, "deleting instance");
+            let now = self.snapshot(record);
+            self.hub.updated(now);
+            self.refresh_after(id, self.config.deleting_delay);
         }
         if self.breaks(Misbehaviour::DeletesForeign) {
             let oldest = state
@@ -669,11 +702,15 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::ValidatePlacement,
             pb::Capability::VendorData,
             pb::Capability::Ipv6,
+            pb::Capability::ListLocations,
+            pb::Capability::WatchInstances,
         ]
         .into_iter()
-        .filter(|c| {
-            *c != pb::Capability::ValidatePlacement
-                || !self.breaks(Misbehaviour::UndeclaredCapability)
+        .filter(|c| match c {
+            pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
+            pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
+            pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
+            _ => true,
         });
         hold_answer(hold).await;
         Ok(Response::new(pb::GetCapabilitiesResponse {
@@ -750,7 +787,9 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let hold = self.enter("ListInstances", request.metadata()).await?;
         if self.breaks(Misbehaviour::CancelledAtDeadline) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Far longer than the check's 1 ms deadline, so that tonic's own timer ends
+            // the call even when a loaded machine wakes both timers late at once.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let page = self
             .list(&request.into_inner())
@@ -765,20 +804,43 @@ impl pb::provider_server::Provider for MemoryProvider {
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
         let hold = self.enter("ValidatePlacement", request.metadata()).await?;
         let placement = request.into_inner().placement;
-        let resolved = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
-            placement.unwrap_or_default()
+        let (resolved, warnings) = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
+            (placement.unwrap_or_default(), Vec::new())
         } else {
             validation::check_placement_request(placement.as_ref())
                 .and_then(|()| {
                     self.resolve(placement.as_ref().expect("validated: placement is set"))
                 })
+                .map(|resolved| self.placed(&resolved))
                 .map_err(|e| self.encode(&e))?
         };
         hold_answer(hold).await;
         Ok(Response::new(pb::ValidatePlacementResponse {
             resolved: Some(resolved)
                 .filter(|_| !self.breaks(Misbehaviour::ValidateResolvesNothing)),
-            warnings: vec![],
+            warnings,
         }))
+    }
+
+    async fn watch_instances(
+        &self,
+        request: Request<pb::WatchInstancesRequest>,
+    ) -> Result<Response<crate::watch::WatchStream>, Status> {
+        let hold = self.enter("WatchInstances", request.metadata()).await?;
+        let stream = self.watch_stream(request.into_inner())?;
+        hold_answer(hold).await;
+        Ok(Response::new(stream))
+    }
+
+    async fn list_locations(
+        &self,
+        request: Request<pb::ListLocationsRequest>,
+    ) -> Result<Response<pb::ListLocationsResponse>, Status> {
+        let hold = self.enter("ListLocations", request.metadata()).await?;
+        let answer = self
+            .locations_page(&request.into_inner())
+            .map_err(|e| self.encode(&e))?;
+        hold_answer(hold).await;
+        Ok(Response::new(answer))
     }
 }

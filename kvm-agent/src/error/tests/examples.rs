@@ -353,6 +353,15 @@ pub(super) fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorCl
     let unbuildable = XmlError::Serialize(quick_xml::SeError::Custom("no".into()));
     vec![
         (
+            Error::NoRoom {
+                machine_type: "small (1 vCPU, 1024 MiB)".into(),
+                asked: "zone z1".into(),
+                lacks: vec!["hv1: 512 MiB free".into()],
+            },
+            C::QuotaExhausted,
+            "CAPACITY_EXHAUSTED",
+        ),
+        (
             Error::SpecMismatch {
                 host: "hv".into(),
                 key: "k".into(),

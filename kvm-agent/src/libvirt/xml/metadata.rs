@@ -55,6 +55,10 @@ pub struct PlacementRecord {
     /// The host's name in the configuration.
     #[serde(rename = "@host")]
     pub host: String,
+    /// The zone the Create asked for, if it named one (Get then answers the zone, as
+    /// asked, not the host chosen in it).
+    #[serde(rename = "@zone", default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// The machine type's name.
     #[serde(rename = "@machineType")]
     pub machine_type: String,

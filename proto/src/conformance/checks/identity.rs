@@ -9,7 +9,7 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
 
 use super::{Checked, Suite, expect_code};
-use crate::conformance::{Outcome, describe};
+use crate::conformance::{Outcome, TAG, describe};
 use crate::pb;
 use crate::validation::MAX_STRING_BYTES;
 
@@ -210,31 +210,35 @@ impl Suite<'_> {
         let placement = pb::ValidatePlacementRequest {
             placement: Some(self.target.placement.clone()),
         };
-        let validated = self.client.validate_placement(placement).await;
-        match (
+        let validated = self.client.validate_placement(placement).await.map(|_| ());
+        declared_matches(
+            "ValidatePlacement",
+            "CAPABILITY_VALIDATE_PLACEMENT",
             capabilities.contains(&pb::Capability::ValidatePlacement),
             validated,
-        ) {
-            (true, Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                return Err(Outcome::fail(
-                    "ValidatePlacement implemented, as CAPABILITY_VALIDATE_PLACEMENT declares",
-                    describe::status(&status),
-                ));
-            }
-            (false, Ok(_)) => {
-                return Err(Outcome::fail(
-                    "ValidatePlacement answers UNIMPLEMENTED without CAPABILITY_VALIDATE_PLACEMENT (or the capability is declared)",
-                    "success: the call is implemented but not declared",
-                ));
-            }
-            (false, Err(status)) if status.code() != tonic::Code::Unimplemented => {
-                return Err(Outcome::fail(
-                    "ValidatePlacement answers UNIMPLEMENTED without CAPABILITY_VALIDATE_PLACEMENT",
-                    describe::status(&status),
-                ));
-            }
-            _ => {}
-        }
+        )?;
+        let listed = self
+            .client
+            .list_locations(pb::ListLocationsRequest::default())
+            .await
+            .map(|_| ());
+        declared_matches(
+            "ListLocations",
+            "CAPABILITY_LIST_LOCATIONS",
+            capabilities.contains(&pb::Capability::ListLocations),
+            listed,
+        )?;
+        let nothing = pb::WatchInstancesRequest {
+            tag_selector: [(TAG.to_owned(), format!("not-{}", self.ledger.run_id()))].into(),
+            ..Default::default()
+        };
+        let watched = self.client.watch_instances(nothing).await.map(drop);
+        declared_matches(
+            "WatchInstances",
+            "CAPABILITY_WATCH_INSTANCES",
+            capabilities.contains(&pb::Capability::WatchInstances),
+            watched,
+        )?;
         if capabilities.contains(&pb::Capability::VendorData) {
             let mut request = self.request("vendor-data");
             if let Some(cloud_init) = request.cloud_init.as_mut() {
@@ -317,6 +321,33 @@ impl Suite<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// An optional call is implemented exactly when its capability is declared: with it,
+/// never UNIMPLEMENTED; without it, UNIMPLEMENTED and nothing else.
+fn declared_matches(
+    call: &str,
+    capability: &str,
+    declared: bool,
+    answer: Result<(), tonic::Status>,
+) -> Checked {
+    match (declared, answer) {
+        (true, Err(status)) if status.code() == tonic::Code::Unimplemented => Err(Outcome::fail(
+            format!("{call} implemented, as {capability} declares"),
+            describe::status(&status),
+        )),
+        (false, Ok(())) => Err(Outcome::fail(
+            format!(
+                "{call} answers UNIMPLEMENTED without {capability} (or the capability is declared)"
+            ),
+            "success: the call is implemented but not declared",
+        )),
+        (false, Err(status)) if status.code() != tonic::Code::Unimplemented => Err(Outcome::fail(
+            format!("{call} answers UNIMPLEMENTED without {capability}"),
+            describe::status(&status),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -8,6 +8,8 @@ mod identity;
 mod lifecycle;
 mod limits;
 mod listing;
+mod locations;
+mod watching;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -180,6 +182,41 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: ValidatePlacement",
     ),
     check(
+        "list-locations",
+        "callers choose and explain placements from ListLocations; a location listed twice, unnamed or in a zone that is not listed misleads them",
+        "provider.proto: ListLocations, Location",
+    ),
+    check(
+        "locations-filter",
+        "callers ask where one machine type and image fit; an ignored filter answers another question",
+        "provider.proto: ListLocationsRequest",
+    ),
+    check(
+        "locations-paging",
+        "a walk of the locations must see each once, and a token the provider never issued must be refused",
+        "provider.proto: ListLocationsRequest.page_token",
+    ),
+    check(
+        "locations-placeable",
+        "a listed location must be one a Placement can name, and one listed without room must refuse a Create",
+        "provider.proto: ListLocations, MachineTypeRoom.room",
+    ),
+    check(
+        "watch-snapshot",
+        "a caller that starts watching must learn every instance it watches, and nothing it does not",
+        "provider.proto: WatchInstances, WatchInstancesResponse",
+    ),
+    check(
+        "watch-follows-changes",
+        "callers act when an instance runs or goes, instead of polling; a change the stream misses is never acted on",
+        "provider.proto: WatchInstances, WatchEventType",
+    ),
+    check(
+        "watch-resume",
+        "a caller that reconnects must get what it missed, or be told to start over; a token never issued must be refused",
+        "provider.proto: WatchInstancesRequest.resume_token",
+    ),
+    check(
         "delete-twice-then-gone",
         "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
@@ -277,6 +314,13 @@ impl<'a> Suite<'a> {
             "limits-at-boundary" => self.limits_at_boundary().await,
             "limits-one-past" => self.limits_one_past().await,
             "validate-placement" => self.validate_placement().await,
+            "list-locations" => self.list_locations().await,
+            "locations-filter" => self.locations_filter().await,
+            "locations-paging" => self.locations_paging().await,
+            "locations-placeable" => self.locations_placeable().await,
+            "watch-snapshot" => self.watch_snapshot().await,
+            "watch-follows-changes" => self.watch_follows_changes().await,
+            "watch-resume" => self.watch_resume().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
             "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,

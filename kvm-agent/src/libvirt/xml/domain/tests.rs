@@ -9,6 +9,7 @@ fn metadata() -> InstanceMetadata {
         proxy_port: 3128,
         spec_sha256: "ab".repeat(32),
         placement: PlacementRecord {
+            zone: None,
             host: "hv1".into(),
             machine_type: "small".into(),
             image: "debian-12".into(),
