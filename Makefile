@@ -16,7 +16,8 @@ CHART := charts/egressproxy
 ci:
 	integration/tools/ci.sh
 
-## setup: install system packages (root), build the pinned Go test tools, make the Python venv
+## setup: install system packages (root), build the pinned Go test tools and the test
+## cluster's images, make the Python venv
 setup: setup-system setup-tools
 
 setup-system:
@@ -27,6 +28,8 @@ setup-tools:
 	integration/tools/install-go-tools.sh
 	integration/tools/install-hadolint.sh
 	integration/tools/install-python-tools.sh
+	@if [ "$$(id -u)" -eq 0 ]; then integration/tools/build-images.sh cluster; \
+	else echo "setup-tools: not root, skipping the test cluster's images (buildah needs root)"; fi
 
 ## fmt: format Rust code and proto files
 fmt:

@@ -25,7 +25,7 @@ use axum::routing::get;
 use base64::Engine;
 use tokio::task::JoinHandle;
 
-use super::netns::bind_tcp_in;
+use crate::netns::bind_tcp_in;
 
 /// The body every [`TargetServer`] answer carries.
 pub const TARGET_BODY: &str = "egressproxy end-to-end target\n";

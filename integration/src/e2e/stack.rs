@@ -41,16 +41,16 @@ use anyhow::{Context, bail};
 use self::consoles::ConsoleRecorder;
 use super::guest_image::guest_image;
 use super::http_servers::{ImageServer, TargetServer};
-use super::netns::command_in;
 use super::otlp::SpanReceiver;
-use super::relay::LoopbackRelay;
 use super::release::{Release, ReleaseSettings};
 use super::system_user::SystemUser;
 use crate::chart_pod::ChartPod;
 use crate::kube_env::{KubeTestEnv, apply_crds_yaml};
 use crate::libvirtd::Libvirtd;
+use crate::netns::command_in;
 use crate::process::{Daemon, wait_until};
 use crate::reference_provider::workspace_binary;
+use crate::relay::LoopbackRelay;
 use crate::sshd::{Sshd, SshdOptions, free_port};
 
 mod inputs;
@@ -226,7 +226,7 @@ impl Stack {
             stack.write_configs()?;
         }
         stack.start_agent().await?;
-        let apiserver_port = port_of(stack.kube.apiserver().server())?;
+        let apiserver_port = stack.kube.apiserver().port()?;
         for port in [apiserver_port, stack.agent_port, stack.spans.port()] {
             stack
                 .relays
@@ -483,14 +483,6 @@ impl Drop for Stack {
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {
     workspace_binary(name)
-}
-
-fn port_of(server: &str) -> anyhow::Result<u16> {
-    server
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .with_context(|| format!("no port in apiserver address {server}"))
 }
 
 fn sha256_file(path: &Path) -> anyhow::Result<String> {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::Stack;
-use crate::e2e::netns::command_in;
 use crate::e2e::wait_for;
+use crate::netns::command_in;
 
 impl Stack {
     /// Field `path` (a kubectl jsonpath) of Proxy `name`; empty when the Proxy or the
