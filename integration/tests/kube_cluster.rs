@@ -1,16 +1,19 @@
 //! The single-node cluster from real parts (`integration::cluster`): a pod from a locally
 //! built image runs under the kubelet and gets an address from the pod range; another pod
 //! reaches it through its Service's ClusterIP (kube-proxy's rules) and finds that
-//! Service by name (CoreDNS); and the node leaves nothing behind when it goes.
+//! Service by name (CoreDNS); the project's images, built from `deploy/docker/`, run
+//! as their Dockerfiles say (uid 65532, under a read-only root filesystem); and the node
+//! leaves nothing behind when it goes. One test: the process has one cluster.
 //!
 //! Needs root, the packages of `integration/tools/install-system-packages.sh`, and what
-//! `make setup` builds (kube-harness, kube-node, and the cluster's images).
+//! `make setup` and `make images` build (kube-harness, kube-node, the images).
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use egressproxy_integration::cluster::network::POD_CIDR;
 use egressproxy_integration::cluster::{Cluster, ClusterOptions, TOOLBOX_IMAGE};
+use egressproxy_integration::helm::Kubectl;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::tools;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -83,8 +86,118 @@ fn in_pod_range(ip: &str) -> bool {
     u32::from(ip) & mask == u32::from(network) & mask
 }
 
+/// The project's images as `make images` writes them, with the binary each runs.
+const PROJECT_IMAGES: [(&str, &str); 2] = [
+    ("operator", "egressproxy-operator"),
+    ("kvm-agent", "kvm-agent"),
+];
+
+/// A pod that runs `image` with `--version` as the chart runs the project's containers:
+/// no user set (the image's must be non-root), a read-only root filesystem, no
+/// capabilities.
+fn version_pod_manifest(name: &str, image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: Never
+  securityContext: {{runAsNonRoot: true}}
+  containers:
+  - name: main
+    image: {image}
+    args: [--version]
+    securityContext:
+      readOnlyRootFilesystem: true
+      allowPrivilegeEscalation: false
+      capabilities: {{drop: [ALL]}}
+"#
+    )
+}
+
+/// The `User` of the image config inside a docker-archive.
+fn archive_user(archive: &std::path::Path) -> String {
+    let list = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg("manifest.json")
+        .output()
+        .unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let config_file = manifest[0]["Config"].as_str().unwrap().to_owned();
+    let config = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg(&config_file)
+        .output()
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&config.stdout).unwrap();
+    config["config"]["User"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Waits until pod `name` has ended; its phase.
+async fn finished_phase(pods: &Api<Pod>, name: &str) -> String {
+    let _ = tokio::time::timeout(
+        WITHIN,
+        await_condition(pods.clone(), name, |pod: Option<&Pod>| {
+            pod.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")
+        }),
+    )
+    .await;
+    pods.get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.phase)
+        .unwrap_or_default()
+}
+
+/// Each project image is non-root (uid 65532) and its binary runs in a pod as the chart
+/// runs it, with every library it links present.
+async fn project_images_run_as_their_dockerfiles_say(
+    cluster: &Cluster,
+    kubectl: &Kubectl,
+    pods: &Api<Pod>,
+    namespace: &str,
+) {
+    for (short, binary) in PROJECT_IMAGES {
+        let image = cluster.import_image(short).unwrap();
+        assert_eq!(
+            archive_user(&image.path),
+            "65532:65532",
+            "the {short} image's user"
+        );
+        let pod = format!("{short}-version");
+        kubectl
+            .run(
+                &["apply", "-n", namespace, "-f", "-"],
+                Some(&version_pod_manifest(&pod, &image.name)),
+            )
+            .unwrap();
+        let phase = finished_phase(pods, &pod).await;
+        let output = cluster.pod_logs(namespace, &pod);
+        assert_eq!(
+            phase,
+            "Succeeded",
+            "{} ended {phase:?}; its output:\n{output}\n{}",
+            image.name,
+            cluster.log_tails()
+        );
+        assert!(
+            output.contains(&format!("{binary} {}", env!("CARGO_PKG_VERSION"))),
+            "{} printed no version:\n{output}",
+            image.name
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pod_reaches_another_through_its_service_address_and_name() {
+async fn pods_services_dns_and_the_project_images_run_on_the_node() {
     let cluster = Cluster::start(&ClusterOptions::default()).await.unwrap();
     let kube = KubeTestEnv::new("kube-cluster").await.unwrap();
     let namespace = kube.namespace.clone();
@@ -133,26 +246,12 @@ async fn a_pod_reaches_another_through_its_service_address_and_name() {
             Some(&client_manifest(&image, &namespace, &cluster_ip)),
         )
         .unwrap();
-    let finished = tokio::time::timeout(
-        WITHIN,
-        await_condition(pods.clone(), "client", |pod: Option<&Pod>| {
-            pod.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")
-        }),
-    )
-    .await;
+    let phase = finished_phase(&pods, "client").await;
     let output = cluster.pod_logs(&namespace, "client");
-    let phase = pods
-        .get("client")
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.phase)
-        .unwrap_or_default();
-    assert!(
-        matches!(finished, Ok(Ok(_))) && phase == "Succeeded",
-        "the client pod ended {phase:?} ({finished:?}); its output:\n{output}\n{}",
+    assert_eq!(
+        phase,
+        "Succeeded",
+        "the client pod ended {phase:?}; its output:\n{output}\n{}",
         cluster.log_tails()
     );
     assert!(
@@ -168,7 +267,10 @@ async fn a_pod_reaches_another_through_its_service_address_and_name() {
         "the Service's short name did not reach the web pod:\n{output}"
     );
 
-    // 3. Nothing of the node outlives it: no process, cgroup, mount or network namespace.
+    // 3. The project's images run as their Dockerfiles say.
+    project_images_run_as_their_dockerfiles_say(&cluster, &kubectl, &pods, &namespace).await;
+
+    // 4. Nothing of the node outlives it: no process, cgroup, mount or network namespace.
     let mut containers = Vec::new();
     for pod in ["web", "client"] {
         let status = pods.get(pod).await.unwrap().status.unwrap_or_default();
