@@ -2,8 +2,10 @@
 //! built image runs under the kubelet and gets an address from the pod range; another pod
 //! reaches it through its Service's ClusterIP (kube-proxy's rules) and finds that
 //! Service by name (CoreDNS); the project's images, built from `deploy/docker/`, run
-//! as their Dockerfiles say (uid 65532, under a read-only root filesystem); and the node
-//! leaves nothing behind when it goes. One test: the process has one cluster.
+//! as their Dockerfiles say (uid 65532, under a read-only root filesystem); the chart
+//! with the operator alone installs (its pod Ready) and uninstalls without leaving
+//! anything of the release; and the node leaves nothing behind when it goes. One test:
+//! the process has one cluster.
 //!
 //! Needs root, the packages of `integration/tools/install-system-packages.sh`, and what
 //! `make setup` and `make images` build (kube-harness, kube-node, the images).
@@ -12,15 +14,16 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use egressproxy_integration::cluster::network::POD_CIDR;
-use egressproxy_integration::cluster::{Cluster, ClusterOptions, TOOLBOX_IMAGE};
-use egressproxy_integration::helm::Kubectl;
-use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_integration::cluster::{Cluster, ClusterOptions, TOOLBOX_IMAGE, pods};
+use egressproxy_integration::helm::{Helm, Kubectl};
+use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::tools;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::Api;
 use kube::runtime::wait::{await_condition, conditions};
 
 const WITHIN: Duration = Duration::from_secs(120);
+const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
 
 /// A web server pod and its Service; `body` is what it serves.
 fn web_manifest(image: &str, body: &str) -> String {
@@ -140,21 +143,10 @@ fn archive_user(archive: &std::path::Path) -> String {
 
 /// Waits until pod `name` has ended; its phase.
 async fn finished_phase(pods: &Api<Pod>, name: &str) -> String {
-    let _ = tokio::time::timeout(
-        WITHIN,
-        await_condition(pods.clone(), name, |pod: Option<&Pod>| {
-            pod.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")
-        }),
-    )
-    .await;
-    pods.get(name)
+    let namespace = pods.namespace().unwrap_or_default().to_owned();
+    pods::phase_when_finished(&pods.clone().into_client(), &namespace, name, WITHIN)
         .await
         .unwrap()
-        .status
-        .and_then(|s| s.phase)
-        .unwrap_or_default()
 }
 
 /// Each project image is non-root (uid 65532) and its binary runs in a pod as the chart
@@ -194,6 +186,49 @@ async fn project_images_run_as_their_dockerfiles_say(
             image.name
         );
     }
+}
+
+/// The chart as users install it with only the operator (the CRD applied first, as with
+/// `crds.enabled: false`): the operator's pod, from the project's image and under the
+/// chart's security context, becomes Ready, and `helm uninstall` then leaves nothing of
+/// the release, its leader Lease included.
+async fn the_chart_installs_and_uninstalls_without_leftovers(
+    cluster: &Cluster,
+    kube: &KubeTestEnv,
+) {
+    const RELEASE: &str = "kc";
+    let namespace = &kube.namespace;
+    apply_crds_yaml(&kube.client, CRD).await.unwrap();
+    let helm = Helm::new(cluster.kubeconfig()).unwrap();
+    let watch = format!("operator.watchNamespaces={{{namespace}}}");
+    helm.install(
+        RELEASE,
+        namespace,
+        &[],
+        &[
+            "crds.enabled=false",
+            "operator.clusterName=kube-cluster-test",
+            &watch,
+        ],
+    )
+    .unwrap();
+    let operator = format!("{RELEASE}-egressproxy-operator");
+    let available = pods::deployment_available(&kube.client, namespace, &operator, WITHIN)
+        .await
+        .unwrap();
+    assert!(
+        available,
+        "the operator's Deployment had no available replica within {WITHIN:?}:\n{}\n{}",
+        cluster.deployment_logs(namespace, &operator),
+        cluster.log_tails()
+    );
+    helm.uninstall(RELEASE, namespace).unwrap();
+    let selector = format!("app.kubernetes.io/instance={RELEASE}");
+    pods::gone(&kube.client, namespace, &selector, WITHIN)
+        .await
+        .unwrap();
+    let left = cluster.kubectl().release_leftovers(namespace, RELEASE);
+    assert!(left.is_empty(), "helm uninstall left: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -270,7 +305,10 @@ async fn pods_services_dns_and_the_project_images_run_on_the_node() {
     // 3. The project's images run as their Dockerfiles say.
     project_images_run_as_their_dockerfiles_say(&cluster, &kubectl, &pods, &namespace).await;
 
-    // 4. Nothing of the node outlives it: no process, cgroup, mount or network namespace.
+    // 4. The chart with the operator alone installs and uninstalls cleanly.
+    the_chart_installs_and_uninstalls_without_leftovers(&cluster, &kube).await;
+
+    // 5. Nothing of the node outlives it: no process, cgroup, mount or network namespace.
     let mut containers = Vec::new();
     for pod in ["web", "client"] {
         let status = pods.get(pod).await.unwrap().status.unwrap_or_default();

@@ -38,6 +38,7 @@ mod kube_proxy;
 mod kubelet;
 mod mounts;
 pub mod network;
+pub mod pods;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -305,17 +306,28 @@ impl Cluster {
     /// What the containers of pod `pod` in `namespace` wrote, every container and
     /// restart, as the kubelet logged it (`kubectl logs` cannot reach the node).
     pub fn pod_logs(&self, namespace: &str, pod: &str) -> String {
+        self.logs_of_pods_named(&format!("{namespace}_{pod}_"))
+    }
+
+    /// Like [`Cluster::pod_logs`], for every pod of Deployment `deployment` (the pods
+    /// whose names are `<deployment>-<ReplicaSet hash>-<suffix>`).
+    pub fn deployment_logs(&self, namespace: &str, deployment: &str) -> String {
+        self.logs_of_pods_named(&format!("{namespace}_{deployment}-"))
+    }
+
+    /// The output of every pod whose log directory starts with `prefix`
+    /// (`<namespace>_<pod>_<uid>`).
+    fn logs_of_pods_named(&self, prefix: &str) -> String {
         let Some(kubelet) = &self.kubelet else {
             return String::new();
         };
-        let prefix = format!("{namespace}_{pod}_");
         let mut files: Vec<PathBuf> = Vec::new();
         for entry in std::fs::read_dir(kubelet.pod_logs()).into_iter().flatten() {
             let path = entry.map(|e| e.path()).unwrap_or_default();
             let matches = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix));
+                .is_some_and(|n| n.starts_with(prefix));
             if matches {
                 files.extend(log_files(&path));
             }
