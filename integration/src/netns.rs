@@ -3,13 +3,14 @@
 //! A socket belongs to the namespace of the thread that created it, for its whole life.
 //! [`bind_tcp_in`] creates a listener on a short-lived thread that has entered the
 //! namespace; the listener then serves from any thread, so one test process holds
-//! sockets on both sides (the relays in [`crate::relay`] use this).
+//! sockets on both sides (the relays in [`crate::relay`] use this); [`connect_tcp_in`]
+//! does the same for a connection.
 //!
 //! [`NetworkNamespace::create`] makes a namespace under a name unique to this process
 //! (`ip netns add`), with `lo` up, and deletes it when dropped, with every interface
 //! and firewall rule in it.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,6 +32,24 @@ pub fn bind_tcp_in(netns: &str, addr: SocketAddr) -> anyhow::Result<TcpListener>
             })
             .join()
             .map_err(|_| anyhow::anyhow!("the thread binding {addr} in {netns} panicked"))?
+    })
+}
+
+/// Connects to `addr` inside the named network namespace (on a short-lived thread that
+/// has entered it, like [`bind_tcp_in`]).
+pub fn connect_tcp_in(netns: &str, addr: SocketAddr) -> anyhow::Result<TcpStream> {
+    let path = Path::new("/run/netns").join(netns);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> anyhow::Result<TcpStream> {
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("open {}", path.display()))?;
+                setns(&file, CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("enter network namespace {netns}"))?;
+                TcpStream::connect(addr).with_context(|| format!("connect to {addr} in {netns}"))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread connecting to {addr} in {netns} panicked"))?
     })
 }
 

@@ -1,7 +1,8 @@
 //! The single-node cluster from real parts (`integration::cluster`): a pod from a locally
 //! built image runs under the kubelet and gets an address from the pod range; another pod
 //! reaches it through its Service's ClusterIP (kube-proxy's rules) and finds that
-//! Service by name (CoreDNS); the project's images, built from `deploy/docker/`, run
+//! Service by name (CoreDNS), and `kubectl logs` shows its output (the apiserver reaches
+//! the kubelet); the project's images, built from `deploy/docker/`, run
 //! as their Dockerfiles say (uid 65532, under a read-only root filesystem); the chart
 //! with the operator alone installs (its pod Ready) and uninstalls without leaving
 //! anything of the release; and the node leaves nothing behind when it goes. One test:
@@ -300,6 +301,14 @@ async fn pods_services_dns_and_the_project_images_run_on_the_node() {
     assert!(
         output.contains(&format!("by-name: {body}")),
         "the Service's short name did not reach the web pod:\n{output}"
+    );
+    // The apiserver reaches the kubelet: `kubectl logs` shows the same output.
+    let logs = kubectl
+        .run(&["logs", "-n", &namespace, "client"], None)
+        .unwrap();
+    assert!(
+        logs.contains(&format!("by-ip: {body}")),
+        "kubectl logs client:\n{logs}"
     );
 
     // 3. The project's images run as their Dockerfiles say.

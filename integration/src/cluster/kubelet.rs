@@ -9,6 +9,12 @@
 //! nearly full shared disk never evicts the tests' pods or deletes their images, which
 //! could not be pulled again. Pod logs go under the cluster's directory, where
 //! [`super::Cluster::pod_logs`] reads them.
+//!
+//! Its API (logs, exec, port-forward) listens on the node's loopback only, on a port
+//! relayed from the host's loopback: the Node is named `localhost`, so the apiserver,
+//! which dials a Node's `Hostname` address first, reaches it through that relay and
+//! `kubectl logs` works. Only processes of the host reach it there, so it takes their
+//! requests without credentials (the harness's apiserver presents none).
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +34,8 @@ pub(crate) struct KubeletSettings<'a> {
     pub(crate) client_ca: &'a Path,
     /// containerd's CRI endpoint.
     pub(crate) runtime_endpoint: &'a str,
+    /// The port of its API on the node's loopback (relayed from the host's).
+    pub(crate) port: u16,
 }
 
 /// A running kubelet.
@@ -64,14 +72,15 @@ impl Kubelet {
                  failSwapOn: false\n\
                  localStorageCapacityIsolation: false\n\
                  containerRuntimeEndpoint: {runtime}\n\
-                 address: {NODE_IP}\n\
+                 address: 127.0.0.1\n\
+                 port: {port}\n\
                  readOnlyPort: 0\n\
                  healthzBindAddress: 127.0.0.1\n\
                  authentication:\n\
-                 \x20 anonymous: {{enabled: false}}\n\
-                 \x20 webhook: {{enabled: true}}\n\
+                 \x20 anonymous: {{enabled: true}}\n\
+                 \x20 webhook: {{enabled: false}}\n\
                  \x20 x509: {{clientCAFile: {ca}}}\n\
-                 authorization: {{mode: Webhook}}\n\
+                 authorization: {{mode: AlwaysAllow}}\n\
                  clusterDNS: [{DNS_SERVICE_IP}]\n\
                  clusterDomain: cluster.local\n\
                  resolvConf: {resolv}\n\
@@ -82,6 +91,7 @@ impl Kubelet {
                  nodefs.inodesFree: 1%, imagefs.available: 1%, imagefs.inodesFree: 1%}}\n\
                  serializeImagePulls: false\n",
                 runtime = settings.runtime_endpoint,
+                port = settings.port,
                 ca = settings.client_ca.display(),
                 resolv = resolv_conf.display(),
                 logs = pod_logs.display(),

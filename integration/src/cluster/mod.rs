@@ -18,11 +18,9 @@
 //! 7. CoreDNS (`coredns.rs`); it waits until its Deployment is available, which also
 //!    proves that pods reach the apiserver through the `kubernetes` Service.
 //!
-//! Caveats: one cluster per test process (it registers one Node and publishes the
-//! `kubernetes` Service's endpoint on the shared apiserver), and only on an apiserver this
-//! process started. `kubectl logs` and `exec` do not work (the apiserver on the host's
-//! loopback cannot reach the kubelet inside the node's namespace): read containers' output
-//! with [`Cluster::pod_logs`].
+//! Caveats: one cluster per test process (it registers one Node, named `localhost`, and
+//! publishes the `kubernetes` Service's endpoint on the shared apiserver), and only on an
+//! apiserver this process started.
 //!
 //! Dropping the cluster (also while a test unwinds) stops kube-proxy and the kubelet,
 //! kills every container with its shim, stops containerd, the control plane and the
@@ -96,6 +94,8 @@ pub struct Cluster {
     containerd: Option<Containerd>,
     control_plane: Option<ControlPlane>,
     relay: Option<LoopbackRelay>,
+    /// From the host's loopback to the kubelet's API (`kubelet.rs`).
+    kubelet_relay: Option<LoopbackRelay>,
     runtime: Option<tokio::runtime::Runtime>,
     // Dropped in this order after the fields above: the mount namespace's holder, the
     // network namespace, the directory.
@@ -170,13 +170,16 @@ impl Cluster {
             .thread_name("kube-cluster")
             .enable_all()
             .build()?;
-        let node_name = format!("node-{}", std::process::id());
+        // The apiserver dials a Node's Hostname address first: `localhost` is the host's
+        // loopback, where a relay leads to the kubelet (`kubelet.rs`).
+        let node_name = "localhost".to_owned();
         let mut cluster = Self {
             kube_proxy: None,
             kubelet: None,
             containerd: None,
             control_plane: None,
             relay: None,
+            kubelet_relay: None,
             runtime: None,
             mounts,
             network,
@@ -195,6 +198,10 @@ impl Cluster {
             cluster.network.netns().name(),
             apiserver.port()?,
         )?);
+        let kubelet_relay =
+            LoopbackRelay::start_into(runtime.handle(), cluster.network.netns().name())?;
+        let kubelet_port = kubelet_relay.port();
+        cluster.kubelet_relay = Some(kubelet_relay);
         cluster.runtime = Some(runtime);
         let kubeconfig = apiserver.kubeconfig_path().to_owned();
         let ca = harness_ca(apiserver)?;
@@ -204,6 +211,7 @@ impl Cluster {
             kubeconfig: &kubeconfig,
             client_ca: &ca,
             runtime_endpoint: &containerd.endpoint(),
+            port: kubelet_port,
         };
         cluster.containerd = Some(containerd);
         cluster.kubelet = Some(Kubelet::start(&dir, &cluster.mounts, &settings)?);
@@ -372,6 +380,7 @@ impl Drop for Cluster {
         drop(self.containerd.take());
         drop(self.control_plane.take());
         drop(self.relay.take());
+        drop(self.kubelet_relay.take());
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
