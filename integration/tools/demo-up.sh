@@ -20,6 +20,8 @@ cargo build --quiet --locked --workspace --bins
 integration/tools/build-images.sh product target/debug >/dev/null
 rm -rf "$state"
 mkdir -p "$state"
+# Made here, not by the background job's redirection, which may come after the first read.
+: >"$state.log"
 EGRESSPROXY_BIN_DIR=$PWD/target/debug setsid nohup target/debug/e2e-stack --state-dir "$state" \
   >"$state.log" 2>&1 </dev/null &
 stack=$!
