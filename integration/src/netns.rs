@@ -20,36 +20,35 @@ use nix::sched::{CloneFlags, setns};
 
 /// Binds a TCP listener at `addr` inside the named network namespace.
 pub fn bind_tcp_in(netns: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    let path = Path::new("/run/netns").join(netns);
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> anyhow::Result<TcpListener> {
-                let file = std::fs::File::open(&path)
-                    .with_context(|| format!("open {}", path.display()))?;
-                setns(&file, CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("enter network namespace {netns}"))?;
-                TcpListener::bind(addr).with_context(|| format!("bind {addr} in {netns}"))
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("the thread binding {addr} in {netns} panicked"))?
+    in_namespace(netns, &format!("bind {addr}"), || TcpListener::bind(addr))
+}
+
+/// Connects to `addr` inside the named network namespace.
+pub fn connect_tcp_in(netns: &str, addr: SocketAddr) -> anyhow::Result<TcpStream> {
+    in_namespace(netns, &format!("connect to {addr}"), || {
+        TcpStream::connect(addr)
     })
 }
 
-/// Connects to `addr` inside the named network namespace (on a short-lived thread that
-/// has entered it, like [`bind_tcp_in`]).
-pub fn connect_tcp_in(netns: &str, addr: SocketAddr) -> anyhow::Result<TcpStream> {
+/// Runs `make` (which creates a socket) on a short-lived thread that has entered the
+/// named network namespace, so that the socket belongs to it; `what` names it in errors.
+fn in_namespace<T: Send>(
+    netns: &str,
+    what: &str,
+    make: impl FnOnce() -> std::io::Result<T> + Send,
+) -> anyhow::Result<T> {
     let path = Path::new("/run/netns").join(netns);
     std::thread::scope(|scope| {
         scope
-            .spawn(|| -> anyhow::Result<TcpStream> {
+            .spawn(|| -> anyhow::Result<T> {
                 let file = std::fs::File::open(&path)
                     .with_context(|| format!("open {}", path.display()))?;
                 setns(&file, CloneFlags::CLONE_NEWNET)
                     .with_context(|| format!("enter network namespace {netns}"))?;
-                TcpStream::connect(addr).with_context(|| format!("connect to {addr} in {netns}"))
+                make().with_context(|| format!("{what} in {netns}"))
             })
             .join()
-            .map_err(|_| anyhow::anyhow!("the thread connecting to {addr} in {netns} panicked"))?
+            .map_err(|_| anyhow::anyhow!("the thread to {what} in {netns} panicked"))?
     })
 }
 

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use egressproxy_integration::cluster::{TOOLBOX_IMAGE, pods};
+use egressproxy_integration::cluster::pods;
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
 use egressproxy_integration::e2e::stack::{
@@ -346,25 +346,13 @@ async fn a_pod_of_another_namespace_is_proxied(
         .cluster()
         .expect("the stack runs the chart in a cluster");
     let client = KubeTestEnv::new("e2e-client").await.unwrap();
-    let image = egressproxy_integration::tools::image_archive(TOOLBOX_IMAGE)
-        .unwrap()
-        .name;
     let target = stack.target.url();
-    let manifest = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: client}}
-spec:
-  restartPolicy: Never
-  securityContext: {{runAsNonRoot: true, runAsUser: 65532}}
-  containers:
-  - name: client
-    image: {image}
-    imagePullPolicy: Never
-    env: [{{name: http_proxy, value: "{proxy_url}"}}]
-    command: [sh, -c, 'wget -S -O - {target} 2>&1']
-"#
-    );
+    let manifest = pods::toolbox_pod(
+        "client",
+        &[("http_proxy", proxy_url)],
+        &format!("wget -S -O - {target} 2>&1"),
+    )
+    .unwrap();
     cluster
         .kubectl()
         .run(

@@ -55,28 +55,14 @@ spec:
 }
 
 /// A pod that asks CoreDNS for the Service, then fetches it by ClusterIP and by name.
-fn client_manifest(image: &str, namespace: &str, cluster_ip: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: client}}
-spec:
-  restartPolicy: Never
-  securityContext: {{runAsNonRoot: true, runAsUser: 65532}}
-  containers:
-  - name: client
-    image: {image}
-    imagePullPolicy: Never
-    command:
-    - sh
-    - -c
-    - |
-      set -e
-      nslookup web.{namespace}.svc.cluster.local
-      echo "by-ip: $(wget -qO- http://{cluster_ip}/)"
-      echo "by-name: $(wget -qO- http://web/)"
-"#
-    )
+fn client_manifest(namespace: &str, cluster_ip: &str) -> String {
+    let script = format!(
+        "set -e\n\
+         nslookup web.{namespace}.svc.cluster.local\n\
+         echo \"by-ip: $(wget -qO- http://{cluster_ip}/)\"\n\
+         echo \"by-name: $(wget -qO- http://web/)\"\n"
+    );
+    pods::toolbox_pod("client", &[], &script).unwrap()
 }
 
 fn in_pod_range(ip: &str) -> bool {
@@ -279,7 +265,7 @@ async fn pods_services_dns_and_the_project_images_run_on_the_node() {
     kubectl
         .run(
             &["apply", "-n", &namespace, "-f", "-"],
-            Some(&client_manifest(&image, &namespace, &cluster_ip)),
+            Some(&client_manifest(&namespace, &cluster_ip)),
         )
         .unwrap();
     let phase = finished_phase(&pods, "client").await;

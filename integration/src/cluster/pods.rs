@@ -83,3 +83,30 @@ pub async fn gone(
     }
     Ok(())
 }
+
+/// A Pod named `name` that runs `script` once (`sh -c`) in the toolbox image as uid
+/// 65532, with `env`: a JSON manifest for `kubectl apply -f -`.
+pub fn toolbox_pod(name: &str, env: &[(&str, &str)], script: &str) -> anyhow::Result<String> {
+    let image = crate::tools::image_archive(super::TOOLBOX_IMAGE)?.name;
+    let env: Vec<serde_json::Value> = env
+        .iter()
+        .map(|(name, value)| serde_json::json!({"name": name, "value": value}))
+        .collect();
+    Ok(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532},
+            "containers": [{
+                "name": name,
+                "image": image,
+                "imagePullPolicy": "Never",
+                "env": env,
+                "command": ["sh", "-c", script],
+            }],
+        },
+    })
+    .to_string())
+}
