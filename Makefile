@@ -9,14 +9,15 @@ HELM := $(TOOLS_BIN)/helm
 HADOLINT := $(TOOLS_BIN)/hadolint
 CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test demo demo-down demo-reference e2e faults guest-image bench fuzz
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test images demo demo-down demo-reference e2e faults guest-image bench fuzz
 
 ## ci: set up the machine, then every check and test (what .ci/run runs), each stage
 ## timed; the Go tools and the Rust workspace build side by side
 ci:
 	integration/tools/ci.sh
 
-## setup: install system packages (root), build the pinned Go test tools, make the Python venv
+## setup: install system packages (root), build the pinned Go test tools and the test
+## cluster's images, make the Python venv
 setup: setup-system setup-tools
 
 setup-system:
@@ -27,6 +28,8 @@ setup-tools:
 	integration/tools/install-go-tools.sh
 	integration/tools/install-hadolint.sh
 	integration/tools/install-python-tools.sh
+	@if [ "$$(id -u)" -eq 0 ]; then integration/tools/build-images.sh cluster && integration/tools/build-images.sh bases; \
+	else echo "setup-tools: not root, skipping the test cluster's images (buildah needs root)"; fi
 
 ## fmt: format Rust code and proto files
 fmt:
@@ -78,7 +81,17 @@ generate-check: generate
 ## target, so the binaries and the tests share one feature set and nothing builds twice)
 test:
 	cargo build --workspace --all-targets --locked
+	@if [ "$$(id -u)" -eq 0 ]; then integration/tools/build-images.sh product target/debug >/dev/null; \
+	else echo "test: not root, skipping the images (buildah needs root): the in-cluster tests will fail"; fi
 	cargo test --workspace --locked --no-fail-fast
+
+## images: the operator's and the agent's images from deploy/docker/ with buildah (their
+## runtime stages, given the binaries cargo builds in PROFILE, debug or release), into the
+## tools cache, where the test cluster imports them; cached by their inputs
+PROFILE ?= debug
+images:
+	cargo build --locked -p egressproxy-operator -p kvm-agent --bins $(if $(filter release,$(PROFILE)),--release,)
+	integration/tools/build-images.sh product target/$(PROFILE)
 
 ## fuzz: the hostile-input property tests, run long (FUZZ_CASES cases each; `make test`
 ## runs the same tests with a small default, about a minute in all)

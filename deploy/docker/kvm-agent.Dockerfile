@@ -7,7 +7,16 @@
 # libvirt.a), and it pulls in glib, gnutls, libxml2 and more at run time. So the build
 # stage compiles against libvirt-dev and the runtime stage installs libvirt0, both from
 # bookworm-backports (libvirt 11.3, the version the agent is tested with).
-FROM docker.io/library/rust:1.95.0-slim-bookworm AS build
+#
+# The base images are build arguments (defaults: the public images) for machines that
+# make their own bases. The runtime stage copies the binary from the `binaries` stage; a
+# builder with named build contexts can give it a binary built elsewhere instead, as the
+# project's tests do (buildah: `--build-context binaries=DIR`, with DIR/out/ holding it;
+# see docs/adr/0017-images-built-with-buildah-from-local-bases.md).
+ARG RUST_IMAGE=docker.io/library/rust:1.95.0-slim-bookworm
+ARG DEBIAN_IMAGE=docker.io/library/debian:bookworm-slim
+
+FROM ${RUST_IMAGE} AS build
 RUN echo 'deb http://deb.debian.org/debian bookworm-backports main' \
       > /etc/apt/sources.list.d/backports.list \
     && apt-get update \
@@ -21,7 +30,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p kvm-agent --bin kvm-agent \
     && install -D -m 0755 target/release/kvm-agent /out/kvm-agent
 
-FROM docker.io/library/debian:bookworm-slim
+FROM build AS binaries
+
+FROM ${DEBIAN_IMAGE}
 # libvirt0: the shared client library (above). ca-certificates: image downloads over https.
 RUN echo 'deb http://deb.debian.org/debian bookworm-backports main' \
       > /etc/apt/sources.list.d/backports.list \
@@ -33,7 +44,7 @@ RUN echo 'deb http://deb.debian.org/debian bookworm-backports main' \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin kvm-agent \
     && install -d -o 65532 -g 65532 -m 0700 /var/spool/kvm-agent /run/kvm-agent
-COPY --from=build /out/kvm-agent /usr/local/bin/kvm-agent
+COPY --from=binaries /out/kvm-agent /usr/local/bin/kvm-agent
 # Writable only through the chart's emptyDir mounts (read-only root filesystem).
 ENV TMPDIR=/var/spool/kvm-agent KVM_AGENT_RUNTIME_DIR=/run/kvm-agent
 USER 65532:65532

@@ -262,6 +262,37 @@ impl Kubectl {
         )
     }
 
+    /// What of Helm release `release` is in the cluster: the objects labelled with its
+    /// instance in `namespace` (every kind the chart makes) and cluster-wide, and every
+    /// Lease in `namespace` (the operator makes its leader Lease itself, so no label
+    /// tells it; a test's namespace holds no other). Empty once it is uninstalled.
+    pub fn release_leftovers(&self, namespace: &str, release: &str) -> Vec<String> {
+        let label = format!("app.kubernetes.io/instance={release}");
+        let questions: [Vec<&str>; 3] = [
+            vec![
+                "get",
+                "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,\
+                 poddisruptionbudgets",
+                "-n",
+                namespace,
+                "-l",
+                &label,
+            ],
+            vec!["get", "clusterroles,clusterrolebindings", "-l", &label],
+            vec!["get", "leases", "-n", namespace],
+        ];
+        let mut left = Vec::new();
+        for question in questions {
+            let mut args = question;
+            args.extend(["-o", "name"]);
+            match self.run(&args, None) {
+                Ok(names) => left.extend(names.lines().map(str::to_owned)),
+                Err(err) => left.push(format!("(could not list: {err:#})")),
+            }
+        }
+        left
+    }
+
     /// Whether `user` may do what `question` asks (`kubectl auth can-i --as USER
     /// QUESTION...`, e.g. `["get", "secrets", "-n", "team-a"]` or
     /// `["patch", "proxies.egressproxy.dev", "--subresource=status", "-A"]`).

@@ -129,12 +129,7 @@ impl KubeApiserver {
             .dir
             .clone()
             .context("an external cluster cannot be restarted from here")?;
-        let port = self
-            .server
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
-            .with_context(|| format!("no port in {}", self.server))?;
+        let port = self.port()?;
         let mut harness = self
             .harness
             .lock()
@@ -194,6 +189,11 @@ impl KubeApiserver {
     /// The apiserver's URL, `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The apiserver's port on loopback.
+    pub fn port(&self) -> anyhow::Result<u16> {
+        port_of(&self.server)
     }
 
     /// The process id of the harness, when this process started it.
@@ -301,6 +301,15 @@ impl Harness {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The port of a server URL such as `https://127.0.0.1:6443`.
+fn port_of(server: &str) -> anyhow::Result<u16> {
+    server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .with_context(|| format!("no port in apiserver address {server}"))
 }
 
 /// Reads stdout until the readiness line, the harness exits, or the timeout passes.

@@ -5,8 +5,9 @@
 //! without seeing each other's objects. Cluster-scoped things (CRDs) are applied with
 //! server-side apply, so tests that apply the same CRD concurrently agree.
 //!
-//! Caveats: only the apiserver runs (no controller-manager, scheduler or kubelet), so
-//! what controllers would do does not happen by itself: a new namespace gets no
+//! Caveats: unless a test starts a [`crate::cluster::Cluster`], only the apiserver runs
+//! (no controller-manager, scheduler or kubelet), so what controllers would do does not
+//! happen by itself: a new namespace gets no
 //! `default` ServiceAccount (this module creates it, as the ServiceAccount controller
 //! would), a deleted namespace stays `Terminating`, owned objects are not garbage
 //! collected, and Pods are never scheduled. Namespaces are left in place: they vanish
@@ -147,10 +148,18 @@ async fn create_test_namespace(client: &kube::Client, test_name: &str) -> anyhow
         },
         ..ServiceAccount::default()
     };
-    Api::<ServiceAccount>::namespaced(client.clone(), &name)
+    // With a controller manager running (a test cluster), it may have made it first.
+    match Api::<ServiceAccount>::namespaced(client.clone(), &name)
         .create(&PostParams::default(), &default_account)
         .await
-        .with_context(|| format!("create the default ServiceAccount in {name}"))?;
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) => {
+            return Err(err)
+                .with_context(|| format!("create the default ServiceAccount in {name}"));
+        }
+    }
     Ok(name)
 }
 

@@ -17,11 +17,16 @@
 //! - [`kvm_agent`]: `kvm-agent serve` as a separate process.
 //! - [`otlp_http`]: an OTLP/HTTP trace receiver (protobuf or JSON, plain or TLS).
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
+//! - [`netns`]: network namespaces the tests make, and sockets and commands inside them.
+//! - [`relay`]: TCP relays from a network namespace to the host's loopback.
+//! - [`cluster`]: a single-node Kubernetes cluster (kubelet, containerd, kube-proxy,
+//!   CoreDNS) on the shared kube-apiserver, its node networking in a namespace of its own.
 
 pub mod alerts;
 pub mod certificates;
 pub mod chaos;
 pub mod chart_pod;
+pub mod cluster;
 pub mod e2e;
 pub mod helm;
 pub mod http_server;
@@ -30,7 +35,9 @@ pub mod kube_env;
 pub mod kvm_agent;
 pub mod libvirtd;
 pub mod otlp_http;
+pub mod netns;
 pub mod process;
 pub mod reference_provider;
+pub mod relay;
 pub mod sshd;
 pub mod tools;

@@ -43,7 +43,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::netns::NetworkNamespace;
 use crate::process::{Adopted, Daemon, process_tree, wait_until};
+
+/// The prefix of the network namespaces [`Libvirtd::start_in_new_netns`] makes.
+const NETNS_PREFIX: &str = "eptest";
 
 /// Where libvirtd's private directories are mounted inside its namespace.
 const MOUNTS: [(&str, &str); 5] = [
@@ -61,52 +65,8 @@ pub struct Libvirtd {
     daemon: Option<Daemon>,
     /// Guests and dnsmasq that outlived an earlier libvirtd ([`Libvirtd::restart_daemon`]).
     adopted: Adopted,
-    netns: Option<NetNs>,
+    netns: Option<NetworkNamespace>,
     dir: tempfile::TempDir,
-}
-
-/// A named network namespace, deleted on drop.
-#[derive(Debug)]
-struct NetNs {
-    name: String,
-}
-
-impl NetNs {
-    fn create() -> anyhow::Result<Self> {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let name = format!(
-            "eptest-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        run("ip", &["netns", "add", &name])?;
-        let netns = Self { name };
-        run("ip", &["-n", &netns.name, "link", "set", "lo", "up"])?;
-        Ok(netns)
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "{program} {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 impl Libvirtd {
@@ -117,7 +77,7 @@ impl Libvirtd {
 
     /// Like [`Libvirtd::start`], inside a new network namespace (for guest networking).
     pub fn start_in_new_netns() -> anyhow::Result<Self> {
-        Self::start_with(Some(NetNs::create()?), None)
+        Self::start_with(Some(NetworkNamespace::create(NETNS_PREFIX)?), None)
     }
 
     /// Like [`Libvirtd::start`], with the read-write socket owned by `group` (mode 0770,
@@ -128,10 +88,13 @@ impl Libvirtd {
 
     /// Both: in a new network namespace, with the socket owned by `group`.
     pub fn start_in_new_netns_with_socket_group(group: &str) -> anyhow::Result<Self> {
-        Self::start_with(Some(NetNs::create()?), Some(group))
+        Self::start_with(Some(NetworkNamespace::create(NETNS_PREFIX)?), Some(group))
     }
 
-    fn start_with(netns: Option<NetNs>, socket_group: Option<&str>) -> anyhow::Result<Self> {
+    fn start_with(
+        netns: Option<NetworkNamespace>,
+        socket_group: Option<&str>,
+    ) -> anyhow::Result<Self> {
         for tool in ["/usr/sbin/libvirtd", "/usr/bin/tini", "/usr/bin/unshare"] {
             if !Path::new(tool).exists() {
                 bail!("{tool} not found: run integration/tools/install-system-packages.sh");
@@ -201,7 +164,7 @@ impl Libvirtd {
         let mut command = match &self.netns {
             Some(netns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", &netns.name, "/usr/bin/unshare"]);
+                c.args(["netns", "exec", netns.name(), "/usr/bin/unshare"]);
                 c
             }
             None => Command::new("/usr/bin/unshare"),
@@ -246,7 +209,7 @@ impl Libvirtd {
 
     /// The network namespace's name, when started with [`Libvirtd::start_in_new_netns`].
     pub fn netns(&self) -> Option<&str> {
-        self.netns.as_ref().map(|n| n.name.as_str())
+        self.netns.as_ref().map(NetworkNamespace::name)
     }
 
     /// `program` to run inside the daemon's network namespace (or as is without one).
@@ -254,7 +217,7 @@ impl Libvirtd {
         match &self.netns {
             Some(netns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", &netns.name, program]);
+                c.args(["netns", "exec", netns.name(), program]);
                 c
             }
             None => Command::new(program),

@@ -226,6 +226,12 @@ fn reap_orphans(pids: &[u32]) {
     }
 }
 
+/// Waits up to `within` until none of `pids` (already signalled) is left, reaping those
+/// that were orphaned to this process as they exit.
+pub fn reap(pids: &[u32], within: Duration) {
+    wait_until_reaped(pids, within);
+}
+
 /// Polls until none of `pids` has a `/proc` entry any more (reaping those orphaned to
 /// this process), or `within` has passed.
 fn wait_until_reaped(pids: &[u32], within: Duration) {
@@ -356,4 +362,27 @@ pub fn spawn_listening(command: &mut Command, what: &str) -> anyhow::Result<(Chi
         bail!("{what} did not start (first line: {line:?}); see its stderr above");
     };
     Ok((child, address.to_owned()))
+}
+
+/// The processes whose command line contains `path` (a fixture's directory): what of a
+/// stopped fixture still runs.
+pub fn processes_mentioning(path: &Path) -> Vec<(u32, String)> {
+    let needle = path.display().to_string();
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(&needle) {
+            found.push((pid, text.trim().to_owned()));
+        }
+    }
+    found
 }

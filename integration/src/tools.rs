@@ -77,3 +77,33 @@ pub fn run_python_json(script: &str, args: &[&str]) -> anyhow::Result<serde_json
         )
     })
 }
+
+/// A container image that `integration/tools/build-images.sh` wrote to the tools cache.
+#[derive(Debug, Clone)]
+pub struct ImageArchive {
+    /// The docker-archive file (`ctr images import` takes it).
+    pub path: PathBuf,
+    /// The name (and tag) the image carries inside the archive.
+    pub name: String,
+}
+
+/// The image archive `short` (for example `"pause"`), or an error telling how to build it.
+pub fn image_archive(short: &str) -> anyhow::Result<ImageArchive> {
+    let dir = bin_dir()?
+        .parent()
+        .context("tools directory has no parent")?
+        .join("images");
+    let path = dir.join(format!("{short}.tar"));
+    let name = std::fs::read_to_string(dir.join(format!("{short}.name")));
+    match name {
+        Ok(name) if path.is_file() => Ok(ImageArchive {
+            path,
+            name: name.trim().to_owned(),
+        }),
+        _ => bail!(
+            "container image {short} not found at {}: run `make setup` (or \
+             integration/tools/build-images.sh) first",
+            path.display()
+        ),
+    }
+}

@@ -1,18 +1,24 @@
-//! The real path, end to end: a Proxy with user-data becomes a VM booted from the
-//! guest image, its squid proxies a request inside the test's network namespace, one
-//! trace runs from the operator's reconcile into the agent's libvirt calls, and
-//! deleting the Proxy leaves no domain, overlay, seed or NVRAM (the cached base stays).
-//! At the end, nothing of the run is left on the machine, and no secret of the run (the
-//! Proxy's user-data, taken from a Secret, and the credentials in the agent's image URL)
-//! appears in a log, a span or an Event.
+//! The real path, end to end, installed as users install it: `helm install` of the chart
+//! into a single-node cluster, whose kubelet runs the operator and the agent from the
+//! images built from `deploy/docker/`. A Proxy with user-data becomes a VM booted from
+//! the guest image through the in-cluster operator and agent; its squid proxies a
+//! request from the hypervisor's network and one from a pod in another namespace; one
+//! trace runs from the operator's reconcile into the agent's libvirt calls, and deleting
+//! the Proxy leaves no domain, overlay, seed or NVRAM (the cached base stays). No secret
+//! of the run (the Proxy's user-data, taken from a Secret, and the credentials in the
+//! agent's image URL) appears in a log, a span or an Event; `helm uninstall` leaves
+//! nothing of the release in the cluster, and at the end nothing of the run is left on
+//! the machine.
 //!
-//! Needs root (network namespace, useradd, debootstrap on a cold image cache), the
-//! system packages of `integration/tools/install-system-packages.sh`, the Go-built
-//! kube-harness, and the workspace's binaries (`cargo build --workspace --bins`).
+//! Needs root (network namespaces, useradd, debootstrap on a cold image cache), the
+//! system packages of `integration/tools/install-system-packages.sh`, what `make setup`
+//! builds (kube-harness, kube-node, the cluster's images), the workspace's binaries and
+//! the images `make images` builds from them.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::cluster::pods;
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
 use egressproxy_integration::e2e::stack::{
@@ -20,6 +26,7 @@ use egressproxy_integration::e2e::stack::{
     StackOptions,
 };
 use egressproxy_integration::e2e::wait_for;
+use egressproxy_integration::kube_env::KubeTestEnv;
 
 const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
 /// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
@@ -109,6 +116,7 @@ fn secrets_shown(secrets: &[&str], places: &[(String, String)]) -> Vec<String> {
 /// Every log the stack keeps, every span the receiver got (attributes and events), the
 /// namespace's Events, and (while it exists) the Proxy as `kubectl get -o yaml` shows it.
 fn observable_output(stack: &Stack, proxy_yaml: &str) -> Vec<(String, String)> {
+    stack.collect_pod_logs();
     let mut places = Vec::new();
     for entry in std::fs::read_dir(stack.dir()).unwrap() {
         let path = entry.unwrap().path();
@@ -188,6 +196,9 @@ async fn scenario(stack: &Stack) {
         "the target saw the proxy's Via: {:?}",
         stack.target.vias()
     );
+
+    // 2b. A pod in another namespace of the cluster, through the proxy.
+    a_pod_of_another_namespace_is_proxied(stack, &proxy_url, &visible_hostname).await;
 
     // 3. What the user sees.
     let table = stack.kubectl(&["get", "proxies"]).unwrap();
@@ -315,6 +326,65 @@ async fn scenario(stack: &Stack) {
     assert!(shown.is_empty(), "secrets shown: {shown:?}");
 }
 
+/// `helm uninstall` leaves nothing of the release in the cluster.
+async fn uninstall_leaves_nothing(stack: &mut Stack) {
+    let left = stack.uninstall_release().await.unwrap();
+    assert!(
+        left.is_empty(),
+        "helm uninstall left objects of the release: {left:?}"
+    );
+}
+
+/// A pod of another namespace than the release's fetches the target through the Proxy's
+/// squid (`http_proxy`), routed from the node to the guest's network.
+async fn a_pod_of_another_namespace_is_proxied(
+    stack: &Stack,
+    proxy_url: &str,
+    visible_hostname: &str,
+) {
+    let cluster = stack
+        .cluster()
+        .expect("the stack runs the chart in a cluster");
+    let client = KubeTestEnv::new("e2e-client").await.unwrap();
+    let target = stack.target.url();
+    let manifest = pods::toolbox_pod(
+        "client",
+        &[("http_proxy", proxy_url)],
+        &format!("wget -S -O - {target} 2>&1"),
+    )
+    .unwrap();
+    cluster
+        .kubectl()
+        .run(
+            &["apply", "-n", &client.namespace, "-f", "-"],
+            Some(&manifest),
+        )
+        .unwrap();
+    let phase = pods::phase_when_finished(
+        &client.client,
+        &client.namespace,
+        "client",
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let output = cluster.pod_logs(&client.namespace, "client");
+    assert_eq!(
+        phase, "Succeeded",
+        "the client pod's request through {proxy_url} ended {phase:?}:\n{output}"
+    );
+    assert!(
+        output.contains(TARGET_BODY.trim()),
+        "the target's body came through to the pod:\n{output}"
+    );
+    assert!(
+        output
+            .lines()
+            .any(|l| l.contains("Via:") && l.contains(visible_hostname)),
+        "the answer came through the Proxy's squid ({visible_hostname} in Via):\n{output}"
+    );
+}
+
 /// A jinja template whose `packages:` pins a version as a quoted string (bare, YAML 1.1
 /// would read `1:5.7` as the number 65.7), on the image declared `guestAgent: install`.
 /// The kvm-agent sends it unchanged beside its bootstrap part (package and runcmd); in the guest, cloud-init itself renders the template and merges the
@@ -395,19 +465,22 @@ async fn jinja_user_data_gets_the_bootstrap(stack: &Stack) {
 async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
     use futures::FutureExt;
     let started = Instant::now();
-    // Installed as users install it: through the Helm chart.
+    // Installed as users install it: through the Helm chart, into a cluster.
     let options = StackOptions {
         through_chart: true,
         ..StackOptions::default()
     };
-    let stack = Stack::start_with("e2e-proxy", &options)
+    let mut stack = Stack::start_with("e2e-proxy", &options)
         .await
         .expect("start the stack");
     eprintln!("e2e: stack up in {:.1} s", started.elapsed().as_secs_f64());
     let footprint = stack.footprint();
-    let outcome = std::panic::AssertUnwindSafe(scenario(&stack))
-        .catch_unwind()
-        .await;
+    let outcome = std::panic::AssertUnwindSafe(async {
+        scenario(&stack).await;
+        uninstall_leaves_nothing(&mut stack).await;
+    })
+    .catch_unwind()
+    .await;
     if outcome.is_err() {
         eprintln!("{}", stack.log_tails());
     }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the pinned Go test tooling (grpcurl, buf, helm, kube-harness, the protoc-gen-go and
-# protoc-gen-go-grpc plugins, and the Go client's dependencies) from the Go module proxy
-# into one cache directory. A warm run finds every binary at its pinned version and
+# Builds the pinned Go test tooling (grpcurl, buf, helm, kube-harness, kube-node, coredns, the
+# protoc-gen-go and protoc-gen-go-grpc plugins, and the Go client's dependencies) from the
+# Go module proxy into one cache directory. A warm run finds every binary at its pinned version and
 # builds nothing. Test tooling only: the product is Rust.
 #
 # Usage: integration/tools/install-go-tools.sh [TOOL...]   # prints the bin directory
-#        With TOOL names (grpcurl, buf, helm, kube-harness, protoc-gen-go,
-#        protoc-gen-go-grpc, go-client), builds only those.
+#        With TOOL names (grpcurl, buf, helm, kube-harness, kube-node, coredns,
+#        protoc-gen-go, protoc-gen-go-grpc, go-client), builds only those.
 # Env:   EGRESSPROXY_TOOLS_DIR  cache directory (default: $XDG_CACHE_HOME/egressproxy/tools)
 set -euo pipefail
 
@@ -35,8 +35,8 @@ fi
 requested=("$@")
 for name in "${requested[@]}"; do
   case "$name" in
-    grpcurl | buf | helm | kube-harness | protoc-gen-go | protoc-gen-go-grpc | go-client) ;;
-    *) echo "install-go-tools: unknown tool '$name': choose from grpcurl, buf, helm, kube-harness, protoc-gen-go, protoc-gen-go-grpc, go-client" >&2; exit 2 ;;
+    grpcurl | buf | helm | kube-harness | kube-node | coredns | protoc-gen-go | protoc-gen-go-grpc | go-client) ;;
+    *) echo "install-go-tools: unknown tool '$name': choose from grpcurl, buf, helm, kube-harness, kube-node, coredns, protoc-gen-go, protoc-gen-go-grpc, go-client" >&2; exit 2 ;;
   esac
 done
 wanted() {
@@ -97,31 +97,53 @@ if wanted go-client && [ "$(cat "$bin/go-client.version" 2>/dev/null)" != "$clie
   echo "$client_key" >"$bin/go-client.version"
 fi
 
-# kube-harness: a real kube-apiserver with an embedded etcd, built from the Go module in
-# integration/kube-harness (see docs/testing/kube-apiserver.md). Keyed on a hash of that
-# module's go.mod, go.sum and sources: a warm run builds nothing, any change rebuilds.
-harness_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../kube-harness" && pwd)"
+# build_module NAME DIR PACKAGE KEY LDFLAGS: go build PACKAGE of the module in DIR into
+# $bin/NAME, unless $bin/NAME.version already says KEY (a hash of the module's sources).
+build_module() {
+  local name=$1 dir=$2 pkg=$3 key=$4 ldflags=$5
+  wanted "$name" || return 0
+  if [ -x "$bin/$name" ] && [ "$(cat "$bin/$name.version" 2>/dev/null)" = "$key" ]; then
+    return 0
+  fi
+  echo "install-go-tools: building $name (a cold build takes several minutes, later runs reuse it)" >&2
+  if ! (cd "$dir" && GOFLAGS=-mod=readonly go mod download >&2); then
+    echo "install-go-tools: downloading the modules of $dir failed. Check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY)) and rerun." >&2
+    exit 1
+  fi
+  if ! (cd "$dir" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg" >&2); then
+    echo "install-go-tools: building $name failed (see the compiler output above). It needs Go 1.26 or newer; 'go version' says: $(go version)" >&2
+    exit 1
+  fi
+  mv "$bin/$name.tmp" "$bin/$name"
+  echo "$key" >"$bin/$name.version"
+}
+
+tools_src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# kube-harness: a real kube-apiserver with an embedded etcd, and kube-node: the kubelet,
+# kube-proxy, kube-scheduler and kube-controller-manager, both built from the one Go module
+# in integration/kube-harness (see docs/testing/kube-apiserver.md and
+# docs/testing/kube-cluster.md), so they share one download and one build cache. Each is
+# keyed on a hash of that module's go.mod and go.sum and its own sources: a warm run
+# builds nothing, any change rebuilds.
+harness_src="$tools_src/kube-harness"
+k8s_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$harness_src/go.mod")"
+k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
+# The components report the version they were built as; without these they say
+# v0.0.0-master, which clients and charts with a kubeVersion constraint reject.
+k8s_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags="$k8s_ldflags -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
+done
 harness_key="$(cd "$harness_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
-if wanted kube-harness && { ! [ -x "$bin/kube-harness" ] || [ "$(cat "$bin/kube-harness.version" 2>/dev/null)" != "$harness_key" ]; }; then
-  k8s_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$harness_src/go.mod")"
-  k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
-  echo "install-go-tools: building kube-harness (kube-apiserver $k8s_version + etcd; a cold build takes several minutes, later runs reuse it)" >&2
-  if ! (cd "$harness_src" && GOFLAGS=-mod=readonly go mod download >&2); then
-    echo "install-go-tools: downloading the kube-harness modules failed. Check that the Go module proxy is reachable (GOPROXY=$(go env GOPROXY)) and rerun." >&2
-    exit 1
-  fi
-  # The apiserver reports the version it was built as; without these it says v0.0.0-master,
-  # which clients and charts with a kubeVersion constraint reject.
-  ldflags=""
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags="$ldflags -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
-  done
-  if ! (cd "$harness_src" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/kube-harness.tmp" . >&2); then
-    echo "install-go-tools: building kube-harness failed (see the compiler output above). It needs Go 1.26 or newer; 'go version' says: $(go version)" >&2
-    exit 1
-  fi
-  mv "$bin/kube-harness.tmp" "$bin/kube-harness"
-  echo "$harness_key" >"$bin/kube-harness.version"
-fi
+build_module kube-harness "$harness_src" . "$harness_key" "$k8s_ldflags"
+node_key="$(cd "$harness_src" && cat go.mod go.sum cmd/kube-node/*.go | sha256sum | cut -c1-16)"
+build_module kube-node "$harness_src" ./cmd/kube-node "$node_key" "-s -w $k8s_ldflags"
+
+# coredns: CoreDNS with the plugins a test cluster needs, from its own module in
+# integration/coredns (its Kubernetes client libraries are not the harness's).
+coredns_src="$tools_src/coredns"
+coredns_key="$(cd "$coredns_src" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
+build_module coredns "$coredns_src" . "$coredns_key" "-s -w"
 
 echo "$bin"

@@ -64,16 +64,20 @@ apt-get install -y -q --no-install-recommends -t bookworm-backports \
 # debootstrap, mtools, dosfstools, gdisk and grub-efi-amd64-bin build the end-to-end
 # tests' guest image from packages (integration/guest-image/build.sh); curl is the
 # client that requests through the guest's proxy.
+# The test cluster's node (integration/src/cluster): containerd, runc and the CNI plugins
+# run its pods, iptables holds kube-proxy's rules; buildah builds the images it runs
+# (integration/tools/build-images.sh), busybox-static is the test pods' shell.
 apt-get install -y -q --no-install-recommends \
   openssh-server openssh-client netcat-openbsd tini util-linux iproute2 procps pkg-config \
   build-essential ca-certificates dnsmasq-base cloud-init genisoimage xorriso libxml2-utils \
-  ipxe python3-venv systemd faketime debootstrap mtools dosfstools gdisk grub-efi-amd64-bin curl
+  ipxe python3-venv systemd faketime debootstrap mtools dosfstools gdisk grub-efi-amd64-bin curl \
+  containerd runc containernetworking-plugins iptables buildah busybox-static
 
-# The package's own services must not grab the system sockets or port 22 on machines
+# The packages' own services must not grab the system sockets or port 22 on machines
 # without systemd; the tests run private daemons. Nothing to stop when systemd is absent.
 if [ -d /run/systemd/system ]; then
   systemctl disable --now libvirtd.service libvirtd.socket libvirtd-ro.socket \
-    libvirtd-admin.socket >/dev/null 2>&1 || true
+    libvirtd-admin.socket containerd.service >/dev/null 2>&1 || true
 fi
 
 echo "install-system-packages: libvirt $(libvirtd --version | awk '{print $NF}'), $(qemu-system-x86_64 --version | head -n1), $(ssh -V 2>&1)" >&2

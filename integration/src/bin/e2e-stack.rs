@@ -1,7 +1,8 @@
 //! `e2e-stack`: runs the end-to-end stack for `make demo` and keeps it up.
 //!
-//! 1. Starts [`Stack`] (guest image, libvirtd in a network namespace, sshd, the
-//!    kube-apiserver, `kvm-agent serve`, the operator, a span receiver).
+//! 1. Starts [`Stack`] with the chart installed as users install it (guest image,
+//!    libvirtd in a network namespace, sshd, a span receiver, and a single-node cluster
+//!    on the kube-apiserver into which `helm install` puts the operator and kvm-agent).
 //! 2. Applies the sample Proxy `docs/examples/proxy-squid.yaml` (health-checked
 //!    against the stack's target server) and waits until it is Ready.
 //! 3. Writes what to try to `<state dir>/README` and stdout, then waits.
@@ -13,8 +14,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use egressproxy_integration::cluster::TOOLBOX_IMAGE;
+use egressproxy_integration::e2e::release::{AGENT, OPERATOR};
 use egressproxy_integration::e2e::stack::{
-    CONSOLES_DIR, HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack,
+    CONSOLES_DIR, HOST, IMAGE, MACHINE_TYPE, PROVIDER, SPANS_FILE, Stack, StackOptions,
 };
 
 const SAMPLE: &str = include_str!("../../../docs/examples/proxy-squid.yaml");
@@ -55,7 +58,11 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(state.join("pid"), std::process::id().to_string())?;
     let started = Instant::now();
     eprintln!("e2e-stack: starting (a cold run builds the guest image first: about 2 minutes)");
-    let stack = Stack::start("demo").await?;
+    let options = StackOptions {
+        through_chart: true,
+        ..StackOptions::default()
+    };
+    let stack = Stack::start_with("demo", &options).await?;
     eprintln!(
         "e2e-stack: stack up in {:.0} s; applying the sample Proxy",
         started.elapsed().as_secs_f64()
@@ -66,8 +73,10 @@ async fn main() -> anyhow::Result<()> {
     while jsonpath(&stack, &name, "{.status.phase}") != "Ready" {
         anyhow::ensure!(
             applied.elapsed() < READY_WITHIN,
-            "the sample Proxy was not Ready within {READY_WITHIN:?}: see {}/operator.log",
-            stack.dir().display()
+            "the sample Proxy was not Ready within {READY_WITHIN:?}; the operator's log:\n{}",
+            stack
+                .kubectl(&["logs", &format!("deploy/{OPERATOR}")])
+                .unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -80,18 +89,26 @@ async fn main() -> anyhow::Result<()> {
          kubectl -n {namespace} get proxies -w\n\
          kubectl -n {namespace} get events --field-selector involvedObject.name={name}\n\
          \n\
-         # a request through the proxy, from inside the network namespace:\n\
+         # the release's pods and their logs:\n\
+         kubectl -n {namespace} get pods -o wide\n\
+         kubectl -n {namespace} logs deploy/{OPERATOR}\n\
+         kubectl -n {namespace} logs deploy/{AGENT}\n\
+         \n\
+         # a request through the proxy, from a pod:\n\
+         kubectl -n {namespace} run client --rm -i --restart=Never --image={toolbox} \\\n\
+         \x20 --image-pull-policy=Never --env=http_proxy=http://{address}:3128 -- wget -qO- {target}\n\
+         # and from the hypervisor's network namespace:\n\
          ip netns exec {netns} curl -i -x http://{address}:3128 {target}\n\
          \n\
-         # the agent's gRPC API (server reflection):\n\
-         {grpcurl} -plaintext 127.0.0.1:{agent} list\n\
-         {grpcurl} -plaintext -d '{{}}' 127.0.0.1:{agent} egressproxy.provider.v1.Provider/ListInstances\n\
+         # the agent's gRPC API (server reflection), over its mutual TLS:\n\
+         kubectl -n {namespace} port-forward svc/{AGENT} 50051 &\n\
+         {grpcurl} -cacert {dir}/certs/ca.crt -cert {dir}/certs/client.crt -key {dir}/certs/client.key \\\n\
+         \x20 -servername {AGENT}.{namespace}.svc 127.0.0.1:50051 list\n\
          \n\
          # the VM, through the private libvirtd:\n\
          virsh -c '{libvirt}' list --all\n\
          \n\
          traces (one JSON span a line): {dir}/{SPANS_FILE}\n\
-         logs: {dir}/operator.log {dir}/kvm-agent.log\n\
          the VM's serial console: {dir}/{CONSOLES_DIR}/\n\
          stop and remove everything: make demo-down\n",
         ready = applied.elapsed().as_secs_f64(),
@@ -100,7 +117,8 @@ async fn main() -> anyhow::Result<()> {
         namespace = stack.kube.namespace,
         netns = stack.netns(),
         target = stack.target.url(),
-        agent = stack.agent_port(),
+        toolbox = egressproxy_integration::tools::image_archive(TOOLBOX_IMAGE)
+            .map_or_else(|_| "toolbox".to_owned(), |image| image.name),
         grpcurl = egressproxy_integration::tools::bin("grpcurl")
             .map_or_else(|_| "grpcurl".to_owned(), |p| p.display().to_string()),
         libvirt = stack.libvirt_uri(),

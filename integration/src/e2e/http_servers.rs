@@ -25,7 +25,7 @@ use axum::routing::get;
 use base64::Engine;
 use tokio::task::JoinHandle;
 
-use super::netns::bind_tcp_in;
+use crate::netns::bind_tcp_in;
 
 /// The body every [`TargetServer`] answer carries.
 pub const TARGET_BODY: &str = "egressproxy end-to-end target\n";
@@ -51,6 +51,7 @@ pub const IMAGE_USER: &str = "mirror";
 #[derive(Debug)]
 pub struct ImageServer {
     url: String,
+    port: u16,
     fresh_url: String,
     password: String,
     downloads: Arc<AtomicUsize>,
@@ -137,6 +138,7 @@ impl ImageServer {
         let task = serve(runtime, listener, app)?;
         Ok(Self {
             url,
+            port: address.port(),
             fresh_url,
             password,
             downloads,
@@ -167,6 +169,11 @@ impl ImageServer {
     /// The file's URL, with the credentials in it (`http://USER:PASSWORD@…`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The server's port on the host's loopback.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The password in [`ImageServer::url`]: a secret that must never be shown.

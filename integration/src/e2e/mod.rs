@@ -3,8 +3,6 @@
 //!
 //! - [`guest_image`]: the guest image built from Debian's packages, cached by recipe.
 //! - [`stack`]: everything a Proxy needs, started and torn down as one ([`stack::Stack`]).
-//! - [`netns`]: sockets and commands inside the stack's network namespace.
-//! - [`relay`]: loopback relays from that namespace to the host's loopback.
 //! - [`release`]: the operator and the agent installed through the Helm chart.
 //! - [`http_servers`]: the image mirror and the target of proxied requests.
 //! - [`otlp`]: a span receiver that keeps what the operator and the agent export.
@@ -12,9 +10,7 @@
 
 pub mod guest_image;
 pub mod http_servers;
-pub mod netns;
 pub mod otlp;
-pub mod relay;
 pub mod release;
 pub mod stack;
 pub mod system_user;

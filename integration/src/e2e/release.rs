@@ -1,42 +1,48 @@
 //! The stack's operator and kvm-agent installed the way users install them: one
-//! `helm install` of `charts/egressproxy` with the in-cluster agent, mutual TLS between
-//! the two, and the agent's SSH key and known_hosts in a Secret.
+//! `helm install` of `charts/egressproxy` into the stack's single-node cluster
+//! ([`crate::cluster`]), with the in-cluster agent, mutual TLS between the two, and the
+//! agent's SSH key and known_hosts in a Secret. The chart's Deployments run as pods under
+//! the kubelet, from the images `make images` built from `deploy/docker/` and with the
+//! chart's own security context (uid 65532, read-only root filesystem).
 //!
-//! The test apiserver runs no pods, so each Deployment runs as a [`ChartPod`]: its args,
-//! env and volumes (ConfigMaps and Secrets) materialised out of cluster. The agent runs
-//! on loopback at the port the chart's Service gives; the operator runs in the stack's
-//! network namespace, where `/etc/netns/<netns>/hosts` (which `ip netns exec` mounts over
-//! `/etc/hosts`) resolves the agent Service's DNS name to loopback, relayed to the agent.
-//! So the operator dials the endpoint the chart wrote and checks the certificate made
-//! for that name.
+//! 1. [`Release::install`] makes the Secrets the chart expects (TLS for the agent's
+//!    Service name, a client certificate for the operator, the SSH key), writes the
+//!    values, and runs `helm install`.
+//! 2. [`Release::wait_available`] watches both Deployments until each has an available
+//!    replica (its readiness probe passed), and shows the pods' states and output if not.
+//! 3. [`Release::uninstall`] runs `helm uninstall`, waits until the release's pods are
+//!    gone, and lists whatever of the release is still in the cluster.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
 use crate::certificates::make_certificates;
-use crate::chart_pod::{ChartPod, PodOptions};
-use crate::helm::Helm;
+use crate::cluster::{Cluster, pods};
+use crate::helm::{Helm, Kubectl};
 use crate::kube_env::KubeTestEnv;
 
 /// The release name.
-const RELEASE: &str = "e2e";
-/// The chart's names for what the release makes.
-const OPERATOR: &str = "e2e-egressproxy-operator";
-const AGENT: &str = "e2e-egressproxy-kvm-agent";
+pub const RELEASE: &str = "e2e";
+/// The operator's Deployment (the chart's name for it).
+pub const OPERATOR: &str = "e2e-egressproxy-operator";
+/// The agent's Deployment and Service.
+pub const AGENT: &str = "e2e-egressproxy-kvm-agent";
 const SSH_SECRET: &str = "kvm-agent-ssh";
+/// The label every object of the release carries.
+const INSTANCE_LABEL: &str = "app.kubernetes.io/instance=e2e";
+/// How long `helm uninstall` may take to remove the release's pods.
+const PODS_GONE_WITHIN: Duration = Duration::from_secs(120);
 
-/// An installed release; removes the namespace's hosts file on drop (the release itself
-/// goes with the run's Kubernetes namespace).
+/// An installed release.
 #[derive(Debug)]
 pub struct Release {
     namespace: String,
-    netns: String,
-    hosts_dir: PathBuf,
-    agent_port: u16,
+    helm: Helm,
+    kubectl: Kubectl,
 }
 
 /// What the release's values say beyond the chart's defaults.
@@ -51,29 +57,24 @@ pub struct ReleaseSettings<'a> {
     pub known_hosts: &'a Path,
     /// The provider name Proxies use.
     pub provider: &'a str,
-    /// The port of the agent's Service (and so of the agent on loopback).
-    pub agent_port: u16,
     /// The OTLP endpoint both export spans to.
     pub otel_endpoint: &'a str,
     /// `operator.clusterName`.
     pub cluster_name: &'a str,
-    /// The network namespace the operator runs in.
-    pub netns: &'a str,
     /// Where certificates and the values file go.
     pub dir: &'a Path,
 }
 
 impl Release {
-    /// Makes the Secrets the chart expects, installs it and writes the hosts file.
+    /// Makes the Secrets the chart expects and installs it.
     pub async fn install(
         kube: &KubeTestEnv,
         settings: &ReleaseSettings<'_>,
     ) -> anyhow::Result<Self> {
         let namespace = kube.namespace.clone();
-        let service = format!("{AGENT}.{namespace}.svc");
         let certs = settings.dir.join("certs");
         std::fs::create_dir_all(&certs)?;
-        make_certificates(&certs, &service)?;
+        make_certificates(&certs, &format!("{AGENT}.{namespace}.svc"))?;
         create_secret(
             kube,
             SSH_SECRET,
@@ -106,62 +107,94 @@ impl Release {
 
         let values = settings.dir.join("values.yaml");
         std::fs::write(&values, values_yaml(settings, &namespace))?;
-        let helm = Helm::new(kube.apiserver().kubeconfig_path())?;
+        let kubeconfig = kube.apiserver().kubeconfig_path();
+        let helm = Helm::new(kubeconfig)?;
         helm.install(RELEASE, &namespace, &[&values], &[])
             .context("helm install the chart")?;
-
-        let hosts_dir = Path::new("/etc/netns").join(settings.netns);
-        std::fs::create_dir_all(&hosts_dir)?;
-        std::fs::write(
-            hosts_dir.join("hosts"),
-            format!("127.0.0.1 localhost\n127.0.0.1 {service}\n::1 localhost\n"),
-        )?;
         Ok(Self {
             namespace,
-            netns: settings.netns.to_owned(),
-            hosts_dir,
-            agent_port: settings.agent_port,
+            helm,
+            kubectl: Kubectl::new(kubeconfig),
         })
     }
 
-    /// Runs the agent's Deployment on loopback, its output in `log`.
-    pub async fn start_agent(&self, kube: &KubeTestEnv, log: &Path) -> anyhow::Result<ChartPod> {
-        let options = PodOptions {
-            log: Some(log.to_owned()),
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], self.agent_port))),
-            ..PodOptions::default()
-        };
-        ChartPod::start_with(kube, &self.namespace, AGENT, "kvm-agent", None, &options).await
+    /// Waits until the operator's and the agent's Deployments each have an available
+    /// replica; on timeout, fails with their pods' states and output.
+    pub async fn wait_available(
+        &self,
+        kube: &KubeTestEnv,
+        cluster: &Cluster,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        for name in [AGENT, OPERATOR] {
+            if !pods::deployment_available(&kube.client, &self.namespace, name, within).await? {
+                bail!(
+                    "Deployment {name} had no available replica within {within:?}\n{}\n{}",
+                    self.pods_report(cluster),
+                    cluster.log_tails()
+                );
+            }
+        }
+        Ok(())
     }
 
-    /// Runs the operator's Deployment, as its ServiceAccount, in the network namespace.
-    pub async fn start_operator(&self, kube: &KubeTestEnv, log: &Path) -> anyhow::Result<ChartPod> {
-        let options = PodOptions {
-            netns: Some(self.netns.clone()),
-            log: Some(log.to_owned()),
-            ..PodOptions::default()
-        };
-        let binary = "egressproxy-operator";
-        ChartPod::start_with(
-            kube,
+    /// The release's pods as `kubectl get pods -o wide` lists them, and each
+    /// Deployment's output, for a failed test's message.
+    pub fn pods_report(&self, cluster: &Cluster) -> String {
+        let pods = self
+            .kubectl
+            .run(
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    &self.namespace,
+                    "-l",
+                    INSTANCE_LABEL,
+                    "-o",
+                    "wide",
+                ],
+                None,
+            )
+            .unwrap_or_else(|err| format!("{err:#}"));
+        let mut report = format!("the release's pods:\n{pods}");
+        for name in [OPERATOR, AGENT] {
+            report.push_str(&format!(
+                "--- {name} (its pods' output)\n{}\n",
+                cluster.deployment_logs(&self.namespace, name)
+            ));
+        }
+        report
+    }
+
+    /// The agent's configuration as its pod reads it (the chart's config Secret).
+    pub async fn agent_config(&self, kube: &KubeTestEnv) -> anyhow::Result<String> {
+        let secret = kube
+            .namespaced::<Secret>()
+            .get(AGENT)
+            .await
+            .with_context(|| format!("read the agent's config Secret {AGENT}"))?;
+        let bytes = secret
+            .data
+            .and_then(|mut data| data.remove("config.yaml"))
+            .context("the agent's config Secret has no config.yaml")?;
+        Ok(String::from_utf8(bytes.0)?)
+    }
+
+    /// `helm uninstall`, then waits until the release's pods are gone; what of the
+    /// release is still there ([`Kubectl::release_leftovers`]).
+    pub async fn uninstall(&self, kube: &KubeTestEnv) -> anyhow::Result<Vec<String>> {
+        self.helm
+            .uninstall(RELEASE, &self.namespace)
+            .context("helm uninstall")?;
+        pods::gone(
+            &kube.client,
             &self.namespace,
-            OPERATOR,
-            binary,
-            Some(OPERATOR),
-            &options,
+            INSTANCE_LABEL,
+            PODS_GONE_WITHIN,
         )
-        .await
-    }
-
-    /// The directory of the hosts file (gone after drop).
-    pub fn hosts_dir(&self) -> &Path {
-        &self.hosts_dir
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.hosts_dir);
+        .await?;
+        Ok(self.kubectl.release_leftovers(&self.namespace, RELEASE))
     }
 }
 
@@ -188,7 +221,6 @@ fn values_yaml(settings: &ReleaseSettings<'_>, namespace: &str) -> String {
          kvmAgent:\n\
          \x20 enabled: true\n\
          \x20 providerName: {provider}\n\
-         \x20 port: {port}\n\
          \x20 callTimeout: 60s\n\
          \x20 extraEnv:{agent_env}\n\
          \x20 ssh:\n\
@@ -202,7 +234,6 @@ fn values_yaml(settings: &ReleaseSettings<'_>, namespace: &str) -> String {
         cluster = settings.cluster_name,
         operator_env = debug_env("info,kube=warn,egressproxy_operator=debug"),
         provider = settings.provider,
-        port = settings.agent_port,
         agent_env = debug_env("info,kvm_agent=debug,egressproxy_provider=debug"),
         config = settings.agent_config,
     )

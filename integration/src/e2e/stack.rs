@@ -14,6 +14,14 @@
 //!    there), with loopback relays to the apiserver, the agent and the span receiver;
 //! 7. a target HTTP server on the gateway address, for requests through the proxies.
 //!
+//! With [`StackOptions::through_chart`], steps 5 and 6 are what users do instead
+//! (`stack/in_cluster.rs`): a single-node cluster ([`crate::cluster`]) whose node routes
+//! to the hypervisor's network, and `helm install` of the chart into it; the operator
+//! and the agent run as its pods, from the images built from `deploy/docker/`. The
+//! libvirt network is then routed (`<forward mode='route'/>`), not NATed, so the node
+//! reaches the guests; sshd, the image mirror and the span receiver are reached at the
+//! gateway's address, as a cluster reaches a hypervisor's services.
+//!
 //! Every guest's serial console is recorded under [`CONSOLES_DIR`]
 //! (`stack/consoles.rs`), and [`Stack::log_tails`] shows its last lines when a test fails.
 //!
@@ -28,6 +36,7 @@
 
 mod consoles;
 mod footprint;
+mod in_cluster;
 mod inspect;
 mod restarts;
 
@@ -41,24 +50,26 @@ use anyhow::{Context, bail};
 use self::consoles::ConsoleRecorder;
 use super::guest_image::guest_image;
 use super::http_servers::{ImageServer, TargetServer};
-use super::netns::command_in;
 use super::otlp::SpanReceiver;
-use super::relay::LoopbackRelay;
-use super::release::{Release, ReleaseSettings};
+use super::release::Release;
 use super::system_user::SystemUser;
-use crate::chart_pod::ChartPod;
+use crate::cluster::Cluster;
 use crate::kube_env::{KubeTestEnv, apply_crds_yaml};
 use crate::libvirtd::Libvirtd;
+use crate::netns::command_in;
 use crate::process::{Daemon, wait_until};
 use crate::reference_provider::workspace_binary;
+use crate::relay::LoopbackRelay;
 use crate::sshd::{Sshd, SshdOptions, free_port};
 
 mod inputs;
 pub use footprint::Footprint;
 pub use inputs::TmpfsPool;
 
-/// The NAT network's gateway, inside the namespace.
+/// The guests' network's gateway, inside the namespace.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 123, 1);
+/// The guests' network (DHCP from libvirt's dnsmasq).
+pub const GUEST_NETWORK: &str = "192.168.123.0/24";
 /// The provider name Proxies use.
 pub const PROVIDER: &str = "kvm";
 /// The agent's image and machine type names. The image ships qemu-guest-agent
@@ -86,12 +97,15 @@ const AGENT_START: Duration = Duration::from_secs(120);
 
 /// The running stack. See the module docs.
 pub struct Stack {
-    operator: Option<Process>,
+    operator: Option<Daemon>,
     /// The length of `operator.log` when the latest operator was started: it logs
     /// [`OPERATOR_STARTED`] after that offset once it has read its provider config.
     operator_log_from: usize,
-    agent: Option<Process>,
+    agent: Option<Daemon>,
     release: Option<Release>,
+    /// The single-node cluster the chart is installed into (with
+    /// [`StackOptions::through_chart`]).
+    cluster: Option<Cluster>,
     agent_port: u16,
     call_timeout: Duration,
     relays: Vec<LoopbackRelay>,
@@ -128,8 +142,9 @@ impl std::fmt::Debug for Stack {
 pub struct StackOptions {
     /// Serve the image no faster than this (bytes per second).
     pub image_bytes_per_second: Option<u64>,
-    /// Install the operator and the agent with the Helm chart ([`super::release`])
-    /// instead of starting them from config files written here.
+    /// Install the operator and the agent with the Helm chart ([`super::release`]) into
+    /// a single-node cluster, where they run as pods, instead of starting them as
+    /// processes from config files written here.
     pub through_chart: bool,
     /// The deadline of each call: the operator's `callTimeout` to the agent and the
     /// agent's `transport.defaultCallTimeout` ([`DEFAULT_CALL_TIMEOUT`] when `None`).
@@ -139,36 +154,13 @@ pub struct StackOptions {
 /// See [`StackOptions::call_timeout`].
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The operator or the agent: a process started here, or a Deployment of the chart.
-#[derive(Debug)]
-enum Process {
-    Local(Daemon),
-    Pod(ChartPod),
-}
-
-impl Process {
-    fn pid(&self) -> u32 {
-        match self {
-            Process::Local(daemon) => daemon.pid(),
-            Process::Pod(pod) => pod.pid(),
-        }
-    }
-
-    fn ensure_running(&mut self) -> anyhow::Result<()> {
-        match self {
-            Process::Local(daemon) => daemon.ensure_running(),
-            Process::Pod(pod) => pod.ensure_running(),
-        }
-    }
-
-    /// SIGKILL (no clean-up of its own runs), then reaps the tree.
-    fn kill(self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap_or(0)),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        drop(self);
-    }
+/// SIGKILLs `daemon` (no clean-up of its own runs), then reaps its tree.
+fn kill(daemon: Daemon) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(daemon.pid()).unwrap_or(0)),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    drop(daemon);
 }
 
 impl Stack {
@@ -189,7 +181,9 @@ impl Stack {
             .build()?;
         let handle = runtime.handle().clone();
 
-        let (libvirtd, sshd, user) = tokio::task::spawn_blocking(start_hypervisor).await??;
+        let routed = options.through_chart;
+        let (libvirtd, sshd, user) =
+            tokio::task::spawn_blocking(move || start_hypervisor(routed)).await??;
         let netns = libvirtd
             .netns()
             .context("libvirtd runs in a network namespace")?
@@ -205,6 +199,7 @@ impl Stack {
             operator_log_from: 0,
             agent: None,
             release: None,
+            cluster: None,
             agent_port: free_port()?,
             call_timeout: options.call_timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
             relays: Vec::new(),
@@ -221,12 +216,12 @@ impl Stack {
             runtime: Some(runtime),
         };
         if options.through_chart {
-            stack.install_release().await?;
-        } else {
-            stack.write_configs()?;
+            stack.install_in_cluster(&handle).await?;
+            return Ok(stack);
         }
+        stack.write_configs()?;
         stack.start_agent().await?;
-        let apiserver_port = port_of(stack.kube.apiserver().server())?;
+        let apiserver_port = stack.kube.apiserver().port()?;
         for port in [apiserver_port, stack.agent_port, stack.spans.port()] {
             stack
                 .relays
@@ -238,8 +233,15 @@ impl Stack {
 
     /// The agent's hosts, machine types, images and transport, indented by `indent`
     /// spaces; `ssh_files` adds the key and known_hosts paths (the chart fills them in
-    /// from its Secret).
-    fn agent_settings(&self, indent: usize, ssh_files: bool) -> anyhow::Result<String> {
+    /// from its Secret). `hypervisor` is the address at which the agent reaches sshd and
+    /// the image mirror: the host's loopback, or (in the cluster) the gateway's address,
+    /// relayed there.
+    fn agent_settings(
+        &self,
+        indent: usize,
+        ssh_files: bool,
+        hypervisor: Ipv4Addr,
+    ) -> anyhow::Result<String> {
         let sha256 = sha256_file(&self.image)?;
         let files = if ssh_files {
             format!(
@@ -254,7 +256,7 @@ impl Stack {
             "hosts:\n\
              - name: {HOST}\n\
              \x20 ssh:\n\
-             \x20   address: \"{address}\"\n\
+             \x20   address: \"{hypervisor}:{port}\"\n\
              \x20   user: {user}{files}\n\
              \x20 libvirtSocket: {socket}\n\
              \x20 domainType: qemu\n\
@@ -275,38 +277,21 @@ impl Stack {
              \x20   guestAgent: install\n\
              transport:\n\
              \x20 defaultCallTimeout: {call_timeout}s\n",
-            address = self.sshd.address(),
+            port = self.sshd.port(),
             user = self.user.name(),
             socket = self.libvirtd.socket().display(),
-            url = self.images.url(),
+            url = self
+                .images
+                .url()
+                .replace("@127.0.0.1:", &format!("@{hypervisor}:")),
             call_timeout = self.call_timeout.as_secs(),
         );
         let pad = " ".repeat(indent);
         Ok(config.lines().map(|l| format!("{pad}{l}\n")).collect())
     }
 
-    /// Installs the chart with this stack's hypervisor, image and span receiver.
-    async fn install_release(&mut self) -> anyhow::Result<()> {
-        let agent_config = self.agent_settings(4, false)?;
-        let otel_endpoint = self.spans.endpoint();
-        let cluster_name = format!("e2e-{}", self.kube.namespace);
-        let settings = ReleaseSettings {
-            agent_config: &agent_config,
-            ssh_key: &self.sshd.client_key(),
-            known_hosts: &self.sshd.known_hosts(),
-            provider: PROVIDER,
-            agent_port: self.agent_port,
-            otel_endpoint: &otel_endpoint,
-            cluster_name: &cluster_name,
-            netns: self.netns(),
-            dir: self.dir.path(),
-        };
-        self.release = Some(Release::install(&self.kube, &settings).await?);
-        Ok(())
-    }
-
     fn write_configs(&self) -> anyhow::Result<()> {
-        let config = self.agent_settings(0, true)?;
+        let config = self.agent_settings(0, true, Ipv4Addr::LOCALHOST)?;
         std::fs::write(self.agent_config(), config)?;
         std::fs::write(
             self.providers_config(),
@@ -319,12 +304,9 @@ impl Stack {
         Ok(())
     }
 
-    /// The agent's configuration file (with the chart: as its pod sees it).
+    /// The agent's configuration file (with the chart: a copy of what its pod reads).
     pub fn agent_config(&self) -> PathBuf {
-        match &self.agent {
-            Some(Process::Pod(pod)) => pod.root().join("etc/kvm-agent/config.yaml"),
-            _ => self.dir.path().join("kvm-agent.yaml"),
-        }
+        self.dir.path().join("kvm-agent.yaml")
     }
 
     /// The operator's provider configuration file.
@@ -339,27 +321,26 @@ impl Stack {
             .env("OTEL_BSP_SCHEDULE_DELAY", "200");
     }
 
-    /// Starts `kvm-agent serve` and waits until it listens.
+    /// Starts `kvm-agent serve` and waits until it listens (not with the chart: the
+    /// release's pod is the agent).
     pub async fn start_agent(&mut self) -> anyhow::Result<()> {
+        if self.release.is_some() {
+            bail!("the chart's agent runs as a pod of the release, not as a process here");
+        }
         let log = self.dir.path().join("kvm-agent.log");
-        let mut agent = match &self.release {
-            Some(release) => Process::Pod(release.start_agent(&self.kube, &log).await?),
-            None => {
-                let mut command = Command::new(binary("kvm-agent")?);
-                command
-                    .args(["serve", "--config"])
-                    .arg(self.agent_config())
-                    .args(["--listen", &format!("127.0.0.1:{}", self.agent_port)])
-                    // Debug for the agent's own code: a secret must not leak at any level.
-                    .env(
-                        "RUST_LOG",
-                        "info,kvm_agent=debug,egressproxy_provider=debug",
-                    )
-                    .env("KVM_AGENT_RUNTIME_DIR", self.dir.path());
-                self.otel_env(&mut command);
-                Process::Local(Daemon::spawn("kvm-agent", command, &log)?)
-            }
-        };
+        let mut command = Command::new(binary("kvm-agent")?);
+        command
+            .args(["serve", "--config"])
+            .arg(self.agent_config())
+            .args(["--listen", &format!("127.0.0.1:{}", self.agent_port)])
+            // Debug for the agent's own code: a secret must not leak at any level.
+            .env(
+                "RUST_LOG",
+                "info,kvm_agent=debug,egressproxy_provider=debug",
+            )
+            .env("KVM_AGENT_RUNTIME_DIR", self.dir.path());
+        self.otel_env(&mut command);
+        let mut agent = Daemon::spawn("kvm-agent", command, &log)?;
         let listening = tokio::task::spawn_blocking(move || {
             wait_until("kvm-agent to listen", AGENT_START, || {
                 agent.ensure_running()?;
@@ -371,15 +352,14 @@ impl Stack {
         Ok(())
     }
 
-    /// Starts the operator inside the network namespace.
+    /// Starts the operator inside the network namespace (not with the chart: the
+    /// release's pod is the operator).
     pub async fn start_operator(&mut self) -> anyhow::Result<()> {
+        if self.release.is_some() {
+            bail!("the chart's operator runs as a pod of the release, not as a process here");
+        }
         let log = self.dir.path().join("operator.log");
         self.operator_log_from = std::fs::read(&log).map_or(0, |text| text.len());
-        if let Some(release) = &self.release {
-            let pod = release.start_operator(&self.kube, &log).await?;
-            self.operator = Some(Process::Pod(pod));
-            return Ok(());
-        }
         let mut command = command_in(self.netns(), binary("egressproxy-operator")?);
         let namespace = &self.kube.namespace;
         command
@@ -391,14 +371,14 @@ impl Stack {
             .arg(self.providers_config())
             .args(["--http-listen", "127.0.0.1:8080", "--gc-interval", "1h"]);
         self.otel_env(&mut command);
-        self.operator = Some(Process::Local(Daemon::spawn("operator", command, &log)?));
+        self.operator = Some(Daemon::spawn("operator", command, &log)?);
         Ok(())
     }
 
     /// SIGKILLs the agent (no clean-up of its own runs).
     pub fn kill_agent(&mut self) {
         if let Some(agent) = self.agent.take() {
-            agent.kill();
+            kill(agent);
         }
     }
 
@@ -411,13 +391,13 @@ impl Stack {
     /// SIGKILLs the operator.
     pub fn kill_operator(&mut self) {
         if let Some(operator) = self.operator.take() {
-            operator.kill();
+            kill(operator);
         }
     }
 
     /// The agent's pid, while it runs.
     pub fn agent_pid(&self) -> Option<u32> {
-        self.agent.as_ref().map(Process::pid)
+        self.agent.as_ref().map(Daemon::pid)
     }
 
     /// The deadline of each call of the operator and the agent
@@ -469,9 +449,11 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        // The operator first, so nothing acts while the rest goes.
+        // The operator first, so nothing acts while the rest goes; the cluster with the
+        // release's pods.
         drop(self.operator.take());
         drop(self.agent.take());
+        drop(self.cluster.take());
         self.relays.clear();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
@@ -483,14 +465,6 @@ impl Drop for Stack {
 
 fn binary(name: &str) -> anyhow::Result<PathBuf> {
     workspace_binary(name)
-}
-
-fn port_of(server: &str) -> anyhow::Result<u16> {
-    server
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .with_context(|| format!("no port in apiserver address {server}"))
 }
 
 fn sha256_file(path: &Path) -> anyhow::Result<String> {
@@ -536,7 +510,9 @@ fn documented_match_block(user: &str) -> anyhow::Result<String> {
     Ok(block)
 }
 
-fn start_hypervisor() -> anyhow::Result<(Libvirtd, Sshd, SystemUser)> {
+/// libvirtd with its pool and network (routed when `routed`, else NAT), sshd and the
+/// agent's user.
+fn start_hypervisor(routed: bool) -> anyhow::Result<(Libvirtd, Sshd, SystemUser)> {
     let libvirtd = Libvirtd::start_in_new_netns_with_socket_group("libvirt")?;
     let pool = libvirtd.dir().join("images");
     std::fs::create_dir_all(&pool)?;
@@ -555,10 +531,11 @@ fn start_hypervisor() -> anyhow::Result<(Libvirtd, Sshd, SystemUser)> {
     std::fs::write(
         &network,
         format!(
-            "<network><name>default</name><forward mode='nat'/><bridge name='virbr-e2e'/>\
+            "<network><name>default</name><forward mode='{mode}'/><bridge name='virbr-e2e'/>\
              <ip address='{GATEWAY}' netmask='255.255.255.0'>\
              <dhcp><range start='192.168.123.10' end='192.168.123.250'/></dhcp>\
-             </ip></network>"
+             </ip></network>",
+            mode = if routed { "route" } else { "nat" },
         ),
     )?;
     virsh(&libvirtd, &["net-define", &network.display().to_string()])?;

@@ -1,6 +1,7 @@
 //! What a run may leave behind, listed before the stack is dropped and checked after:
-//! processes, the network namespace, the system user, directories, and any process that
-//! names libvirtd's directory (a guest's QEMU, dnsmasq), whichever libvirtd started it.
+//! processes, the network namespaces, the system user, directories, and any process that
+//! names libvirtd's or the cluster's directory (a guest's QEMU, dnsmasq, a container's
+//! shim), whichever daemon started it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +20,9 @@ pub struct Footprint {
     /// libvirtd's directory: a process whose command line names it (a guest's QEMU,
     /// dnsmasq) is left over, whichever libvirtd started it.
     libvirt_dir: PathBuf,
+    /// The cluster's node namespace and directory (with the chart): a process naming the
+    /// directory (containerd, a kubelet, a container's shim) is left over.
+    cluster: Option<(String, PathBuf)>,
 }
 
 impl Stack {
@@ -48,6 +52,10 @@ impl Stack {
             ],
             pids,
             libvirt_dir: self.libvirtd.dir().to_owned(),
+            cluster: self
+                .cluster
+                .as_ref()
+                .map(|c| (c.netns().to_owned(), c.dir().to_owned())),
         }
     }
 }
@@ -62,13 +70,23 @@ impl Footprint {
                 left.push(format!("process {pid}: {}", stat.trim()));
             }
         }
-        let netns = Command::new("ip").args(["netns", "list"]).output();
-        if let Ok(out) = netns
-            && String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .any(|n| n == self.netns)
-        {
-            left.push(format!("network namespace {}", self.netns));
+        let namespaces = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        let mut ours = vec![self.netns.as_str()];
+        if let Some((node, dir)) = &self.cluster {
+            ours.push(node);
+            left.extend(processes_naming(dir));
+            if dir.exists() {
+                left.push(format!("path {}", dir.display()));
+            }
+        }
+        for netns in ours {
+            if namespaces.split_whitespace().any(|n| n == netns) {
+                left.push(format!("network namespace {netns}"));
+            }
         }
         if user_exists(&self.user) {
             left.push(format!("user {}", self.user));

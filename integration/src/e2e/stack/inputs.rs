@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::{HOST, OPERATOR_STARTED, Stack};
-use crate::e2e::relay::LoopbackRelay;
 use crate::e2e::wait_for;
+use crate::relay::LoopbackRelay;
 
 /// The operator's log line after it re-read its provider config.
 const PROVIDERS_RELOADED: &str = "provider config reloaded";

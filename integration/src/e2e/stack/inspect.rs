@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::Stack;
-use crate::e2e::netns::command_in;
 use crate::e2e::wait_for;
+use crate::netns::command_in;
 
 impl Stack {
     /// Field `path` (a kubectl jsonpath) of Proxy `name`; empty when the Proxy or the
@@ -165,8 +165,10 @@ impl Stack {
     }
 
     /// The last 40 lines of the operator's and the agent's logs and the last lines of
-    /// every guest console, for a failed test's output.
+    /// every guest console, for a failed test's output; with the chart, the release's
+    /// pods and the cluster's parts too.
     pub fn log_tails(&self) -> String {
+        self.collect_pod_logs();
         let logs = ["operator.log", "kvm-agent.log"]
             .iter()
             .map(|name| {
@@ -176,6 +178,6 @@ impl Stack {
             .collect::<Vec<_>>()
             .join("\n");
         let consoles = super::consoles::tails(&self.dir().join(super::CONSOLES_DIR));
-        format!("{logs}\n{consoles}")
+        format!("{logs}\n{consoles}\n{}", self.cluster_report())
     }
 }

@@ -1,0 +1,131 @@
+//! The stack with the chart installed as users install it ([`StackOptions::through_chart`]):
+//! the operator and the agent run as pods of a single-node cluster.
+//!
+//! 1. The hypervisor's services are reached at its address on the guests' network, as a
+//!    cluster reaches a hypervisor: sshd, the image mirror and the span receiver listen
+//!    on the host's loopback, and relays in the hypervisor's namespace take their ports
+//!    on [`GATEWAY`].
+//! 2. The cluster ([`Cluster::start`]) gets the project's images, and its node's uplink
+//!    into the hypervisor's namespace, routing [`GUEST_NETWORK`] through it: pods reach
+//!    the guests (the operator's health check, clients of the proxies) and the gateway's
+//!    services by routing, masqueraded to the node's address; the libvirt network is
+//!    routed, so the guests are reachable from outside it.
+//! 3. `helm install` ([`Release::install`]) with a known_hosts naming sshd at the
+//!    gateway's address; then it waits until both Deployments are available, and copies
+//!    the agent's configuration as its pod reads it to [`Stack::agent_config`].
+//! 4. [`Stack::collect_pod_logs`] copies the pods' output to `operator.log` and
+//!    `kvm-agent.log` of [`Stack::dir`], where [`Stack::log_tails`] and the tests' secret
+//!    checks read them.
+//!
+//! [`StackOptions::through_chart`]: super::StackOptions::through_chart
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::{GATEWAY, GUEST_NETWORK, PROVIDER, Stack};
+use crate::cluster::{Cluster, ClusterOptions, Uplink};
+use crate::e2e::release::{AGENT, OPERATOR, Release, ReleaseSettings};
+use crate::relay::LoopbackRelay;
+
+/// The project's images (`make images`) the cluster imports.
+const PROJECT_IMAGES: [&str; 2] = ["operator", "kvm-agent"];
+/// How long the release's pods may take to be Ready (the images are local; the agent
+/// checks its hosts first).
+const AVAILABLE_WITHIN: Duration = Duration::from_secs(180);
+
+impl Stack {
+    /// Steps 1-3 of the module docs.
+    pub(super) async fn install_in_cluster(
+        &mut self,
+        handle: &tokio::runtime::Handle,
+    ) -> anyhow::Result<()> {
+        let netns = self.netns().to_owned();
+        for port in [self.sshd.port(), self.images.port(), self.spans.port()] {
+            self.relays.push(LoopbackRelay::start_on(
+                handle,
+                &netns,
+                SocketAddr::from((GATEWAY, port)),
+            )?);
+        }
+        let options = ClusterOptions {
+            uplink: Some(Uplink {
+                netns: netns.clone(),
+                routed: vec![GUEST_NETWORK.to_owned()],
+            }),
+            images: PROJECT_IMAGES.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let cluster = Cluster::start(&options).await?;
+
+        let known_hosts = self.dir.path().join("known_hosts");
+        let loopback = std::fs::read_to_string(self.sshd.known_hosts())?;
+        std::fs::write(
+            &known_hosts,
+            loopback.replace("[127.0.0.1]:", &format!("[{GATEWAY}]:")),
+        )?;
+        let agent_config = self.agent_settings(4, false, GATEWAY)?;
+        let otel_endpoint = self
+            .spans
+            .endpoint()
+            .replace("127.0.0.1", &GATEWAY.to_string());
+        let cluster_name = format!("e2e-{}", self.kube.namespace);
+        let settings = ReleaseSettings {
+            agent_config: &agent_config,
+            ssh_key: &self.sshd.client_key(),
+            known_hosts: &known_hosts,
+            provider: PROVIDER,
+            otel_endpoint: &otel_endpoint,
+            cluster_name: &cluster_name,
+            dir: self.dir.path(),
+        };
+        let release = Release::install(&self.kube, &settings).await?;
+        self.cluster = Some(cluster);
+        let cluster = self.cluster.as_ref().context("the cluster")?;
+        release
+            .wait_available(&self.kube, cluster, AVAILABLE_WITHIN)
+            .await?;
+        std::fs::write(self.agent_config(), release.agent_config(&self.kube).await?)?;
+        self.release = Some(release);
+        Ok(())
+    }
+
+    /// The single-node cluster the chart is installed into, with
+    /// [`super::StackOptions::through_chart`].
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    /// Copies the output of the release's operator and agent pods to `operator.log` and
+    /// `kvm-agent.log` of [`Stack::dir`] (nothing without the chart: the processes write
+    /// there themselves).
+    pub fn collect_pod_logs(&self) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        for (deployment, file) in [(OPERATOR, "operator.log"), (AGENT, "kvm-agent.log")] {
+            let text = cluster.deployment_logs(&self.kube.namespace, deployment);
+            let _ = std::fs::write(self.dir.path().join(file), text);
+        }
+    }
+
+    /// The release's pods and the cluster's parts, for a failed test's output.
+    pub fn cluster_report(&self) -> String {
+        match (&self.cluster, &self.release) {
+            (Some(cluster), Some(release)) => {
+                format!("{}\n{}", release.pods_report(cluster), cluster.log_tails())
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// `helm uninstall` of the release; what of it is still in the cluster afterwards.
+    pub async fn uninstall_release(&mut self) -> anyhow::Result<Vec<String>> {
+        self.collect_pod_logs();
+        let release = self
+            .release
+            .take()
+            .context("the stack was not installed with the chart")?;
+        release.uninstall(&self.kube).await
+    }
+}
