@@ -90,7 +90,11 @@ fn the_python_provider_passes_every_check() {
     // leaves out (callers poll it), so those checks, and only those, are skipped.
     for check in checks {
         let name = check["name"].as_str().unwrap();
-        let wanted = if name.starts_with("watch-") { "skip" } else { "pass" };
+        let wanted = if name.starts_with("watch-") {
+            "skip"
+        } else {
+            "pass"
+        };
         assert_eq!(check["status"], wanted, "{name}: {report:#}");
     }
 }

@@ -15,8 +15,8 @@ use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::proxy_cache::ProxyCache;
 use crate::liveness::Liveness;
+use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
 use crate::{memory_sweep, secret_watch, watch_report};

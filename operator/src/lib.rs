@@ -48,7 +48,7 @@ pub mod proxy_cache;
 pub mod reconcile;
 pub mod secret_watch;
 pub mod status;
+pub mod uninstall_check;
 pub mod watch_health;
 pub mod watch_report;
-pub mod uninstall_check;
 pub mod watch_scope;

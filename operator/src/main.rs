@@ -165,8 +165,8 @@ async fn main() -> anyhow::Result<()> {
     liveness.start_controlling();
 
     let providers = Providers::new(config, metrics.clone());
-    let mut ctx = Context::new(client, providers, cluster_name, metrics.clone())
-        .with_liveness(liveness);
+    let mut ctx =
+        Context::new(client, providers, cluster_name, metrics.clone()).with_liveness(liveness);
     ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
     let ctx = Arc::new(ctx);
     tracing::info!(

@@ -220,11 +220,7 @@ impl Instances {
 
     /// The host a new instance of `plan` goes to: the one with the most room among its
     /// candidates (see [`crate::provider::room`]), measured now.
-    async fn place(
-        &self,
-        plan: &CreatePlan,
-        deadline: Instant,
-    ) -> Result<Arc<HostPool>, Error> {
+    async fn place(&self, plan: &CreatePlan, deadline: Instant) -> Result<Arc<HostPool>, Error> {
         let candidates = room::measure(&self.pool, &plan.candidates, deadline).await;
         let host = room::choose_host(
             candidates,

@@ -14,8 +14,8 @@
 //!    hosts all failed to answer has no figures.
 //! 4. The contract crate filters and pages the list ([`locations::answer`]).
 
-use egressproxy_provider::pb::{self, location::Name};
 use egressproxy_provider::locations;
+use egressproxy_provider::pb::{self, location::Name};
 use tokio::time::Instant;
 
 use crate::config::Config;
@@ -34,7 +34,10 @@ pub async fn list_locations(
     locations::check_request(request)?;
     egressproxy_provider::paging::decode_token(&request.page_token)?;
     let measured = room::measure(pool, &config.hosts, deadline).await;
-    Ok(locations::answer(request, all_locations(config, &measured))?)
+    Ok(locations::answer(
+        request,
+        all_locations(config, &measured),
+    )?)
 }
 
 /// Every host and zone of `config`, with what `measured` found (steps 2 and 3).
