@@ -195,6 +195,22 @@ impl Helm {
         run(command, None)
     }
 
+    /// `helm test` of installed release `release`; fails when a test pod fails or does
+    /// not finish within `timeout` (helm's `--timeout`). No `--logs`: helm reads the logs
+    /// after the hook's delete policy removed a pod that succeeded, and then fails.
+    pub fn test(&self, release: &str, namespace: &str, timeout: &str) -> anyhow::Result<String> {
+        let mut command = self.command();
+        command.args([
+            "test",
+            release,
+            "--namespace",
+            namespace,
+            "--timeout",
+            timeout,
+        ]);
+        run(command, None)
+    }
+
     /// `helm uninstall`.
     pub fn uninstall(&self, release: &str, namespace: &str) -> anyhow::Result<String> {
         let mut command = self.command();

@@ -8,7 +8,7 @@
 //! of the run (the Proxy's user-data, taken from a Secret, and the credentials in the
 //! agent's image URL) appears in a log, a span or an Event; `helm uninstall` leaves
 //! nothing of the release in the cluster, and at the end nothing of the run is left on
-//! the machine.
+//! the machine. `helm test` passes once the release is up.
 //!
 //! Needs root (network namespaces, useradd, debootstrap on a cold image cache), the
 //! system packages of `integration/tools/install-system-packages.sh`, what `make setup`
@@ -476,6 +476,13 @@ async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
     eprintln!("e2e: stack up in {:.1} s", started.elapsed().as_secs_f64());
     let footprint = stack.footprint();
     let outcome = std::panic::AssertUnwindSafe(async {
+        // `helm test`, as a user checks an install: the chart's test pod reaches the
+        // agent through its Service with the operator's client certificate.
+        let tested = stack.test_release().unwrap();
+        assert!(
+            tested.contains("Phase:") && tested.contains("Succeeded"),
+            "helm test:\n{tested}"
+        );
         scenario(&stack).await;
         uninstall_leaves_nothing(&mut stack).await;
     })

@@ -34,6 +34,9 @@ pub const AGENT: &str = "e2e-egressproxy-kvm-agent";
 const SSH_SECRET: &str = "kvm-agent-ssh";
 /// The label every object of the release carries.
 const INSTANCE_LABEL: &str = "app.kubernetes.io/instance=e2e";
+/// How long `helm test` may take: the test pod starts from an image already on the
+/// node and makes two calls of at most 20 s each.
+const HELM_TEST_WITHIN: &str = "3m";
 /// How long `helm uninstall` may take to remove the release's pods.
 const PODS_GONE_WITHIN: Duration = Duration::from_secs(120);
 
@@ -179,6 +182,15 @@ impl Release {
             .and_then(|mut data| data.remove("config.yaml"))
             .context("the agent's config Secret has no config.yaml")?;
         Ok(String::from_utf8(bytes.0)?)
+    }
+
+    /// `helm test`: the chart's test pod asks the agent's health through its Service and
+    /// lists its instances, as a user checks an install. helm's report, or the failure
+    /// with the release's pods.
+    pub fn test(&self, cluster: &Cluster) -> anyhow::Result<String> {
+        self.helm
+            .test(RELEASE, &self.namespace, HELM_TEST_WITHIN)
+            .with_context(|| format!("helm test\n{}", self.pods_report(cluster)))
     }
 
     /// `helm uninstall`, then waits until the release's pods are gone; what of the

@@ -119,6 +119,14 @@ impl Stack {
         }
     }
 
+    /// `helm test` of the release (see [`Release::test`]).
+    pub fn test_release(&self) -> anyhow::Result<String> {
+        let (Some(cluster), Some(release)) = (&self.cluster, &self.release) else {
+            anyhow::bail!("the stack was not installed with the chart");
+        };
+        release.test(cluster)
+    }
+
     /// `helm uninstall` of the release; what of it is still in the cluster afterwards.
     pub async fn uninstall_release(&mut self) -> anyhow::Result<Vec<String>> {
         self.collect_pod_logs();
