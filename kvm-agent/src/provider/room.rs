@@ -129,7 +129,7 @@ pub fn choose_host(
     }
     if !candidates.iter().any(|c| c.measured.is_ok()) {
         return match candidates.into_iter().next() {
-            Some(first) => Err(first.measured.err().expect("no candidate answered")),
+            Some(first) => Err(first.measured.expect_err("no candidate answered")),
             None => Err(Error::NoRoom {
                 machine_type: machine_name.to_owned(),
                 asked: asked.to_owned(),
