@@ -92,12 +92,15 @@ impl PodFiles {
         // one whose path starts with another's (hv1, hv10) is moved twice.
         mounts.sort_by_key(|path| std::cmp::Reverse(path.len()));
         let files = PodFiles { root, mounts };
-        // Config files name paths under other mounts (TLS files): move those too.
+        // Config files name paths under other mounts (TLS files): move those too, in a
+        // file mounted alone (subPath) and in the files of a mounted directory (a
+        // ConfigMap or Secret volume). Files that are not text (keys in DER) stay.
         for mount in &files.mounts {
-            let file = files.root.path().join(mount.trim_start_matches('/'));
-            if file.is_file() {
-                let text = std::fs::read_to_string(&file)?;
-                std::fs::write(&file, files.relocate(&text))?;
+            let path = files.root.path().join(mount.trim_start_matches('/'));
+            for file in files_at(&path)? {
+                if let Ok(text) = std::fs::read_to_string(&file) {
+                    std::fs::write(&file, files.relocate(&text))?;
+                }
             }
         }
         Ok(files)
@@ -551,4 +554,18 @@ async fn service_account_kubeconfig(
     let path = dir.join("serviceaccount.kubeconfig");
     std::fs::write(&path, serde_norway::to_string(&config)?)?;
     Ok(path)
+}
+
+/// `path` if it is a file, or every file under it if it is a directory.
+fn files_at(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if path.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            files.extend(files_at(&entry?.path())?);
+        }
+    }
+    Ok(files)
 }
