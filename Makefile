@@ -66,12 +66,16 @@ dockerfile-lint:
 breaking:
 	integration/tools/buf-breaking.sh "$(BUF)"
 
-## generate: regenerate checked-in generated files (the CRD, the chart's values table);
-## generate-check fails on drift
 CRD := charts/egressproxy/files/proxies.egressproxy.dev.yaml
+## generate: regenerate checked-in generated files (the CRD from the operator's types,
+## the chart README's values table); generate-check fails on drift. The build is the one
+## `make test` does (same feature set, so nothing builds twice), and files are replaced
+## only when they change: tests include them, and a new mtime alone would make cargo
+## rebuild those tests.
 generate:
-	cargo build -p egressproxy-provider --locked
-	cargo run -q -p egressproxy-operator --bin crdgen --locked > $(CRD)
+	cargo build --workspace --all-targets --locked
+	target/debug/crdgen > $(CRD).new
+	@if cmp -s $(CRD).new $(CRD); then rm $(CRD).new; else mv $(CRD).new $(CRD); fi
 	integration/tools/chart-values-table.py $(CHART)
 
 generate-check: generate

@@ -92,7 +92,11 @@ def main():
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     table = render(parse(chart / "values.yaml"))
-    readme.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    updated = f"{head}{START}\n{table}\n{END}{tail}"
+    # Written only when it changes: tests include the README, and a new mtime would
+    # make cargo rebuild them.
+    if updated != text:
+        readme.write_text(updated)
 
 
 if __name__ == "__main__":
