@@ -281,6 +281,37 @@ impl Provider {
         .await
     }
 
+    /// Opens a WatchInstances stream. The call carries a deadline as long as the
+    /// caller means to watch (`watch_for`), as the contract asks, while the stream's
+    /// opening is bounded by the provider's call timeout, so a hung provider cannot hold
+    /// the watcher. Its events are not timed: only the opening is a call.
+    pub async fn watch(
+        &self,
+        request: pb::WatchInstancesRequest,
+        watch_for: std::time::Duration,
+    ) -> Result<tonic::Streaming<pb::WatchInstancesResponse>> {
+        let call_timeout = self
+            .state()
+            .config
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(30), |c| c.call_timeout);
+        let open = self.call("WatchInstances", |mut c| async move {
+            let mut request = tonic::Request::new(request);
+            request.set_timeout(watch_for);
+            c.watch_instances(request).await
+        });
+        match tokio::time::timeout(call_timeout, open).await {
+            Ok(result) => result,
+            Err(_) => Err(self.error(
+                "WatchInstances",
+                ProviderError::deadline_exceeded(format!(
+                    "the provider did not open the stream within the call timeout of {}",
+                    humantime::format_duration(call_timeout)
+                )),
+            )),
+        }
+    }
+
     /// ValidatePlacement when the provider supports it; `Ok(())` when it does not.
     pub async fn validate_placement(&self, placement: pb::Placement) -> Result<()> {
         let info = self.handshake().await?;
