@@ -15,6 +15,9 @@
 //!    instance, then SYNCED: an instance this follower knew that the snapshot left out
 //!    is gone (it went while no stream could say so).
 //!
+//! 5. **The operator's own deletes** (a replaced VM going) are not passed on: see
+//!    [`crate::providers::Provider::deleted_here`].
+//!
 //! What it learns goes out as [`Seen`] changes; the token and the instances it knows
 //! live in a [`Followed`] that outlives one follower (a reloaded provider config starts
 //! a new follower that resumes where the last one stopped).
@@ -52,12 +55,22 @@ pub enum Seen {
     Gone(pb::Instance),
 }
 
+impl Seen {
+    /// The instance's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Seen::Updated(instance) | Seen::Gone(instance) => &instance.id,
+        }
+    }
+}
+
 /// What a provider's followers keep between streams.
 #[derive(Debug, Default)]
 pub struct Followed {
     /// The last event's resume token (empty: none yet).
     token: String,
-    /// Every instance the streams reported and did not report gone, by id.
+    /// Every instance the streams reported and did not report gone, by id: its id and
+    /// the tags that name its Proxy.
     known: HashMap<String, pb::Instance>,
 }
 
@@ -173,6 +186,12 @@ async fn one_stream(
             seen
         };
         for change in seen {
+            // What a Delete of this operator caused (a replacement's old VM going) is
+            // not news: a reconcile it started could read the Proxy's status from
+            // before that replacement was recorded, and replace again.
+            if provider.deleted_here(change.id()) {
+                continue;
+            }
             // Nobody listens once the controller stopped; its end stops this too.
             let _ = changes.send(change).await;
         }
@@ -195,12 +214,12 @@ fn take_in(
             if let Some(ids) = snapshot {
                 ids.insert(instance.id.clone());
             }
-            state.known.insert(instance.id.clone(), instance.clone());
+            state.known.insert(instance.id.clone(), identity(&instance));
             vec![Seen::Updated(instance)]
         }
         (WatchEventType::Deleted, Some(instance)) if !instance.id.is_empty() => {
-            let last = state.known.remove(&instance.id).unwrap_or(instance);
-            vec![Seen::Gone(last)]
+            state.known.remove(&instance.id);
+            vec![Seen::Gone(instance)]
         }
         (WatchEventType::Restarted, _) => {
             *snapshot = Some(HashSet::new());
@@ -225,6 +244,21 @@ fn take_in(
         // A type this operator does not know (a newer provider's), or an event
         // without the instance it must carry: nothing to learn, the token still counts.
         _ => Vec::new(),
+    }
+}
+
+/// What is kept of a known instance: its id and the tags that name its Proxy, all that
+/// an instance found gone needs (memory follows the instance count, not their size).
+fn identity(instance: &pb::Instance) -> pb::Instance {
+    pb::Instance {
+        id: instance.id.clone(),
+        tags: instance
+            .tags
+            .iter()
+            .filter(|(key, _)| [tags::NAMESPACE, tags::NAME, tags::UID].contains(&key.as_str()))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
+        ..pb::Instance::default()
     }
 }
 

@@ -53,7 +53,13 @@ pub struct Provider {
     /// Held by the one caller that runs the handshake.
     handshake_turn: tokio::sync::Mutex<()>,
     metrics: Arc<Metrics>,
+    /// Instances this operator asked to delete lately, and when: what a watch then
+    /// says about them is the operator's own doing, not news.
+    deleted_here: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long an instance this operator deleted is remembered as such.
+const DELETED_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Debug)]
 struct State {
@@ -95,6 +101,7 @@ impl Provider {
             }),
             handshake_turn: tokio::sync::Mutex::new(()),
             metrics,
+            deleted_here: Mutex::default(),
         }
     }
 
@@ -251,8 +258,15 @@ impl Provider {
         }
     }
 
-    /// DeleteInstance; a missing instance is success.
+    /// DeleteInstance; a missing instance is success. The id is remembered for a while
+    /// ([`Provider::deleted_here`]) before the call, so a watch event that the call
+    /// causes is known as the operator's own.
     pub async fn delete(&self, id: &str) -> Result<()> {
+        {
+            let mut deleted = self.deleted_here.lock().unwrap_or_else(|p| p.into_inner());
+            deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            deleted.insert(id.to_owned(), Instant::now());
+        }
         let request = pb::DeleteInstanceRequest { id: id.to_owned() };
         match self
             .call("DeleteInstance", |mut c| async move {
@@ -264,6 +278,15 @@ impl Provider {
             Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(()),
             Err(error) => Err(error),
         }
+    }
+
+    /// Whether this operator asked to delete instance `id` in the last ten minutes.
+    pub fn deleted_here(&self, id: &str) -> bool {
+        self.deleted_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .is_some_and(|at| at.elapsed() < DELETED_MEMORY)
     }
 
     /// Every instance whose tags contain `selector`, across pages, walked as
