@@ -2,8 +2,8 @@
 //! the contract crate's [`WatchHub`], which serves every stream (snapshot, resume
 //! tokens, restarts).
 //!
-//! 1. **One sweeper** ([`sweep_forever`]) lists every host's domains every
-//!    [`SWEEP_INTERVAL`], each host in turn on its pooled connection, and tells the hub
+//! 1. **One sweeper** ([`InstanceWatch::sweep_forever`]) lists every host's domains
+//!    every [`SWEEP_INTERVAL`], the hosts side by side, each on its pooled connection, and tells the hub
 //!    each instance as Get would answer it (the hub publishes only what changed), and
 //!    that an instance is gone when its host's listing no longer has it. libvirt's
 //!    domain events would be sooner, but virt 0.5 offers no safe way to register them
@@ -79,19 +79,27 @@ impl InstanceWatch {
         for sweep in 0u32.. {
             ticks.tick().await;
             let full = sweep % FULL_SWEEP_EVERY == 0;
-            for host in &instances.config().hosts {
-                let last = seen.entry(host.name.clone()).or_default();
-                if full {
-                    last.addresses.clear();
-                }
-                self.sweep_host(
-                    &instances,
-                    &host.name,
-                    NicKind::of(&host.attachment()),
-                    last,
-                )
-                .await;
-            }
+            // The hosts side by side: one that hangs until its call's deadline holds
+            // back only its own instances.
+            let this = &self;
+            let instances = &instances;
+            let sweeps: Vec<_> = instances
+                .config()
+                .hosts
+                .iter()
+                .map(|host| {
+                    let mut last = seen.remove(&host.name).unwrap_or_default();
+                    if full {
+                        last.addresses.clear();
+                    }
+                    async move {
+                        let nic = NicKind::of(&host.attachment());
+                        this.sweep_host(instances, &host.name, nic, &mut last).await;
+                        (host.name.clone(), last)
+                    }
+                })
+                .collect();
+            seen.extend(futures::future::join_all(sweeps).await);
         }
     }
 
