@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{proxy, proxy_port};
+use common::freezing_relay::FreezingRelay;
 use common::{Controller, reference_config, wait_ready};
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::backoff::Backoff;
@@ -35,10 +36,18 @@ fn start_controller(
     provider: &ReferenceProvider,
     configure: impl FnOnce(&mut Context),
 ) -> Controller {
+    start_controller_at(env, provider.endpoint(), configure)
+}
+
+fn start_controller_at(
+    env: &egressproxy_integration::kube_env::KubeTestEnv,
+    endpoint: &str,
+    configure: impl FnOnce(&mut Context),
+) -> Controller {
     Controller::start_configured(
         env,
         WatchScope::Namespaces(vec![env.namespace.clone()]),
-        &reference_config(provider.endpoint(), "5s"),
+        &reference_config(endpoint, "5s"),
         &format!("test-{}", env.namespace),
         configure,
     )
@@ -185,4 +194,91 @@ async fn a_provider_without_the_capability_is_polled_and_never_watched() {
     assert_eq!(call_count(&provider, "WatchInstances").await, 0);
     let text = controller.ctx.metrics.encode();
     assert!(!text.contains("egressproxy_provider_watch_up{"), "{text}");
+}
+
+#[tokio::test]
+async fn a_watch_cut_off_mid_stream_resumes_after_its_last_event() {
+    let env = common::env_with_crd("watch-resume").await;
+    let provider = ReferenceProvider::start(&["--provisioning-delay", "3s"]).unwrap();
+    // The operator reaches the provider through a relay that can cut its connections.
+    let relay = FreezingRelay::start(provider.address().parse().unwrap()).await;
+    let controller = start_controller_at(&env, &format!("http://{}", relay.address()), poll_hourly);
+    let proxies: Api<Proxy> = env.namespaced();
+    let port = proxy_port().await;
+    proxies
+        .create(&PostParams::default(), &hourly_proxy("p", port))
+        .await
+        .unwrap();
+    let created = common::wait_until(&proxies, "p", "an instance", |p: Option<&Proxy>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.provider_id.is_some())
+    })
+    .await
+    .unwrap();
+    let id = created.status.unwrap().provider_id.unwrap();
+    assert_eq!(
+        metric(
+            &controller,
+            "egressproxy_provider_watch_up{provider=\"reference\"}"
+        ),
+        Some(1.0)
+    );
+
+    // The connection dies and no new one gets through while the instance turns RUNNING:
+    // only a stream that resumes after its last event can tell the operator.
+    relay.refuse();
+    relay.cut();
+    let client = egressproxy_provider::client::connect_lazy(
+        &egressproxy_provider::client::ClientOptions::new(provider.endpoint()),
+    )
+    .unwrap();
+    let mut running = ControlServiceClient::connect(provider.endpoint().to_owned())
+        .await
+        .unwrap();
+    drop(
+        running
+            .get_call_counts(control::GetCallCountsRequest {})
+            .await,
+    );
+    wait_running(client, &id).await;
+    relay.thaw();
+
+    wait_ready(&proxies, "p").await;
+    let count = |type_: &str| {
+        metric(
+            &controller,
+            &format!(
+                "egressproxy_provider_watch_events_total{{provider=\"reference\",type=\"{type_}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        count("SYNCED"),
+        Some(1.0),
+        "a resumed stream sends no snapshot"
+    );
+    assert_eq!(count("RESTARTED"), None, "it went on after its last event");
+}
+
+/// Waits until the provider reports instance `id` RUNNING (its watch, from the test's
+/// own connection).
+async fn wait_running(mut client: egressproxy_provider::client::Client, id: &str) {
+    let request = egressproxy_provider::pb::WatchInstancesRequest {
+        id: id.to_owned(),
+        ..Default::default()
+    };
+    let mut stream = client.watch_instances(request).await.unwrap().into_inner();
+    let running = async {
+        while let Some(event) = stream.message().await.unwrap() {
+            if event
+                .instance
+                .is_some_and(|i| i.state() == egressproxy_provider::pb::InstanceState::Running)
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(common::WAIT, running)
+        .await
+        .expect("the instance never ran");
 }
