@@ -102,9 +102,16 @@ pub async fn follow(
             }
             Ended::After { lived, error } => {
                 ctx.metrics.set_provider_watch_up(&name, false);
-                if let Some(error) = error {
-                    tracing::warn!(provider = %name, error = %error.describe(), retry_in = ?delay,
-                        "watch of instances broken: Proxies are polled until it is back");
+                match error {
+                    // The stream's own deadline passed: reopened at once, nothing broke.
+                    Some(error) if lived >= HEALTHY_STREAM && ran_out(&error) => {
+                        tracing::debug!(provider = %name, "watch stream reached its deadline: reopening");
+                    }
+                    Some(error) => {
+                        tracing::warn!(provider = %name, error = %error.describe(), retry_in = ?delay,
+                            "watch of instances broken: Proxies are polled until it is back");
+                    }
+                    None => {}
                 }
                 if lived >= HEALTHY_STREAM {
                     delay = FIRST_REOPEN_DELAY;
@@ -267,6 +274,10 @@ fn provider_error(error: &Error) -> Option<&ProviderError> {
         Error::Provider { source, .. } => Some(source),
         _ => None,
     }
+}
+
+fn ran_out(error: &Error) -> bool {
+    provider_error(error).is_some_and(|e| e.class == ErrorClass::DeadlineExceeded)
 }
 
 fn refuses_token(error: &Error) -> bool {
