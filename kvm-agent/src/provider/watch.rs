@@ -12,8 +12,10 @@
 //!    only for the running domains still without an address (PROVISIONING); a domain
 //!    with one keeps it between sweeps, and every [`FULL_SWEEP_EVERY`]th sweep asks
 //!    every domain again (a lease that changed).
-//! 3. **A host that does not answer** is skipped for that sweep: nothing is reported
-//!    gone that could not be seen.
+//! 3. **A host that does not answer** (within [`SWEEP_CALL_TIMEOUT`]) is skipped:
+//!    nothing is reported gone that could not be seen, and it is swept again only after
+//!    a wait that grows from 30 s to 5 minutes, so the sweep does not dial a host that
+//!    is down every second (callers' own calls would wait on those dials).
 //! 4. Create and Delete tell the hub their outcome at once ([`InstanceWatch::created`],
 //!    [`InstanceWatch::deleted`]), so a stream sees them before the next sweep.
 //! 5. **Half-made states are not news.** A domain that Create has defined but not yet
@@ -45,6 +47,17 @@ pub struct InstanceWatch {
     hub: WatchHub,
 }
 
+/// Deadline of one host's listing: a stalled host fails the sweep soon, and the
+/// connection under it is dropped, rather than holding it for a caller's whole timeout.
+const SWEEP_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// First wait before a host whose sweep failed is swept again; it doubles up to
+/// [`MAX_HOST_RETRY`]. Callers' own calls still reach it meanwhile; the sweep only
+/// stops dialling a host that is down every second (and holding its dial lock, which
+/// those calls would wait on).
+const FIRST_HOST_RETRY: Duration = Duration::from_secs(30);
+/// Longest wait before a failed host is swept again.
+const MAX_HOST_RETRY: Duration = Duration::from_secs(300);
+
 /// What one host's last sweep found.
 #[derive(Debug, Default)]
 struct HostSeen {
@@ -52,6 +65,10 @@ struct HostSeen {
     ids: HashSet<String>,
     /// The addresses of its running domains that have one, by domain name.
     addresses: HashMap<String, Vec<IpAddr>>,
+    /// Sweeps of it that failed in a row.
+    failures: u32,
+    /// Not swept again before this, after a failure.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 impl InstanceWatch {
@@ -114,18 +131,30 @@ impl InstanceWatch {
         let Ok(pool) = instances.pool().host(host) else {
             return;
         };
+        if last
+            .retry_at
+            .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
+            return;
+        }
         let known = last.addresses.clone();
         let found = pool
             .call(
                 LibvirtOp::new("virConnectListAllDomains"),
-                instances.pool().default_deadline(),
+                tokio::time::Instant::now() + SWEEP_CALL_TIMEOUT,
                 move |conn| domains::list_instances_knowing(conn, &[], nic, &known),
             )
             .await;
         let snapshots = match found {
             Ok(snapshots) => snapshots,
             Err(error) => {
-                tracing::debug!(%host, %error, "watch sweep skipped a host that did not answer");
+                last.failures = last.failures.saturating_add(1);
+                let wait = FIRST_HOST_RETRY
+                    .saturating_mul(1 << last.failures.saturating_sub(1).min(8))
+                    .min(MAX_HOST_RETRY);
+                last.retry_at = Some(tokio::time::Instant::now() + wait);
+                tracing::debug!(%host, %error, retry_in = ?wait,
+                    "watch sweep skipped a host that did not answer");
                 return;
             }
         };
