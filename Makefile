@@ -142,3 +142,4 @@ kube-up: setup-tools
 bench:
 	cargo build --release --workspace --bins --locked
 	RUST_LOG=warn cargo bench --workspace --locked
+	RUST_LOG=warn cargo bench -p egressproxy-integration --bench apply_to_ready --locked -- --reference

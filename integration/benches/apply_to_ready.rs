@@ -13,6 +13,15 @@
 //!    than 1.1× the floor.
 //!
 //! Runs as root (see `integration/tests/e2e_proxy.rs`); `make bench` runs it.
+//!
+//! With `--reference` it measures only the operator's part, with no VM: the time from
+//! the provider reporting RUNNING with an address to the Proxy's Ready, against the
+//! reference provider, beside its target of 0.5 s plus one health check
+//! ([`running_to_ready`]; `cargo bench -p egressproxy-integration --bench
+//! apply_to_ready -- --reference`).
+
+#[path = "apply_to_ready/running_to_ready.rs"]
+mod running_to_ready;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -329,7 +338,13 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    match runtime.block_on(run()) {
+    let reference = std::env::args().any(|arg| arg == "--reference");
+    let outcome = if reference {
+        runtime.block_on(running_to_ready::run())
+    } else {
+        runtime.block_on(run())
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {

@@ -237,6 +237,14 @@ async fn serve(
     let config = Arc::new(load_config(path)?);
     let pool = Arc::new(Pool::new(&config)?);
     let provider = KvmProvider::new(Instances::new(config.clone(), pool));
+    tokio::spawn({
+        let provider = provider.clone();
+        async move {
+            provider
+                .sweep_forever(kvm_agent::provider::watch::SWEEP_INTERVAL)
+                .await;
+        }
+    });
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot listen on {listen}: {e} (is the port in use? pick another with --listen)"

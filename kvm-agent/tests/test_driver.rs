@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use kvm_agent::config::{Attachment, Firmware};
 use kvm_agent::error::{ErrorClass, classify_libvirt};
 use kvm_agent::libvirt::domains::{
-    Deleted, NicKind, delete_instance, list_instances, read_instance,
+    Deleted, NicKind, delete_instance, list_instances, list_instances_knowing, read_instance,
 };
 use kvm_agent::libvirt::naming::InstanceNames;
 use kvm_agent::libvirt::xml::domain::{DomainFacts, DomainSpec, VirtType};
@@ -369,4 +369,36 @@ fn delete_leaves_a_domain_without_our_metadata_and_its_volumes_alone() {
             .delete(0)
             .unwrap();
     }
+}
+
+/// The watch's sweep asks a running domain's addresses only while it has none: given
+/// what it knew, it reports that, and a domain that stopped reports none.
+#[test]
+fn a_listing_that_knows_a_running_domains_address_does_not_ask_for_it_again() {
+    let conn = connect();
+    let names = InstanceNames::for_key("td-knowing").unwrap();
+    define(&conn, "td-knowing", &[("watch", "knowing")]);
+    let domain = conn.lookup_domain_by_name(&names.domain).unwrap();
+    domain.create().unwrap();
+    let selector = [("watch".to_owned(), "knowing".to_owned())];
+    let asked = list_instances(&conn, &selector, NicKind::Network).unwrap();
+    let made_up = asked[0].addresses.clone();
+    assert!(!made_up.is_empty(), "the test driver makes up addresses");
+    let known: std::net::IpAddr = "192.0.2.77".parse().unwrap();
+    assert!(!made_up.contains(&known));
+    let knowing = std::collections::HashMap::from([(names.domain.clone(), vec![known])]);
+    let listed = list_instances_knowing(&conn, &selector, NicKind::Network, &knowing).unwrap();
+    assert_eq!(
+        listed[0].addresses,
+        [known],
+        "taken from what the sweep knew"
+    );
+    domain.destroy().unwrap();
+    let stopped = list_instances_knowing(&conn, &selector, NicKind::Network, &knowing).unwrap();
+    assert_eq!(stopped[0].state, sys::VIR_DOMAIN_SHUTOFF);
+    assert!(
+        stopped[0].addresses.is_empty(),
+        "a stopped domain has no address"
+    );
+    delete_instance(&conn, &names, TEST_POOL).unwrap();
 }

@@ -1,7 +1,9 @@
 //! Running the Proxy controller: watch Proxies, reconcile each, and skip status-only
 //! updates (our own status writes) so a write never triggers a pointless reconcile.
 //! A reload of the provider config reconciles every Proxy once; a cloud-init Secret
-//! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]).
+//! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]); an
+//! instance that a provider's watch reports changed reconciles its Proxy
+//! ([`instance_watch`]).
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
 //! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
 //! finishing late recorded for it afterwards.
@@ -15,6 +17,7 @@ use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
+use crate::instance_watch::{self, InstanceWatch};
 use crate::liveness::Liveness;
 use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
@@ -105,11 +108,14 @@ pub async fn run_with_cache(
     let liveness = ctx.liveness.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
+    let (instance_changes, instances) = InstanceWatch::default().split(reader.clone());
+    let followers = instance_watch::run(ctx.clone(), instance_changes);
     let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
     let controller = Controller::for_stream(stream, reader)
         .with_config(config)
         .reconcile_all_on(provider_changes)
         .reconcile_on(secrets)
+        .reconcile_on(instances)
         // Requests that pass through the queue like a Proxy's, so that an idle controller
         // still shows it processes requests (`liveness`).
         .reconcile_on(Liveness::probes())
@@ -128,11 +134,12 @@ pub async fn run_with_cache(
             }
         });
     let reporter = watch_report::run(ctx_for_reports, cache.health().clone());
-    // The sweeper and the reporter never end; the controller ends on shutdown, and
-    // takes them along.
+    // The sweeper, the reporter and the followers never end; the controller ends on
+    // shutdown, and takes them along.
     tokio::select! {
         () = controller => {}
         () = sweeper => {}
         () = reporter => {}
+        () = followers => {}
     }
 }

@@ -4,7 +4,9 @@
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile;
-//!   [`secret_watch`]: the cloud-init Secrets that retry the Proxies waiting for them.
+//!   [`secret_watch`]: the cloud-init Secrets that retry the Proxies waiting for them;
+//!   [`instance_watch`]: the providers' streams of instance changes, which reconcile a
+//!   Proxy as soon as its instance changes.
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
 //!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill, which
 //!   the controller, garbage collection and the memory sweep read;
@@ -36,6 +38,7 @@ pub mod events;
 pub mod gc;
 pub mod health_check;
 pub mod http;
+pub mod instance_watch;
 pub mod kube_client;
 pub mod leader;
 pub mod limits;

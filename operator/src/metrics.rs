@@ -11,6 +11,11 @@
 //!   `applied` or `rejected` (invalid: the previous config stays);
 //! - `egressproxy_namespace_watch_up{namespace}`: 1 while the watch of Proxies in the
 //!   namespace works (`""` for a cluster-wide watch), 0 while it fails;
+//! - `egressproxy_provider_watch_up{provider}`: 1 while the operator's stream of the
+//!   provider's instances (WatchInstances) is open, 0 while it is broken (its Proxies
+//!   are polled meanwhile); absent for a provider that does not offer it;
+//! - `egressproxy_provider_watch_events_total{provider,type}`: events those streams
+//!   sent, by type (`UPDATED`, `DELETED`, `SYNCED`, `RESTARTED`);
 //! - `egressproxy_tracked_proxies{map}`: Proxies with an entry in each per-Proxy map
 //!   kept in memory; it falls back to the number of live Proxies after deletes
 //!   (a leak shows here).
@@ -59,6 +64,17 @@ struct NamespaceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchEventLabels {
+    provider: String,
+    r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     map: String,
 }
@@ -86,7 +102,11 @@ pub struct Metrics {
     config_reloads: Family<ReloadLabels, Counter>,
     tracked: Family<MapLabels, Gauge>,
     namespace_watch_up: Family<NamespaceLabels, Gauge>,
+    provider_watch_up: Family<ProviderLabels, Gauge>,
+    provider_watch_events: Family<WatchEventLabels, Counter>,
     phases: Mutex<HashMap<String, Phase>>,
+    /// The providers with a `provider_watch_up` label.
+    watched_providers: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -102,7 +122,10 @@ impl Default for Metrics {
             config_reloads: Family::default(),
             tracked: Family::default(),
             namespace_watch_up: Family::default(),
+            provider_watch_up: Family::default(),
+            provider_watch_events: Family::default(),
             phases: Mutex::default(),
+            watched_providers: Mutex::default(),
             registry: Registry::default(),
         };
         registry.register("reconciles", "Reconciles run", metrics.reconciles.clone());
@@ -136,6 +159,16 @@ impl Default for Metrics {
             "namespace_watch_up",
             "1 while the watch of Proxies in the namespace works, 0 while it fails",
             metrics.namespace_watch_up.clone(),
+        );
+        registry.register(
+            "provider_watch_up",
+            "1 while the stream of the provider's instances is open, 0 while it is broken",
+            metrics.provider_watch_up.clone(),
+        );
+        registry.register(
+            "provider_watch_events",
+            "Events of the streams of providers' instances, by type",
+            metrics.provider_watch_events.clone(),
         );
         registry.register(
             "tracked_proxies",
@@ -246,6 +279,54 @@ impl Metrics {
                 namespace: namespace.to_owned(),
             })
             .set(i64::from(up));
+    }
+
+    /// Records whether the stream of `provider`'s instances is open.
+    pub fn set_provider_watch_up(&self, provider: &str, up: bool) {
+        self.watched_providers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(provider.to_owned());
+        self.provider_watch_up
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
+            })
+            .set(i64::from(up));
+    }
+
+    /// Drops `provider`'s watch gauge: it offers no watch, or is no longer configured.
+    pub fn forget_provider_watch(&self, provider: &str) {
+        self.watched_providers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(provider);
+        self.provider_watch_up.remove(&ProviderLabels {
+            provider: provider.to_owned(),
+        });
+    }
+
+    /// The providers with a watch gauge.
+    pub fn watched_providers(&self) -> Vec<String> {
+        let watched = self
+            .watched_providers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        watched.iter().cloned().collect()
+    }
+
+    /// Counts one event of `provider`'s stream.
+    pub fn provider_watch_event(
+        &self,
+        provider: &str,
+        type_: egressproxy_provider::pb::WatchEventType,
+    ) {
+        let name = type_.as_str_name().trim_start_matches("WATCH_EVENT_TYPE_");
+        self.provider_watch_events
+            .get_or_create(&WatchEventLabels {
+                provider: provider.to_owned(),
+                r#type: name.to_owned(),
+            })
+            .inc();
     }
 
     /// The metrics in the Prometheus text format.

@@ -22,6 +22,7 @@ fn every_operator_metric_an_alert_reads_is_exported() {
     metrics.status_written();
     metrics.set_leader(true);
     metrics.provider_config_reloaded(false);
+    metrics.set_provider_watch_up("kvm", false);
     metrics.set_phase("uid-1", Some(Phase::Failed));
     let families = alerts::families(&metrics.encode());
     let read = alerts::rule_metrics("egressproxy_").unwrap();

@@ -161,6 +161,11 @@ impl WatchHub {
         }
     }
 
+    /// Instance `id` as last published, if the hub knows it.
+    pub fn current(&self, id: &str) -> Option<pb::Instance> {
+        self.lock().current.get(id).cloned()
+    }
+
     /// Every instance the hub knows, as last published.
     pub fn known(&self) -> Vec<pb::Instance> {
         self.lock().current.values().cloned().collect()

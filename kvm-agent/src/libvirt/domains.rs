@@ -24,6 +24,7 @@
 //!   cannot be read (never delete what you cannot see); failing to list at all
 //!   fails the call.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use virt::connect::Connect;
@@ -206,6 +207,18 @@ pub fn list_instances(
     selector: &[(String, String)],
     nic: NicKind,
 ) -> Result<Vec<DomainSnapshot>, CallFailure<LibvirtError>> {
+    list_instances_knowing(conn, selector, nic, &HashMap::new())
+}
+
+/// [`list_instances`], taking the addresses of a running domain from `known` (by domain
+/// name) instead of asking its guest agent, leases or ARP again: a watcher that sweeps
+/// every second asks only the domains still without an address.
+pub fn list_instances_knowing(
+    conn: &Connect,
+    selector: &[(String, String)],
+    nic: NicKind,
+    known: &HashMap<String, Vec<IpAddr>>,
+) -> Result<Vec<DomainSnapshot>, CallFailure<LibvirtError>> {
     let ours: Vec<(String, Domain)> = conn
         .list_all_domains(0)?
         .into_iter()
@@ -251,7 +264,14 @@ pub fn list_instances(
         ));
     }
     let addresses = pipelined(conn, &found, |(domain, snapshot)| {
-        running_addresses(domain, &snapshot.domain, snapshot.state, nic)
+        let running = matches!(
+            snapshot.state,
+            sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED
+        );
+        match known.get(&snapshot.domain) {
+            Some(addresses) if running && !addresses.is_empty() => Ok(addresses.clone()),
+            _ => running_addresses(domain, &snapshot.domain, snapshot.state, nic),
+        }
     })?;
     let mut found: Vec<DomainSnapshot> = found
         .into_iter()

@@ -278,6 +278,28 @@ impl Instances {
         Ok(None)
     }
 
+    /// Instance `id` read again while no Create or Delete of its key runs in this agent:
+    /// `None` while one runs (the domain is half made or half gone: defined but not yet
+    /// started reads as shut off), `Ok(None)` when the instance is gone.
+    pub async fn read_settled(&self, id: &str) -> Option<Result<Option<pb::Instance>, Error>> {
+        let (parsed, host, _) = match self.resolve(id) {
+            Ok(Some(resolved)) => resolved,
+            Ok(None) => return Some(Ok(None)),
+            Err(error) => return Some(Err(error)),
+        };
+        // A deadline already passed: the lock is taken only if it is free now.
+        let _turn = self
+            .key_locks
+            .lock(host.name(), &parsed.key, Instant::now())
+            .await
+            .ok()?;
+        match self.get(id, self.pool.default_deadline()).await {
+            Ok(instance) => Some(Ok(Some(instance))),
+            Err(Error::InstanceNotFound { .. }) => Some(Ok(None)),
+            Err(error) => Some(Err(error)),
+        }
+    }
+
     /// The instance `id`: state, addresses, tags, placement.
     pub async fn get(&self, id: &str, deadline: Instant) -> Result<pb::Instance, Error> {
         let Some((id, host, names)) = self.resolve(id)? else {

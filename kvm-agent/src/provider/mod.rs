@@ -9,6 +9,7 @@
 //! - [`locations`]: ListLocations: every host and zone with what it accepts and its room.
 //! - [`state`]: libvirt states and guest addresses in the contract's terms.
 //! - `sync`: per-key locks, so one Create per key runs at a time.
+//! - [`watch`]: WatchInstances, from a sweep of every host each second.
 
 pub mod create;
 pub mod instances;
@@ -18,3 +19,4 @@ pub mod room;
 pub mod service;
 pub mod state;
 pub(crate) mod sync;
+pub mod watch;

@@ -11,6 +11,9 @@
 //!    else: the work returns the crate's [`Error`], which becomes the contract's
 //!    [`ProviderError`] ([`Error::to_provider_error`]) and then a `tonic::Status`.
 //!
+//! WatchInstances streams from [`crate::provider::watch`]'s hub: a sweep of every
+//! host each second, and every Create and Delete at once.
+//!
 //! ListInstances pages over the matching instances sorted by id with the contract
 //! crate's paging: the token names the last id of the previous page (with a checksum, so
 //! a token the agent did not issue is INVALID_ARGUMENT), instances created or deleted
@@ -35,6 +38,7 @@ use crate::provider::instances::Instances;
 use crate::provider::locations::list_locations;
 use crate::provider::plan::resolve_placement;
 use crate::provider::room;
+use crate::provider::watch::InstanceWatch;
 use crate::transport::call::LibvirtOp;
 
 /// The name GetPluginInfo reports.
@@ -45,11 +49,12 @@ pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
 pub(crate) const DEFAULT_PAGE_SIZE: usize = paging::MAX_PAGE_SIZE;
 /// The optional features the agent has. IPv6: the guest agent and DHCP leases report
 /// the global IPv6 addresses of a guest on an IPv6 network, and the agent passes them on.
-pub(crate) const CAPABILITIES: [pb::Capability; 4] = [
+pub(crate) const CAPABILITIES: [pb::Capability; 5] = [
     pb::Capability::ValidatePlacement,
     pb::Capability::VendorData,
     pb::Capability::Ipv6,
     pb::Capability::ListLocations,
+    pb::Capability::WatchInstances,
 ];
 /// How much earlier than the caller's deadline the agent gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
@@ -58,12 +63,27 @@ const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone)]
 pub struct KvmProvider {
     instances: Instances,
+    watch: InstanceWatch,
 }
 
 impl KvmProvider {
-    /// The service over `instances`.
+    /// The service over `instances`. Its WatchInstances streams follow what
+    /// [`KvmProvider::sweep_forever`] finds; without it they see only Creates and
+    /// Deletes.
     pub fn new(instances: Instances) -> Self {
-        Self { instances }
+        Self {
+            instances,
+            watch: InstanceWatch::default(),
+        }
+    }
+
+    /// Sweeps the hosts for WatchInstances every `interval` for ever (see
+    /// [`crate::provider::watch`]).
+    pub async fn sweep_forever(&self, interval: Duration) {
+        self.watch
+            .clone()
+            .sweep_forever(self.instances.clone(), interval)
+            .await;
     }
 
     /// The deadline of a call whose metadata is `metadata`. See the module docs.
@@ -239,6 +259,7 @@ impl pb::provider_server::Provider for KvmProvider {
             .create(request.get_ref(), deadline)
             .await
             .map_err(|e| logged_failure("CreateInstance", e))?;
+        self.watch.created(&instance);
         Ok(Response::new(pb::CreateInstanceResponse {
             instance: Some(instance),
         }))
@@ -264,7 +285,20 @@ impl pb::provider_server::Provider for KvmProvider {
             .delete(&request.get_ref().id, deadline)
             .await
             .map_err(|e| logged_failure("DeleteInstance", e))?;
+        self.watch.deleted(&request.get_ref().id);
         Ok(Response::new(pb::DeleteInstanceResponse {}))
+    }
+
+    async fn watch_instances(
+        &self,
+        request: Request<pb::WatchInstancesRequest>,
+    ) -> Result<Response<egressproxy_provider::watch::WatchStream>, Status> {
+        let stream = self
+            .watch
+            .hub()
+            .watch(request.get_ref())
+            .map_err(|error| -> Status { error.into() })?;
+        Ok(Response::new(stream))
     }
 
     async fn list_instances(

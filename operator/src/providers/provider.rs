@@ -53,7 +53,13 @@ pub struct Provider {
     /// Held by the one caller that runs the handshake.
     handshake_turn: tokio::sync::Mutex<()>,
     metrics: Arc<Metrics>,
+    /// Instances this operator asked to delete lately, and when: what a watch then
+    /// says about them is the operator's own doing, not news.
+    deleted_here: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long an instance this operator deleted is remembered as such.
+const DELETED_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Debug)]
 struct State {
@@ -95,6 +101,7 @@ impl Provider {
             }),
             handshake_turn: tokio::sync::Mutex::new(()),
             metrics,
+            deleted_here: Mutex::default(),
         }
     }
 
@@ -251,8 +258,15 @@ impl Provider {
         }
     }
 
-    /// DeleteInstance; a missing instance is success.
+    /// DeleteInstance; a missing instance is success. The id is remembered for a while
+    /// ([`Provider::deleted_here`]) before the call, so a watch event that the call
+    /// causes is known as the operator's own.
     pub async fn delete(&self, id: &str) -> Result<()> {
+        {
+            let mut deleted = self.deleted_here.lock().unwrap_or_else(|p| p.into_inner());
+            deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            deleted.insert(id.to_owned(), Instant::now());
+        }
         let request = pb::DeleteInstanceRequest { id: id.to_owned() };
         match self
             .call("DeleteInstance", |mut c| async move {
@@ -264,6 +278,15 @@ impl Provider {
             Err(Error::Provider { source, .. }) if source.class == ErrorClass::NotFound => Ok(()),
             Err(error) => Err(error),
         }
+    }
+
+    /// Whether this operator asked to delete instance `id` in the last ten minutes.
+    pub fn deleted_here(&self, id: &str) -> bool {
+        self.deleted_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .is_some_and(|at| at.elapsed() < DELETED_MEMORY)
     }
 
     /// Every instance whose tags contain `selector`, across pages, walked as
@@ -279,6 +302,37 @@ impl Provider {
             |error| self.error("ListInstances", error),
         )
         .await
+    }
+
+    /// Opens a WatchInstances stream. The call carries a deadline as long as the
+    /// caller means to watch (`watch_for`), as the contract asks, while the stream's
+    /// opening is bounded by the provider's call timeout, so a hung provider cannot hold
+    /// the watcher. Its events are not timed: only the opening is a call.
+    pub async fn watch(
+        &self,
+        request: pb::WatchInstancesRequest,
+        watch_for: std::time::Duration,
+    ) -> Result<tonic::Streaming<pb::WatchInstancesResponse>> {
+        let call_timeout = self
+            .state()
+            .config
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(30), |c| c.call_timeout);
+        let open = self.call("WatchInstances", |mut c| async move {
+            let mut request = tonic::Request::new(request);
+            request.set_timeout(watch_for);
+            c.watch_instances(request).await
+        });
+        match tokio::time::timeout(call_timeout, open).await {
+            Ok(result) => result,
+            Err(_) => Err(self.error(
+                "WatchInstances",
+                ProviderError::deadline_exceeded(format!(
+                    "the provider did not open the stream within the call timeout of {}",
+                    humantime::format_duration(call_timeout)
+                )),
+            )),
+        }
     }
 
     /// ValidatePlacement when the provider supports it; `Ok(())` when it does not.

@@ -64,14 +64,28 @@ impl Controller {
         providers_yaml: &str,
         cluster: &str,
     ) -> Controller {
+        Self::start_configured(env, scope, providers_yaml, cluster, |_| {})
+    }
+
+    /// Runs the controller as [`Controller::start_in`] does, with its context changed by
+    /// `configure` first (backoff settings, for example).
+    pub fn start_configured(
+        env: &KubeTestEnv,
+        scope: WatchScope,
+        providers_yaml: &str,
+        cluster: &str,
+        configure: impl FnOnce(&mut Context),
+    ) -> Controller {
         let config = ProvidersConfig::parse(providers_yaml).unwrap();
         let metrics = Arc::new(Metrics::default());
-        let ctx = Arc::new(Context::new(
+        let mut ctx = Context::new(
             env.client.clone(),
             Providers::new(config, metrics.clone()),
             cluster.to_owned(),
             metrics,
-        ));
+        );
+        configure(&mut ctx);
+        let ctx = Arc::new(ctx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (cache, writer) = ProxyCache::new(scope);
         tokio::spawn(egressproxy_operator::controller::run_with_cache(
@@ -178,6 +192,25 @@ where
     tokio::time::timeout(WAIT, wait)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+/// Waits until Proxy `name` is Ready (phase and condition).
+pub async fn wait_ready(
+    proxies: &Api<egressproxy_operator::crd::Proxy>,
+    name: &str,
+) -> egressproxy_operator::crd::Proxy {
+    use egressproxy_operator::crd::{Phase, Proxy};
+    let what = format!("{name} to be Ready");
+    wait_until(proxies, name, &what, |proxy: Option<&Proxy>| {
+        proxy.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.phase == Some(Phase::Ready)
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await
+    .unwrap()
 }
 
 /// The Lease's holder, as written.

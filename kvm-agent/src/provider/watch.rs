@@ -1,0 +1,204 @@
+//! WatchInstances for the agent: what libvirt says about the agent's domains, told to
+//! the contract crate's [`WatchHub`], which serves every stream (snapshot, resume
+//! tokens, restarts).
+//!
+//! 1. **One sweeper** ([`InstanceWatch::sweep_forever`]) lists every host's domains
+//!    every [`SWEEP_INTERVAL`], the hosts side by side, each on its pooled connection, and tells the hub
+//!    each instance as Get would answer it (the hub publishes only what changed), and
+//!    that an instance is gone when its host's listing no longer has it. libvirt's
+//!    domain events would be sooner, but virt 0.5 offers no safe way to register them
+//!    (ADR 0021).
+//! 2. **Addresses**: the guest agent, leases and ARP push nothing, so they are asked
+//!    only for the running domains still without an address (PROVISIONING); a domain
+//!    with one keeps it between sweeps, and every [`FULL_SWEEP_EVERY`]th sweep asks
+//!    every domain again (a lease that changed).
+//! 3. **A host that does not answer** (within [`SWEEP_CALL_TIMEOUT`]) is skipped:
+//!    nothing is reported gone that could not be seen, and it is swept again only after
+//!    a wait that grows from 30 s to 5 minutes, so the sweep does not dial a host that
+//!    is down every second (callers' own calls would wait on those dials).
+//! 4. Create and Delete tell the hub their outcome at once ([`InstanceWatch::created`],
+//!    [`InstanceWatch::deleted`]), so a stream sees them before the next sweep.
+//! 5. **Half-made states are not news.** A domain that Create has defined but not yet
+//!    started, or that Delete has stopped but not yet undefined, reads as shut off; a
+//!    caller told STOPPED would replace a VM that is fine. An instance that a sweep
+//!    finds STOPPED where the hub said otherwise is read again under its key's lock
+//!    (which Create and Delete hold), and not at all while one of them runs.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use egressproxy_provider::pb;
+use egressproxy_provider::watch::WatchHub;
+
+use crate::libvirt::domains::{self, NicKind};
+use crate::provider::instances::Instances;
+use crate::provider::state::to_contract_instance;
+use crate::transport::call::LibvirtOp;
+
+/// Time between two sweeps of every host.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Every this many sweeps, the addresses of every running domain are asked again.
+pub const FULL_SWEEP_EVERY: u32 = 30;
+
+/// The hub the agent's streams are served from, and what its sweeps learned.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceWatch {
+    hub: WatchHub,
+}
+
+/// Deadline of one host's listing: a stalled host fails the sweep soon, and the
+/// connection under it is dropped, rather than holding it for a caller's whole timeout.
+const SWEEP_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// First wait before a host whose sweep failed is swept again; it doubles up to
+/// [`MAX_HOST_RETRY`]. Callers' own calls still reach it meanwhile; the sweep only
+/// stops dialling a host that is down every second (and holding its dial lock, which
+/// those calls would wait on).
+const FIRST_HOST_RETRY: Duration = Duration::from_secs(30);
+/// Longest wait before a failed host is swept again.
+const MAX_HOST_RETRY: Duration = Duration::from_secs(300);
+
+/// What one host's last sweep found.
+#[derive(Debug, Default)]
+struct HostSeen {
+    /// The ids of its instances.
+    ids: HashSet<String>,
+    /// The addresses of its running domains that have one, by domain name.
+    addresses: HashMap<String, Vec<IpAddr>>,
+    /// Sweeps of it that failed in a row.
+    failures: u32,
+    /// Not swept again before this, after a failure.
+    retry_at: Option<tokio::time::Instant>,
+}
+
+impl InstanceWatch {
+    /// The hub that serves WatchInstances.
+    pub fn hub(&self) -> &WatchHub {
+        &self.hub
+    }
+
+    /// A Create's answer.
+    pub fn created(&self, instance: &pb::Instance) {
+        self.hub.updated(instance.clone());
+    }
+
+    /// Instance `id` was deleted.
+    pub fn deleted(&self, id: &str) {
+        self.hub.deleted(id);
+    }
+
+    /// Sweeps every host of `instances` every `interval` for ever (step 1 of the module
+    /// docs).
+    pub async fn sweep_forever(self, instances: Instances, interval: Duration) {
+        let mut seen: HashMap<String, HostSeen> = HashMap::new();
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for sweep in 0u32.. {
+            ticks.tick().await;
+            let full = sweep % FULL_SWEEP_EVERY == 0;
+            // The hosts side by side: one that hangs until its call's deadline holds
+            // back only its own instances.
+            let this = &self;
+            let instances = &instances;
+            let sweeps: Vec<_> = instances
+                .config()
+                .hosts
+                .iter()
+                .map(|host| {
+                    let mut last = seen.remove(&host.name).unwrap_or_default();
+                    if full {
+                        last.addresses.clear();
+                    }
+                    async move {
+                        let nic = NicKind::of(&host.attachment());
+                        this.sweep_host(instances, &host.name, nic, &mut last).await;
+                        (host.name.clone(), last)
+                    }
+                })
+                .collect();
+            seen.extend(futures::future::join_all(sweeps).await);
+        }
+    }
+
+    /// Lists `host`'s domains and tells the hub what changed since `last`.
+    async fn sweep_host(
+        &self,
+        instances: &Instances,
+        host: &str,
+        nic: NicKind,
+        last: &mut HostSeen,
+    ) {
+        let Ok(pool) = instances.pool().host(host) else {
+            return;
+        };
+        if last
+            .retry_at
+            .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
+            return;
+        }
+        let known = last.addresses.clone();
+        let found = pool
+            .call(
+                LibvirtOp::new("virConnectListAllDomains"),
+                tokio::time::Instant::now() + SWEEP_CALL_TIMEOUT,
+                move |conn| domains::list_instances_knowing(conn, &[], nic, &known),
+            )
+            .await;
+        let snapshots = match found {
+            Ok(snapshots) => snapshots,
+            Err(error) => {
+                last.failures = last.failures.saturating_add(1);
+                let wait = FIRST_HOST_RETRY
+                    .saturating_mul(1 << last.failures.saturating_sub(1).min(8))
+                    .min(MAX_HOST_RETRY);
+                last.retry_at = Some(tokio::time::Instant::now() + wait);
+                tracing::debug!(%host, %error, retry_in = ?wait,
+                    "watch sweep skipped a host that did not answer");
+                return;
+            }
+        };
+        let mut now = HostSeen::default();
+        for snapshot in snapshots {
+            if !snapshot.addresses.is_empty() {
+                now.addresses
+                    .insert(snapshot.domain.clone(), snapshot.addresses.clone());
+            }
+            let instance = to_contract_instance(host, snapshot);
+            now.ids.insert(instance.id.clone());
+            if self.newly_stopped(&instance) {
+                self.confirm(instances, &instance.id).await;
+            } else {
+                self.hub.updated(instance);
+            }
+        }
+        for gone in last.ids.difference(&now.ids) {
+            self.hub.deleted(gone);
+        }
+        *last = now;
+    }
+
+    /// Whether `instance` reads STOPPED where the hub last said otherwise (or said
+    /// nothing): a sweep that ran while a Create had defined but not yet started its
+    /// domain, or while a Delete had stopped but not yet undefined it, sees it shut off.
+    fn newly_stopped(&self, instance: &pb::Instance) -> bool {
+        instance.state() == pb::InstanceState::Stopped
+            && self
+                .hub
+                .current(&instance.id)
+                .is_none_or(|last| last.state() != pb::InstanceState::Stopped)
+    }
+
+    /// Reads instance `id` again once no Create or Delete of its key runs, and tells the
+    /// hub that; while one runs, tells nothing (its answer will).
+    async fn confirm(&self, instances: &Instances, id: &str) {
+        match instances.read_settled(id).await {
+            Some(Ok(Some(instance))) => self.hub.updated(instance),
+            Some(Ok(None)) => self.hub.deleted(id),
+            Some(Err(error)) => {
+                tracing::debug!(instance.id = %id, %error, "watch sweep could not read a stopped instance again");
+            }
+            None => {}
+        }
+    }
+}
