@@ -12,7 +12,7 @@
 //!    only for the running domains still without an address (PROVISIONING); a domain
 //!    with one keeps it between sweeps, and every [`FULL_SWEEP_EVERY`]th sweep asks
 //!    every domain again (a lease that changed).
-//! 3. **A host that does not answer** (within [`SWEEP_CALL_TIMEOUT`]) is skipped:
+//! 3. **A host that does not answer** (within `SWEEP_CALL_TIMEOUT`) is skipped:
 //!    nothing is reported gone that could not be seen, and it is swept again only after
 //!    a wait that grows from 30 s to 5 minutes, so the sweep does not dial a host that
 //!    is down every second (callers' own calls would wait on those dials).

@@ -7,8 +7,8 @@
 //!    deadline of [`WATCH_FOR`] (the contract asks for one as long as the caller means
 //!    to watch); a stream that ends is reopened with the last event's resume token, so
 //!    it goes on after that event.
-//! 3. **Breaks.** A stream that fails, or ends before it lived [`HEALTHY_STREAM`], is
-//!    reopened after a growing delay (up to [`MAX_REOPEN_DELAY`]); the watch counts as
+//! 3. **Breaks.** A stream that fails, or ends before it lived `HEALTHY_STREAM`, is
+//!    reopened after a growing delay (up to `MAX_REOPEN_DELAY`); the watch counts as
 //!    down until a stream is open again. A resume token the provider refuses starts a
 //!    new stream.
 //! 4. **Snapshots.** A new stream, and one that says RESTARTED, first sends every
