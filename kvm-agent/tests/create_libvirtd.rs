@@ -4,7 +4,7 @@
 //! DHCP lease from the host's network, so the instance goes PROVISIONING -> RUNNING
 //! with an address. Also: Create is idempotent after a failure at every step, the same
 //! key with another spec is ALREADY_EXISTS, and concurrent Creates of one key make one
-//! domain.
+//! domain. A BIOS guest whose DHCP attempt failed boots again.
 
 mod common;
 mod guest_env;
@@ -407,6 +407,79 @@ async fn domain_type_auto_falls_back_to_qemu_where_libvirt_offers_no_kvm() {
         .await
         .unwrap();
     assert!(agent.guest_host.domains().is_empty());
+}
+
+/// A BIOS guest whose boot fails boots again: with the network's dnsmasq frozen, iPXE's
+/// one DHCP attempt times out and it hands back to SeaBIOS, which (told to by the domain's
+/// `<bios rebootTimeout>`) resets the guest instead of halting at "No bootable device";
+/// once dnsmasq answers again, the instance reaches RUNNING with an address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bios_guest_whose_dhcp_attempt_failed_boots_again_and_gets_its_address() {
+    let agent = agent(FaultHook::default()).await;
+    let dnsmasq_pid_file = agent
+        .guest_host
+        .libvirtd
+        .dir()
+        .join("run/network/default.pid");
+    let dnsmasq = std::fs::read_to_string(&dnsmasq_pid_file)
+        .unwrap_or_else(|e| panic!("{}: {e}", dnsmasq_pid_file.display()))
+        .trim()
+        .to_owned();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &dnsmasq])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name} {dnsmasq}");
+    };
+    signal("-STOP");
+    // Listening before the guest exists: its first reset cannot come before iPXE's
+    // DHCP attempt has timed out, seconds after the guest starts.
+    let reboot = tokio::process::Command::new("virsh")
+        .args(["-c", &agent.guest_host.libvirtd.uri()])
+        .args(["event", "--event", "reboot", "--timeout", "180"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let key = "uid-boot-again";
+    let domain = InstanceNames::for_key(key).unwrap().domain;
+    let created = agent.create(&request(key)).await.unwrap();
+    let reboot = reboot.wait_with_output().await.unwrap();
+    signal("-CONT");
+    let said = String::from_utf8_lossy(&reboot.stdout);
+    assert!(
+        said.contains(&format!("event 'reboot' for domain '{domain}'")),
+        "the guest did not boot again after its failed boot: {said}\n{}",
+        agent.guest_host.diagnostics()
+    );
+    let started = std::time::Instant::now();
+    let running = loop {
+        let instance = agent
+            .instances
+            .get(&created.id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+        if instance.state() == pb::InstanceState::Running {
+            break instance;
+        }
+        assert!(
+            started.elapsed() < GENEROUS,
+            "no address {GENEROUS:?} after dnsmasq answered again: {instance:?}\n{}",
+            agent.guest_host.diagnostics()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        running.addresses[0].address.starts_with("192.168.200."),
+        "{:?}",
+        running.addresses
+    );
+    agent
+        .instances
+        .delete(&created.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

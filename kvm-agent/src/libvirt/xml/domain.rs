@@ -5,7 +5,10 @@
 //! - `<domain type='kvm|qemu'>`, machine `q35`, x86_64;
 //! - UEFI by default (`<os firmware='efi'>` with secure boot and enrolled keys off:
 //!   Debian 13 cloud images hang in GRUB on BIOS with a serial port and no video) or BIOS
-//!   per image;
+//!   per image; a BIOS guest whose boot fails boots again after
+//!   [`BIOS_REBOOT_TIMEOUT_MS`] (SeaBIOS otherwise halts at "No bootable device" for
+//!   good: a network-booted image whose one DHCP attempt timed out on a loaded host would
+//!   stay PROVISIONING until the operator replaced it);
 //! - the root disk as a **file** disk (libvirt's AppArmor helper only writes rules for
 //!   file sources with a path; volume disks are denied on stock Debian and Ubuntu hosts)
 //!   on virtio, qcow2;
@@ -47,6 +50,10 @@ pub enum VirtType {
 
 /// Boot firmware.
 pub use crate::config::Firmware;
+
+/// How long SeaBIOS waits before booting again after a failed boot (libvirt's
+/// `<bios rebootTimeout>`, milliseconds).
+pub const BIOS_REBOOT_TIMEOUT_MS: u32 = 5_000;
 
 /// Where the NIC attaches.
 pub use crate::config::Attachment;
@@ -133,6 +140,9 @@ impl DomainSpec {
                     ],
                 }),
                 boot: Boot { dev: "hd" },
+                bios: (!efi).then_some(Bios {
+                    reboot_timeout: BIOS_REBOOT_TIMEOUT_MS,
+                }),
             },
             features: Features { acpi: (), apic: () },
             cpu: (self.virt_type == VirtType::Kvm).then_some(Cpu {
@@ -259,6 +269,15 @@ struct Os {
     #[serde(rename = "firmware", skip_serializing_if = "Option::is_none")]
     firmware_features: Option<FirmwareFeatures>,
     boot: Boot,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bios: Option<Bios>,
+}
+
+/// `<bios rebootTimeout=..>`: SeaBIOS retries a failed boot instead of halting.
+#[derive(Serialize)]
+struct Bios {
+    #[serde(rename = "@rebootTimeout")]
+    reboot_timeout: u32,
 }
 
 /// `<os><type arch=.. machine=..>hvm</type>`, shared with the KVM probe guest.

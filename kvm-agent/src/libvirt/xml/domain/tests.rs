@@ -63,6 +63,7 @@ fn domain_xml_has_every_required_part() {
         "TCG gets the default CPU model: {xml}"
     );
     assert!(!xml.contains("type=\"volume\""), "{xml}");
+    assert!(!xml.contains("<bios"), "OVMF has no reboot timeout: {xml}");
 }
 
 #[test]
@@ -74,7 +75,9 @@ fn bios_kvm_and_bridge_variants() {
     let xml = spec.to_xml().unwrap();
     assert!(xml.contains(r#"<domain type="kvm">"#), "{xml}");
     assert!(
-        xml.contains(r#"<os><type arch="x86_64" machine="q35">hvm</type><boot dev="hd"/></os>"#),
+        xml.contains(
+            r#"<os><type arch="x86_64" machine="q35">hvm</type><boot dev="hd"/><bios rebootTimeout="5000"/></os>"#
+        ),
         "{xml}"
     );
     assert!(!xml.contains("secure-boot"), "{xml}");
