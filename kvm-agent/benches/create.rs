@@ -129,6 +129,7 @@ fn request(key: &str) -> pb::CreateInstanceRequest {
             vendor_data: None,
         }),
         proxy_port: 3128,
+        ..Default::default()
     }
 }
 

@@ -57,6 +57,7 @@ fn create_request(user_data: &[u8]) -> pb::CreateInstanceRequest {
             vendor_data: None,
         }),
         proxy_port: 3128,
+        ..Default::default()
     }
 }
 

@@ -127,6 +127,7 @@ fn base_request(key: &str, host: &str) -> pb::CreateInstanceRequest {
             vendor_data: None,
         }),
         proxy_port: 3128,
+        ..Default::default()
     }
 }
 

@@ -74,6 +74,7 @@ fn tiny_request(key: &str, location: Option<Location>) -> pb::CreateInstanceRequ
         }),
         cloud_init: None,
         proxy_port: 3128,
+        ..Default::default()
     }
 }
 

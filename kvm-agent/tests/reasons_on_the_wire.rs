@@ -135,6 +135,7 @@ fn create(key: &str, host: &str, image: &str) -> pb::CreateInstanceRequest {
             vendor_data: None,
         }),
         proxy_port: 3128,
+        ..Default::default()
     }
 }
 

@@ -34,6 +34,8 @@ pub const FULL_PAGE_SIZE: u32 = 1000;
 /// many pages; a walk that goes on past it is a provider bug, and the caller stops it
 /// with an error rather than looping with ever more memory.
 pub const MAX_LIST_PAGES: usize = 1000;
+/// Longest address text: `Address.address` and `requested_address`.
+pub const MAX_ADDRESS_BYTES: usize = 64;
 
 #[derive(Default)]
 struct Violations(Vec<(String, String)>);
@@ -108,7 +110,66 @@ pub fn check_create_request(request: &pb::CreateInstanceRequest) -> Result<(), P
             format!("{} is not a TCP port: use 1 to 65535", request.proxy_port),
         );
     }
+    check_address_request(request, &mut violations);
     violations.into_result()
+}
+
+/// `address_identity` is a key-like name; `requested_address` an address a host can
+/// hold, given with an identity.
+fn check_address_request(request: &pb::CreateInstanceRequest, violations: &mut Violations) {
+    if let Some(identity) = &request.address_identity
+        && !is_valid_key(identity)
+    {
+        violations.add(
+            "address_identity",
+            format!("must be 1 to {MAX_KEY_LEN} characters of [A-Za-z0-9._-]"),
+        );
+    }
+    let Some(requested) = &request.requested_address else {
+        return;
+    };
+    if let Err(reason) = parse_requested_address(requested) {
+        violations.add("requested_address", reason);
+    } else if request.address_identity.is_none() {
+        violations.add(
+            "requested_address",
+            "needs address_identity: an address is held by an identity; set one (the \
+             operator uses the Proxy's UID)",
+        );
+    }
+}
+
+/// `text` as an address an instance can be asked to hold: an IP address in its textual
+/// form, at most [`MAX_ADDRESS_BYTES`], not loopback, link-local, multicast,
+/// unspecified or broadcast. The error says what is wrong, echoing `text` bounded.
+pub fn parse_requested_address(text: &str) -> Result<std::net::IpAddr, String> {
+    use std::net::IpAddr;
+    if text.len() > MAX_ADDRESS_BYTES {
+        return Err(format!(
+            "{} bytes is over the {MAX_ADDRESS_BYTES}-byte limit",
+            text.len()
+        ));
+    }
+    let address: IpAddr = text.parse().map_err(|_| {
+        format!(
+            "{:?} is not an IP address (192.0.2.10, 2001:db8::10)",
+            bounded::cut_word(text)
+        )
+    })?;
+    let unusable = address.is_loopback()
+        || address.is_unspecified()
+        || address.is_multicast()
+        || match address {
+            IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+            IpAddr::V6(v6) => v6.is_unicast_link_local(),
+        };
+    if unusable {
+        return Err(format!(
+            "{address} is a loopback, link-local, multicast, unspecified or broadcast \
+             address: no instance can hold it"
+        ));
+    }
+    Ok(address)
 }
 
 /// Checks a ListInstances request: the selector's size and entries (the page token is
@@ -271,6 +332,7 @@ mod tests {
                 vendor_data: None,
             }),
             proxy_port: 3128,
+            ..Default::default()
         }
     }
 
@@ -404,6 +466,52 @@ mod tests {
             assert!(!is_valid_key(key), "{key:?}");
         }
         assert!(is_valid_key(&"K".repeat(MAX_KEY_LEN)));
+    }
+
+    #[test]
+    fn an_address_identity_is_a_key_and_a_requested_address_needs_one() {
+        let mut request = valid();
+        request.address_identity = Some("uid-1".into());
+        request.requested_address = Some("192.0.2.10".into());
+        check_create_request(&request).unwrap();
+        request.address_identity = Some(String::new());
+        assert_eq!(fields(check_create_request(&request)), ["address_identity"]);
+        request.address_identity = Some("a b".into());
+        assert_eq!(fields(check_create_request(&request)), ["address_identity"]);
+        request.address_identity = None;
+        assert_eq!(
+            fields(check_create_request(&request)),
+            ["requested_address"]
+        );
+    }
+
+    #[test]
+    fn a_requested_address_must_be_one_an_instance_can_hold() {
+        for good in ["192.0.2.10", "10.0.0.1", "2001:db8::10"] {
+            assert!(parse_requested_address(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "example.org",
+            "192.0.2.10/24",
+            "127.0.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "169.254.1.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fe80::1",
+            "ff02::1",
+        ] {
+            assert!(parse_requested_address(bad).is_err(), "{bad:?}");
+        }
+        let long = "1".repeat(MAX_ADDRESS_BYTES + 1);
+        assert!(
+            parse_requested_address(&long)
+                .unwrap_err()
+                .contains("limit")
+        );
     }
 
     #[test]

@@ -108,6 +108,7 @@ async fn the_suite_never_deletes_an_instance_it_did_not_create() {
             placement: target().placement.into(),
             cloud_init: None,
             proxy_port: 3128,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -128,6 +128,7 @@ fn request() -> impl Strategy<Value = pb::CreateInstanceRequest> {
                     vendor_data,
                 }),
                 proxy_port,
+                ..Default::default()
             }
         })
 }
@@ -293,6 +294,7 @@ fn megabyte_values_are_named_and_bounded() {
             vendor_data: Some(vec![0; 1 << 20]),
         }),
         proxy_port: 3128,
+        ..Default::default()
     };
     let error = check_create_request(&request).unwrap_err();
     let fields = check_refusal(&error).unwrap();

@@ -149,6 +149,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         }),
         cloud_init: None,
         proxy_port: port,
+        ..Default::default()
     };
     let reasons = documented_reasons();
     assert!(reasons.len() >= 8, "{reasons:?}");

@@ -330,6 +330,7 @@ mod tests {
                 vendor_data: None,
             }),
             proxy_port: 3128,
+            ..Default::default()
         }
     }
 

@@ -100,6 +100,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
         placement: Some(placement(&pass.proxy.spec.placement)),
         cloud_init: Some(cloud_init),
         proxy_port: u32::from(pass.proxy.spec.proxy_port),
+        ..Default::default()
     };
     let instance = match provider.create(request).await {
         Ok(instance) => instance,

@@ -359,6 +359,7 @@ impl<'a> Suite<'a> {
                 vendor_data: None,
             }),
             proxy_port: 3128,
+            ..Default::default()
         }
     }
 
