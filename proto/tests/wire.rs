@@ -11,21 +11,31 @@ use egressproxy_provider::conformance::raw_call;
 use egressproxy_provider::error::ERROR_DOMAIN;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::provider_client::ProviderClient;
-use egressproxy_provider::reference::{Fault, FaultEffect, MemoryProvider, ReferenceConfig};
+use egressproxy_provider::reference::{
+    AddressRange, Fault, FaultEffect, MemoryProvider, ReferenceConfig,
+};
 use egressproxy_provider::server::ProviderServer;
 use egressproxy_provider::{ErrorClass, ProviderError};
 use prost::Message;
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
-async fn start() -> (SocketAddr, MemoryProvider) {
-    let provider = MemoryProvider::new(ReferenceConfig {
+fn config() -> ReferenceConfig {
+    ReferenceConfig {
         provisioning_delay: Duration::from_millis(100),
         deleting_delay: Duration::from_secs(60),
         hosts: vec!["local".into(), "full".into()],
         max_instances: [("full".to_string(), 0)].into(),
         ..ReferenceConfig::default()
-    });
+    }
+}
+
+async fn start() -> (SocketAddr, MemoryProvider) {
+    start_with(config()).await
+}
+
+async fn start_with(config: ReferenceConfig) -> (SocketAddr, MemoryProvider) {
+    let provider = MemoryProvider::new(config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let server = ProviderServer::new(provider.clone());
@@ -151,6 +161,22 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         proxy_port: port,
         ..Default::default()
     };
+    // A Create with an address identity (and a requested address), sent to a provider
+    // of its own so that the instances of one trigger hold nothing another needs.
+    let with_address = |key: &str, identity: &str, address: Option<&str>| {
+        let mut create = request(key, 3128);
+        create.address_identity = Some(identity.into());
+        create.requested_address = address.map(Into::into);
+        create
+    };
+    let fresh = |range: AddressRange| async move {
+        let (address, _) = start_with(ReferenceConfig {
+            identity_addresses: range,
+            ..config()
+        })
+        .await;
+        plain_client(address).await
+    };
     let reasons = documented_reasons();
     assert!(reasons.len() >= 8, "{reasons:?}");
     let mut checked = 0;
@@ -230,6 +256,48 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                 }
                 client.create_instance(on_full).await.unwrap_err()
             }
+            "ADDRESS_IDENTITY_IN_USE" => {
+                let mut client = fresh(AddressRange::DEFAULT).await;
+                client
+                    .create_instance(with_address("first", "uid-1", None))
+                    .await
+                    .unwrap();
+                client
+                    .create_instance(with_address("second", "uid-1", None))
+                    .await
+                    .unwrap_err()
+            }
+            "ADDRESS_NOT_IN_RANGE" => client
+                .create_instance(with_address("far", "uid-1", Some("203.0.113.254")))
+                .await
+                .unwrap_err(),
+            "ADDRESS_TAKEN" => {
+                let mut client = fresh(AddressRange::DEFAULT).await;
+                let held = AddressRange::DEFAULT.first.to_string();
+                client
+                    .create_instance(with_address("holder", "uid-1", Some(&held)))
+                    .await
+                    .unwrap();
+                client
+                    .create_instance(with_address("taker", "uid-2", Some(&held)))
+                    .await
+                    .unwrap_err()
+            }
+            "ADDRESSES_EXHAUSTED" => {
+                let one = AddressRange {
+                    first: AddressRange::DEFAULT.first,
+                    last: AddressRange::DEFAULT.first,
+                };
+                let mut client = fresh(one).await;
+                client
+                    .create_instance(with_address("only", "uid-1", None))
+                    .await
+                    .unwrap();
+                client
+                    .create_instance(with_address("one-more", "uid-2", None))
+                    .await
+                    .unwrap_err()
+            }
             "INJECTED_FAULT" => {
                 provider.faults().inject(Fault {
                     method: Some("GetPluginInfo".into()),
@@ -259,7 +327,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         checked += 1;
     }
     assert_eq!(
-        checked, 9,
+        checked, 13,
         "every reason the reference provider sends is checked"
     );
 }

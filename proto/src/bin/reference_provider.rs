@@ -6,13 +6,13 @@
 //! as an example gets no way to break it over the network). Prints `listening on ADDR`
 //! once it accepts connections (useful with `--listen 127.0.0.1:0`).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
 use egressproxy_provider::reference::{
-    MemoryProvider, Misbehaviour, ReferenceConfig, control::ControlService,
+    AddressRange, MemoryProvider, Misbehaviour, ReferenceConfig, control::ControlService,
 };
 use egressproxy_provider::server::{ProviderServer, ServerTls, shutdown_signal};
 use egressproxy_provider::telemetry;
@@ -39,9 +39,19 @@ struct Args {
     /// by others.
     #[arg(long)]
     fault_injection: bool,
-    /// Address every running instance reports.
+    /// Address every running instance created without an address identity reports.
     #[arg(long, default_value = "127.0.0.1")]
     instance_address: IpAddr,
+    /// Offer no address identities: declare neither capability, and refuse
+    /// `address_identity` and `requested_address` as INVALID_ARGUMENT.
+    #[arg(long)]
+    no_address_identities: bool,
+    /// First address of the range instances with an address identity get theirs from.
+    #[arg(long, default_value_t = AddressRange::DEFAULT.first)]
+    identity_range_first: Ipv4Addr,
+    /// Last address of that range.
+    #[arg(long, default_value_t = AddressRange::DEFAULT.last)]
+    identity_range_last: Ipv4Addr,
     /// Valid host names (comma-separated); the first is the default placement.
     #[arg(long, value_delimiter = ',', default_value = "local")]
     hosts: Vec<String>,
@@ -100,10 +110,22 @@ where
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = telemetry::init("reference-provider", args.verbose)?;
+    if args.identity_range_last < args.identity_range_first {
+        anyhow::bail!(
+            "--identity-range-last {} comes before --identity-range-first {}",
+            args.identity_range_last,
+            args.identity_range_first
+        );
+    }
     let provider = MemoryProvider::new(ReferenceConfig {
         provisioning_delay: args.provisioning_delay,
         deleting_delay: args.deleting_delay,
         address: args.instance_address,
+        address_identities: !args.no_address_identities,
+        identity_addresses: AddressRange {
+            first: args.identity_range_first,
+            last: args.identity_range_last,
+        },
         hosts: args.hosts,
         zones: args.zones,
         host_zones: args.host_zone.into_iter().collect(),

@@ -148,6 +148,22 @@ pub enum Misbehaviour {
     WatchIgnoresResumeToken,
     /// A resume token the provider never issued starts a new stream.
     WatchAcceptsForeignToken,
+    /// address_identity is accepted and ignored: every instance gets the one address.
+    IdentityIgnored,
+    /// A Create of a new key with an identity whose instance runs gets its address too.
+    IdentitySharedWhileRunning,
+    /// A repeated Create of a key with another address identity returns the instance.
+    IdentityNotCompared,
+    /// An identity stays held after its last instance is gone.
+    IdentityNeverReleased,
+    /// Address identities are honoured, but neither capability is declared.
+    UndeclaredAddressIdentity,
+    /// requested_address is accepted and ignored: the identity gets another address.
+    RequestedAddressIgnored,
+    /// A requested address held by another identity is granted again.
+    TakenAddressGranted,
+    /// A requested address outside the provider's range is granted.
+    OutOfRangeAccepted,
 }
 
 impl Misbehaviour {
@@ -202,6 +218,14 @@ impl Misbehaviour {
             M::WatchNoSnapshot | M::WatchSelectorIgnored => "watch-snapshot",
             M::WatchMissesDeletes => "watch-follows-changes",
             M::WatchIgnoresResumeToken | M::WatchAcceptsForeignToken => "watch-resume",
+            M::IdentityIgnored
+            | M::IdentitySharedWhileRunning
+            | M::IdentityNotCompared
+            | M::IdentityNeverReleased
+            | M::UndeclaredAddressIdentity => "address-identity",
+            M::RequestedAddressIgnored | M::TakenAddressGranted | M::OutOfRangeAccepted => {
+                "requested-address"
+            }
         }
     }
 

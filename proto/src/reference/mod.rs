@@ -13,14 +13,16 @@
 //!
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
-//! (loopback by default); a deleted one stays DELETING for
-//! [`ReferenceConfig::deleting_delay`]. Every change is told to a [`WatchHub`] (Create,
-//! Delete, a forced state, and timers at the end of provisioning and of DELETING),
-//! which serves WatchInstances. [`Faults`] and the control service ([`control`],
-//! served only when asked for) let tests inject errors, latency and hangs, and force an
-//! instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
+//! (loopback by default), or, when created with an address identity, an address of
+//! [`ReferenceConfig::identity_addresses`] ([`addresses`]); a deleted one stays DELETING
+//! for [`ReferenceConfig::deleting_delay`]. Every change is told to a [`WatchHub`]
+//! (Create, Delete, a forced state, and timers at the end of provisioning and of
+//! DELETING), which serves WatchInstances. [`Faults`] and the control service
+//! ([`control`], served only when asked for) let tests inject errors, latency and
+//! hangs, and force an instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
 //! conformance suite.
 
+pub mod addresses;
 pub mod control;
 mod faults;
 mod locations;
@@ -28,12 +30,13 @@ mod misbehave;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tonic::{Request, Response, Status};
 
+pub use addresses::AddressRange;
 pub use faults::{Fault, FaultEffect, Faults};
 pub use locations::DEFAULT_MAX_INSTANCES;
 pub use misbehave::Misbehaviour;
@@ -52,8 +55,14 @@ pub struct ReferenceConfig {
     pub provisioning_delay: Duration,
     /// Time from Delete until an instance is gone (DELETING meanwhile).
     pub deleting_delay: Duration,
-    /// The address every running instance reports.
+    /// The address every running instance created without an address identity reports.
     pub address: IpAddr,
+    /// Whether address identities and requested addresses are offered (declared and
+    /// honoured); without them, Create refuses both fields as INVALID_ARGUMENT, as a
+    /// provider that does not declare their capabilities must.
+    pub address_identities: bool,
+    /// The range instances created with an address identity get their address from.
+    pub identity_addresses: AddressRange,
     /// Valid `placement.host` names. A Create without a location goes to the host with
     /// the most room (the first of those on a tie).
     pub hosts: Vec<String>,
@@ -82,6 +91,8 @@ impl Default for ReferenceConfig {
             provisioning_delay: Duration::from_secs(2),
             deleting_delay: Duration::ZERO,
             address: IpAddr::from([127, 0, 0, 1]),
+            address_identities: true,
+            identity_addresses: AddressRange::DEFAULT,
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
             host_zones: BTreeMap::from([("local".into(), "local-zone".into())]),
@@ -114,6 +125,9 @@ struct State {
     last_created: Option<(Instant, pb::Instance)>,
     /// Whether a CreateInstance has been answered yet (only kept to misbehave).
     answered_a_create: bool,
+    /// Instances gone that still hold their identity's address (only kept to
+    /// misbehave): id, identity, address.
+    unreleased: Vec<(String, Option<String>, Option<Ipv4Addr>)>,
 }
 
 #[derive(Debug)]
@@ -126,6 +140,8 @@ struct Record {
     deleted: Option<Instant>,
     spec: Spec,
     forced_state: Option<InstanceState>,
+    /// The address it holds for its address identity.
+    address: Option<Ipv4Addr>,
 }
 
 /// What must match for a repeated Create to return the existing instance: the
@@ -137,6 +153,8 @@ struct Spec {
     cloud_init: Option<pb::CloudInit>,
     proxy_port: u32,
     name: Option<String>,
+    address_identity: Option<String>,
+    requested_address: Option<String>,
 }
 
 impl MemoryProvider {
@@ -217,6 +235,13 @@ impl MemoryProvider {
             .collect();
         for id in gone {
             if let Some(record) = state.instances.remove(&id) {
+                if self.breaks(Misbehaviour::IdentityNeverReleased) {
+                    state.unreleased.push((
+                        id.clone(),
+                        record.instance.address_identity.clone(),
+                        record.address,
+                    ));
+                }
                 let key = record.instance.key;
                 if state.ids_by_key.get(&key) == Some(&id) {
                     state.ids_by_key.remove(&key);
@@ -289,7 +314,7 @@ impl MemoryProvider {
         };
         instance.set_state(state);
         if state == InstanceState::Running && !self.breaks(Misbehaviour::RunningWithoutAddress) {
-            let address = self.config.address;
+            let address = record.address.map_or(self.config.address, IpAddr::V4);
             instance.addresses.push(pb::Address {
                 address: if self.breaks(Misbehaviour::AddressNotAnIp) {
                     "not-an-ip".into()
@@ -409,6 +434,11 @@ impl MemoryProvider {
             name: self
                 .breaks(Misbehaviour::NameCompared)
                 .then(|| request.name.clone()),
+            address_identity: request
+                .address_identity
+                .clone()
+                .filter(|_| !self.breaks(Misbehaviour::IdentityNotCompared)),
+            requested_address: request.requested_address.clone(),
         }
     }
 
@@ -457,6 +487,9 @@ impl MemoryProvider {
                 "cloud_init.vendor_data",
                 "vendor_data is not taken",
             ));
+        }
+        if !self.config.address_identities {
+            refuse_address_fields(request)?;
         }
         validation::check_create_request(&checked).map_err(|mut error| {
             for violation in &mut error.field_violations {
@@ -532,6 +565,37 @@ impl MemoryProvider {
         if !self.breaks(Misbehaviour::CreatesWithoutRoom) {
             self.check_room(&state, host.as_deref(), &resolved)?;
         }
+        let address = match &request.address_identity {
+            Some(identity) if !self.breaks(Misbehaviour::IdentityIgnored) => {
+                let requested = request
+                    .requested_address
+                    .as_deref()
+                    .map(|text| text.parse().expect("validated: an IP address"));
+                let holders = state
+                    .instances
+                    .iter()
+                    .map(|(id, record)| addresses::Holder {
+                        id,
+                        identity: record.instance.address_identity.as_deref(),
+                        address: record.address,
+                    })
+                    .chain(state.unreleased.iter().map(|(id, identity, address)| {
+                        addresses::Holder {
+                            id,
+                            identity: identity.as_deref(),
+                            address: *address,
+                        }
+                    }));
+                Some(addresses::grant(
+                    self.config.identity_addresses,
+                    identity,
+                    requested,
+                    holders,
+                    self.config.misbehave,
+                )?)
+            }
+            _ => None,
+        };
         let id = format!("ref-{}", uuid::Uuid::new_v4());
         let record = Record {
             host,
@@ -543,12 +607,14 @@ impl MemoryProvider {
                 tags: request.tags,
                 placement: Some(resolved),
                 proxy_port: request.proxy_port,
+                address_identity: request.address_identity,
                 ..Default::default()
             },
             created: Instant::now(),
             deleted: None,
             spec,
             forced_state: None,
+            address,
         };
         let instance = self.snapshot(&record);
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
@@ -583,8 +649,11 @@ impl MemoryProvider {
                 cloud_init: None,
                 proxy_port: 0,
                 name: None,
+                address_identity: None,
+                requested_address: None,
             },
             forced_state: None,
+            address: None,
         };
         self.lock().instances.insert(id, record);
         std::future::pending().await
@@ -666,6 +735,28 @@ async fn hold_answer(hold: Option<Duration>) {
     }
 }
 
+/// A provider without CAPABILITY_ADDRESS_IDENTITY and CAPABILITY_REQUESTED_ADDRESS
+/// refuses their fields, naming each that is set.
+fn refuse_address_fields(request: &pb::CreateInstanceRequest) -> Result<(), ProviderError> {
+    let set = [
+        ("address_identity", request.address_identity.is_some()),
+        ("requested_address", request.requested_address.is_some()),
+    ];
+    let mut refused = set.into_iter().filter(|(_, set)| *set).map(|(field, _)| {
+        (
+            field,
+            format!("this provider does not offer address identities: leave {field} unset"),
+        )
+    });
+    match refused.next() {
+        None => Ok(()),
+        Some((field, description)) => Err(refused.fold(
+            ProviderError::invalid_argument(field, description),
+            |error, (field, description)| error.with_violation(field, description),
+        )),
+    }
+}
+
 fn unknown(what: &str, name: &str, known: &[String]) -> String {
     format!(
         "unknown {what} {name:?}: this provider offers {}",
@@ -704,12 +795,18 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::Ipv6,
             pb::Capability::ListLocations,
             pb::Capability::WatchInstances,
+            pb::Capability::AddressIdentity,
+            pb::Capability::RequestedAddress,
         ]
         .into_iter()
         .filter(|c| match c {
             pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
             pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
             pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
+            pb::Capability::AddressIdentity | pb::Capability::RequestedAddress => {
+                self.config.address_identities
+                    && !self.breaks(Misbehaviour::UndeclaredAddressIdentity)
+            }
             _ => true,
         });
         hold_answer(hold).await;
