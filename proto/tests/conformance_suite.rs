@@ -231,6 +231,71 @@ fn every_check_has_a_misbehaviour_it_catches() {
     }
 }
 
+/// The two address checks alone, against `config`: their outcomes by name, and the
+/// instances left that are not DELETING.
+async fn address_checks(config: ReferenceConfig) -> (Vec<(&'static str, Outcome)>, usize) {
+    let (address, _provider) = start(config).await;
+    let selection = Selection {
+        run: vec!["address-identity".into(), "requested-address".into()],
+        skip: Vec::new(),
+    };
+    let ledger = Ledger::new(connect_lazy(&options(address)).unwrap());
+    let report = conformance::run_with(&options(address), &target(), &selection, &ledger).await;
+    let mut client = connect_lazy(&options(address)).unwrap();
+    let left = client
+        .list_instances(pb::ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .instances
+        .iter()
+        .filter(|i| i.state() != pb::InstanceState::Deleting)
+        .count();
+    let outcomes = report
+        .checks
+        .into_iter()
+        .map(|c| (c.check.name, c.outcome))
+        .collect();
+    (outcomes, left)
+}
+
+/// A provider that offers no address identities (kvm-agent today) passes both address
+/// checks by refusing the fields as INVALID_ARGUMENT, and keeps nothing they made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_without_address_identities_passes_by_refusing_the_fields() {
+    let (outcomes, left) = address_checks(ReferenceConfig {
+        address_identities: false,
+        ..fast()
+    })
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            ("address-identity", Outcome::Pass),
+            ("requested-address", Outcome::Pass)
+        ]
+    );
+    assert_eq!(left, 0);
+}
+
+/// A provider of a contract from before 1.4.0 does not know the fields and may ignore
+/// them: both address checks are skipped, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_checks_skip_a_provider_from_before_address_identities() {
+    let (outcomes, left) = address_checks(ReferenceConfig {
+        contract_version: "1.3.0".into(),
+        ..fast()
+    })
+    .await;
+    for (name, outcome) in outcomes {
+        assert!(
+            matches!(&outcome, Outcome::Skip(why) if why.contains("1.3.0")),
+            "{name}: {outcome:?}"
+        );
+    }
+    assert_eq!(left, 0);
+}
+
 /// Answers the contract calls transient (UNAVAILABLE, UNKNOWN, INTERNAL, ABORTED,
 /// CANCELLED) and RESOURCE_EXHAUSTED with a RetryInfo are retried, as callers must: a
 /// provider that sends them now and then passes. Before, only some were retried, and

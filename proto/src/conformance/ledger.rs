@@ -48,6 +48,11 @@ impl Ledger {
         self.lock().insert(id.to_owned());
     }
 
+    /// The ids recorded and not yet forgotten.
+    pub(crate) fn recorded(&self) -> BTreeSet<String> {
+        self.lock().clone()
+    }
+
     pub(crate) fn forget(&self, id: &str) {
         self.lock().remove(id);
     }

@@ -2,6 +2,7 @@
 //! why, rule. [`Suite`] holds what checks share (the client, a raw channel, the
 //! ledger, one RUNNING instance) and the helpers that turn what came back into words.
 
+mod address_identity;
 mod concurrency;
 mod errors;
 mod identity;
@@ -217,6 +218,16 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: WatchInstancesRequest.resume_token",
     ),
     check(
+        "address-identity",
+        "a replaced Proxy must keep its egress address, or allow-lists that name it stop matching; two instances with one address take each other's traffic",
+        "provider.proto: CreateInstanceRequest.address_identity",
+    ),
+    check(
+        "requested-address",
+        "callers that ask for an address must get exactly that one, or be told it is taken or not offered",
+        "provider.proto: CreateInstanceRequest.requested_address",
+    ),
+    check(
         "delete-twice-then-gone",
         "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
@@ -321,6 +332,8 @@ impl<'a> Suite<'a> {
             "watch-snapshot" => self.watch_snapshot().await,
             "watch-follows-changes" => self.watch_follows_changes().await,
             "watch-resume" => self.watch_resume().await,
+            "address-identity" => self.address_identity().await,
+            "requested-address" => self.requested_address().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
             "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,
