@@ -63,6 +63,7 @@ pub fn plan_create(
         image,
         mut violations,
     } = resolve_parts(config, placement);
+    violations.extend(undeclared_address_fields(request));
     if let Err(e) = check_xml_safe(&request.name) {
         violations.push(("name".into(), e.to_string()));
     }
@@ -107,6 +108,38 @@ pub fn plan_create(
         names,
         documents,
         spec_sha256: spec_sha256(request),
+    })
+}
+
+/// The address fields the agent does not honour (it declares neither
+/// CAPABILITY_ADDRESS_IDENTITY nor CAPABILITY_REQUESTED_ADDRESS): refused, as the
+/// contract requires, rather than ignored, so a caller never takes the address a VM
+/// happens to get for one it can keep.
+fn undeclared_address_fields(
+    request: &pb::CreateInstanceRequest,
+) -> impl Iterator<Item = (String, String)> {
+    [
+        (
+            "address_identity",
+            request.address_identity.is_some(),
+            "CAPABILITY_ADDRESS_IDENTITY",
+        ),
+        (
+            "requested_address",
+            request.requested_address.is_some(),
+            "CAPABILITY_REQUESTED_ADDRESS",
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, set, _)| *set)
+    .map(|(field, _, capability)| {
+        (
+            field.to_owned(),
+            format!(
+                "kvm-agent does not declare {capability}: leave {field} unset (the instance \
+                 gets an address of its host's network)"
+            ),
+        )
     })
 }
 
@@ -412,6 +445,26 @@ mod tests {
         assert_eq!(
             fields(plan_create(&config(), &no_key).unwrap_err()),
             ["key"]
+        );
+    }
+
+    #[test]
+    fn address_fields_are_refused_without_their_capabilities() {
+        let mut with_identity = request();
+        with_identity.address_identity = Some("uid-1".into());
+        let error = contract(plan_create(&config(), &with_identity).unwrap_err());
+        assert_eq!(error.reason, "INVALID_ARGUMENT");
+        assert!(
+            error.field_violations[0]
+                .description
+                .contains("CAPABILITY_ADDRESS_IDENTITY"),
+            "{error:?}"
+        );
+        assert_eq!(fields(error), ["address_identity"]);
+        with_identity.requested_address = Some("192.0.2.10".into());
+        assert_eq!(
+            fields(plan_create(&config(), &with_identity).unwrap_err()),
+            ["address_identity", "requested_address"]
         );
     }
 
