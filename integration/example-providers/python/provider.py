@@ -1,7 +1,7 @@
 """An egressproxy provider written from the proto and docs/contract.md alone.
 
-Instances live in memory; each turns RUNNING with the address 127.0.0.1 a moment after
-Create, and stays DELETING a moment after Delete. It shows, in plain grpcio, what any
+Instances live in memory; each turns RUNNING with the address 127.0.0.1 (or its address
+identity's) a moment after Create, and stays DELETING a moment after Delete. It shows, in plain grpcio, what any
 provider must do beyond the proto:
 
 - errors as google.rpc.Status in the grpc-status-details-bin trailer, with ErrorInfo
@@ -15,6 +15,14 @@ provider must do beyond the proto:
   has in its memory; a Create without a location goes to the host with the most room,
   and one where none fits is RESOURCE_EXHAUSTED, reason CAPACITY_EXHAUSTED (the host
   "full" never has room, so callers can see that answer);
+- address identities (CAPABILITY_ADDRESS_IDENTITY, CAPABILITY_REQUESTED_ADDRESS): an
+  instance created with an address_identity gets an address of ADDRESS_RANGE (the one
+  the identity's hash picks while it is free, or the requested_address), which it holds
+  until its last instance is gone; a second instance of a held identity is UNAVAILABLE,
+  reason ADDRESS_IDENTITY_IN_USE; a requested address held by another instance is
+  ALREADY_EXISTS, reason ADDRESS_TAKEN, one outside the range INVALID_ARGUMENT, reason
+  ADDRESS_NOT_IN_RANGE; no address left is RESOURCE_EXHAUSTED, reason
+  ADDRESSES_EXHAUSTED;
 - grpc.health.v1 SERVING for "" and egressproxy.provider.v1.Provider;
 - server reflection v1 (grpcio-reflection ships only v1alpha: the same servicer is
   also registered under the v1 name, whose messages are identical on the wire) and the
@@ -27,6 +35,7 @@ Usage: python provider.py --generated DIR [--listen 127.0.0.1:0]
 import argparse
 import base64
 import hashlib
+import ipaddress
 import re
 import sys
 import threading
@@ -43,7 +52,7 @@ from grpc_status import rpc_status
 
 SERVICE = "egressproxy.provider.v1.Provider"
 DOMAIN = "egressproxy.dev"
-CONTRACT_VERSION = "1.2.0"
+CONTRACT_VERSION = "1.4.0"
 GIB = 1 << 30
 # name -> (vCPUs, memory in bytes)
 MACHINE_TYPES = {"small": (1, GIB), "medium": (2, 2 * GIB)}
@@ -52,7 +61,10 @@ IMAGES = ("debian-12",)
 HOSTS = {"local": (8, 64 * GIB), "full": (8, 0)}
 PROVISIONING_SECONDS, DELETING_SECONDS = 0.2, 0.2
 MAX_KEY_LEN, MAX_TAGS, MAX_TAG_BYTES, MAX_USER_DATA = 128, 64, 256, 64 * 1024
-MAX_NAME, MAX_STRING, MAX_HOST = 512, 128, 256
+MAX_NAME, MAX_STRING, MAX_HOST, MAX_ADDRESS = 512, 128, 256, 64
+# Addresses instances with an address identity get (TEST-NET-1: no real network routes it).
+ADDRESS_RANGE = (ipaddress.IPv4Address("192.0.2.10"), ipaddress.IPv4Address("192.0.2.250"))
+DEFAULT_ADDRESS = "127.0.0.1"
 # fullmatch: with match and `$`, "key\n" would pass (`$` matches before a final line feed).
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
@@ -158,6 +170,35 @@ def check_tags(field, tags, violations):
             violations.append((entry_path(field, key), f"keys must be 1 to {MAX_TAG_BYTES} bytes and values at most {MAX_TAG_BYTES}"))
 
 
+def requested_address_problem(text):
+    """What is wrong with a requested_address as an address an instance can hold, or None."""
+    if len(text.encode()) > MAX_ADDRESS:
+        return f"over the {MAX_ADDRESS}-byte limit"
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return f"{cut_word(text)!r} is not an IP address (192.0.2.10, 2001:db8::10)"
+    broadcast = address.version == 4 and address == ipaddress.IPv4Address("255.255.255.255")
+    if address.is_loopback or address.is_link_local or address.is_multicast or address.is_unspecified or broadcast:
+        return f"{address} is a loopback, link-local, multicast, unspecified or broadcast address: no instance can hold it"
+    return None
+
+
+def optional(message, field):
+    """An optional field's value, or None when it is unset (never its zero value)."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def in_range(address):
+    return address.version == 4 and ADDRESS_RANGE[0] <= address <= ADDRESS_RANGE[1]
+
+
+def preferred_index(identity):
+    """Where in ADDRESS_RANGE an identity's search for a free address starts: a hash of
+    it, so an identity whose last instance is gone gets its address back while it is free."""
+    return int.from_bytes(hashlib.sha256(identity.encode()).digest()[:4], "big")
+
+
 def load_generated(directory):
     sys.path.insert(0, directory)
     from egressproxy.provider.v1 import provider_pb2, provider_pb2_grpc  # noqa: E402
@@ -170,8 +211,9 @@ class Record:
     a repeated Create must match, and when Delete was called (DELETING until
     DELETING_SECONDS later)."""
 
-    def __init__(self, instance, host, spec):
+    def __init__(self, instance, host, spec, address=None):
         self.instance, self.host, self.spec = instance, host, spec
+        self.address = address  # the address it holds for its address identity
         self.created, self.deleted = time.monotonic(), None
 
 
@@ -204,7 +246,10 @@ def build_servicer(pb, pb_grpc):
             )
 
         def GetCapabilities(self, request, context):
-            return pb.GetCapabilitiesResponse(capabilities=[pb.CAPABILITY_VALIDATE_PLACEMENT, pb.CAPABILITY_LIST_LOCATIONS])
+            return pb.GetCapabilitiesResponse(capabilities=[
+                pb.CAPABILITY_VALIDATE_PLACEMENT, pb.CAPABILITY_LIST_LOCATIONS,
+                pb.CAPABILITY_ADDRESS_IDENTITY, pb.CAPABILITY_REQUESTED_ADDRESS,
+            ])
 
         def _free_memory(self, host):
             """Memory instances on `host` may still use (with the lock held): deleted
@@ -251,6 +296,14 @@ def build_servicer(pb, pb_grpc):
                 violations.append(("cloud_init.vendor_data", "this provider does not declare CAPABILITY_VENDOR_DATA: put it in user_data"))
             if not 1 <= request.proxy_port <= 65535:
                 violations.append(("proxy_port", f"{request.proxy_port} is not a TCP port: use 1 to 65535"))
+            if request.HasField("address_identity") and not KEY_PATTERN.fullmatch(request.address_identity):
+                violations.append(("address_identity", f"must be 1 to {MAX_KEY_LEN} characters of [A-Za-z0-9._-]"))
+            if request.HasField("requested_address"):
+                problem = requested_address_problem(request.requested_address)
+                if problem is None and not request.HasField("address_identity"):
+                    problem = "needs address_identity: an address is held by an identity"
+                if problem is not None:
+                    violations.append(("requested_address", problem))
             if violations:
                 raise invalid(violations)
 
@@ -262,20 +315,55 @@ def build_servicer(pb, pb_grpc):
                 snapshot.state_message = "being deleted"
             elif time.monotonic() - record.created >= PROVISIONING_SECONDS:
                 snapshot.state = pb.INSTANCE_STATE_RUNNING
-                snapshot.addresses.append(pb.Address(address="127.0.0.1", scope=pb.ADDRESS_SCOPE_INTERNAL, family=pb.IP_FAMILY_V4))
+                address = str(record.address) if record.address is not None else DEFAULT_ADDRESS
+                snapshot.addresses.append(pb.Address(address=address, scope=pb.ADDRESS_SCOPE_INTERNAL, family=pb.IP_FAMILY_V4))
             else:
                 snapshot.state = pb.INSTANCE_STATE_PROVISIONING
                 snapshot.state_message = "booting"
             return snapshot
 
+        def _grant(self, request):
+            """The address a new instance of request.address_identity gets (with the lock
+            held). An address is held while any instance that holds it exists, DELETING
+            ones included, so it is released exactly when the last one is gone."""
+            identity = request.address_identity
+            for instance_id, record in self.instances.items():
+                if record.instance.HasField("address_identity") and record.instance.address_identity == identity:
+                    raise ContractError(code_pb2.UNAVAILABLE, "ADDRESS_IDENTITY_IN_USE",
+                                        f"address identity {identity} is held by instance {instance_id}, which still exists: "
+                                        "delete it, then create again (two instances with one address would take each other's traffic)",
+                                        retry_after=0.1)
+            holders = {record.address: instance_id for instance_id, record in self.instances.items() if record.address is not None}
+            if request.HasField("requested_address"):
+                requested = ipaddress.ip_address(request.requested_address)
+                if not in_range(requested):
+                    shown = f"{ADDRESS_RANGE[0]}-{ADDRESS_RANGE[1]}"
+                    raise ContractError(code_pb2.INVALID_ARGUMENT, "ADDRESS_NOT_IN_RANGE",
+                                        f"requested_address {requested} is not in a range this provider offers",
+                                        [("requested_address", f"{requested} is not in a range this provider offers: use one of {shown}")])
+                if requested in holders:
+                    raise ContractError(code_pb2.ALREADY_EXISTS, "ADDRESS_TAKEN",
+                                        f"address {requested} is held by instance {holders[requested]}: ask for another, or delete that instance first")
+                return requested
+            first, size = int(ADDRESS_RANGE[0]), int(ADDRESS_RANGE[1]) - int(ADDRESS_RANGE[0]) + 1
+            start = preferred_index(identity)
+            for step in range(size):
+                address = ipaddress.IPv4Address(first + (start + step) % size)
+                if address not in holders:
+                    return address
+            raise ContractError(code_pb2.RESOURCE_EXHAUSTED, "ADDRESSES_EXHAUSTED",
+                                f"every address of {ADDRESS_RANGE[0]}-{ADDRESS_RANGE[1]} is held by an instance: delete one, or retry later",
+                                retry_after=1)
+
         def CreateInstance(self, request, context):
             def work():
                 self._validate_create(request)
-                # Idempotency compares the requested placement, cloud-init and port;
-                # name and tags are informational. An unset cloud_init serializes like
-                # an empty one: the same input.
+                # Idempotency compares the requested placement, cloud-init, port, address
+                # identity and requested address; name and tags are informational. An
+                # unset cloud_init serializes like an empty one: the same input.
                 spec = (request.placement.SerializeToString(deterministic=True),
-                        request.cloud_init.SerializeToString(deterministic=True), request.proxy_port)
+                        request.cloud_init.SerializeToString(deterministic=True), request.proxy_port,
+                        optional(request, "address_identity"), optional(request, "requested_address"))
                 with self.lock:
                     self._purge()
                     existing = self.ids_by_key.get(request.key)
@@ -288,7 +376,8 @@ def build_servicer(pb, pb_grpc):
                                                 retry_after=left)
                         if record.spec != spec:
                             raise ContractError(code_pb2.ALREADY_EXISTS, "ALREADY_EXISTS",
-                                                f"key {request.key} belongs to instance {existing}, created with another placement, cloud-init or proxy port: delete it first or use another key")
+                                                f"key {request.key} belongs to instance {existing}, created with another placement, cloud-init, proxy port or "
+                                                "address: delete it first or use another key")
                         return pb.CreateInstanceResponse(instance=self._snapshot(record))
                     host = self._choose(request.placement)
                     if self._room(host, request.placement.machine_type) == 0:
@@ -296,6 +385,7 @@ def build_servicer(pb, pb_grpc):
                                             f"no room for machine type {request.placement.machine_type} on host {host}: "
                                             f"{self._free_memory(host) // (1 << 20)} MiB free; delete instances or name another "
                                             "host (ListLocations shows the room of each)", retry_after=30)
+                    address = self._grant(request) if request.HasField("address_identity") else None
                     instance_id = f"py-{uuid.uuid4()}"
                     created = timestamp_pb2.Timestamp()
                     created.GetCurrentTime()
@@ -304,7 +394,9 @@ def build_servicer(pb, pb_grpc):
                     placement.host = host
                     instance = pb.Instance(id=instance_id, key=request.key, name=request.name, create_time=created,
                                            tags=dict(request.tags), placement=placement, proxy_port=request.proxy_port)
-                    record = Record(instance, host, spec)
+                    if request.HasField("address_identity"):
+                        instance.address_identity = request.address_identity
+                    record = Record(instance, host, spec, address)
                     self.instances[instance_id] = record
                     self.ids_by_key[request.key] = instance_id
                     return pb.CreateInstanceResponse(instance=self._snapshot(record))
