@@ -92,6 +92,11 @@ enum Command {
         /// Also list the agent's instances (id, name, state, address).
         #[arg(long)]
         list_instances: bool,
+        /// Keep asking, with a growing pause, while the agent does not answer SERVING,
+        /// for up to this long (e.g. `60s`; default: ask once). For `helm test` right
+        /// after an install, when the agent's Service may not route yet.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
     },
     /// Delete base image volumes (and their markers) that no volume in the host's storage
     /// pool uses as its backing file. Never deletes a base an overlay uses.
@@ -120,11 +125,12 @@ async fn main() -> ExitCode {
         key,
         timeout,
         list_instances,
+        wait,
     } = cli.command
     {
         let options =
             egressproxy_provider::probe::options(&address, ca, server_name, cert.zip(key), timeout);
-        return probe(&options, list_instances).await;
+        return probe(&options, list_instances, wait).await;
     }
     let _telemetry = match egressproxy_provider::telemetry::init("kvm-agent", cli.verbose) {
         Ok(guard) => guard,
@@ -183,10 +189,43 @@ async fn main() -> ExitCode {
 
 /// `kvm-agent probe`: `SERVING` (and the instances) on stdout and exit 0, or the reason
 /// on stderr and exit 1.
-async fn probe(options: &egressproxy_provider::client::ClientOptions, list: bool) -> ExitCode {
+/// Asks the agent's health until it is SERVING or `wait` has passed (zero: once), the
+/// pause between tries growing from 200 ms to 2 s; each failed try is reported on stderr.
+async fn health_within(
+    options: &egressproxy_provider::client::ClientOptions,
+    wait: std::time::Duration,
+) -> Result<(), String> {
+    use backon::BackoffBuilder;
+    use std::time::Duration;
+
+    let give_up = tokio::time::Instant::now() + wait;
+    let mut pauses = backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(2))
+        .without_max_times()
+        .build();
+    loop {
+        let problem = match egressproxy_provider::probe::check_health(options).await {
+            Ok(()) => return Ok(()),
+            Err(problem) => problem,
+        };
+        let pause = pauses.next().unwrap_or(Duration::from_secs(2));
+        if tokio::time::Instant::now() + pause > give_up {
+            return Err(problem);
+        }
+        eprintln!("kvm-agent probe: {problem}; asking again in {pause:?}");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+async fn probe(
+    options: &egressproxy_provider::client::ClientOptions,
+    list: bool,
+    wait: std::time::Duration,
+) -> ExitCode {
     use egressproxy_provider::probe;
 
-    if let Err(problem) = probe::check_health(options).await {
+    if let Err(problem) = health_within(options, wait).await {
         eprintln!("kvm-agent probe: {problem}");
         return ExitCode::FAILURE;
     }

@@ -1,4 +1,5 @@
-//! `kvm-agent check-config` and `check-hosts` as an operator runs them.
+//! `kvm-agent check-config` and `check-hosts` as an operator runs them, and `probe
+//! --wait` as `helm test` runs it right after an install.
 
 mod common;
 
@@ -236,4 +237,50 @@ fn the_documented_commands_and_their_options_exist() {
         seen += 1;
     }
     assert_eq!(seen, 6, "{block}");
+}
+
+/// `probe --wait` keeps asking while nothing answers (a Service that does not route yet)
+/// and succeeds once a server does; without it, the first refusal fails the probe.
+#[test]
+fn probe_wait_asks_again_until_the_server_answers() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let (ok, _, stderr) = kvm_agent(&["probe", "--address", &address]);
+    assert!(!ok, "a probe of a closed port succeeded");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+
+    let mut probe = Command::new(env!("CARGO_BIN_EXE_kvm-agent"))
+        .args(["probe", "--address", &address, "--wait", "60s"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The server starts only once the probe has been refused and said it asks again.
+    let mut stderr = BufReader::new(probe.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains("asking again in"), "{line}");
+    let server =
+        egressproxy_integration::reference_provider::workspace_binary("reference-provider")
+            .unwrap();
+    let mut server = Command::new(server)
+        .args(["--listen", &address])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = probe.wait_with_output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("SERVING"), "{stdout}");
 }

@@ -64,11 +64,14 @@ async fn call(
             .to_be_bytes(),
     );
     frame.extend_from_slice(message);
-    send.send_data(Bytes::from(frame), true)
-        .map_err(|e| format!("sending the request failed: {e}"))?;
-    let response = response
-        .await
-        .map_err(|e| format!("the stream ended without a response: {e}"))?;
+    // A server may answer as soon as it has the headers (a deadline this short can pass
+    // before the body arrives) and reset the stream; sending the body then fails, but the
+    // answer stands: only a call with no answer at all is an error.
+    let unsent = send.send_data(Bytes::from(frame), true).err();
+    let response = response.await.map_err(|e| match &unsent {
+        Some(send) => format!("sending the request failed: {send}; then no response: {e}"),
+        None => format!("the stream ended without a response: {e}"),
+    })?;
     let (parts, mut body) = response.into_parts();
     if let Some(status) = status_from(&parts.headers)? {
         return Ok(status);
@@ -92,4 +95,54 @@ fn status_from(headers: &http::HeaderMap) -> Result<Option<tonic::Status>, Strin
         tonic::Status::from_header_map(headers)
     }))
     .map_err(|_| "a grpc-status-details-bin trailer that is not base64".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that answers every call with a trailers-only DEADLINE_EXCEEDED as soon
+    /// as it has the request's headers, without reading the body.
+    async fn answers_on_headers() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut connection = h2::server::handshake(tcp).await.unwrap();
+                    while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                        let response = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "4")
+                            .header("grpc-message", "deadline passed")
+                            .body(())
+                            .unwrap();
+                        // Ending the stream with the body unread: h2 resets it
+                        // (NO_ERROR) once the answer is written.
+                        let _ = respond.send_response(response, true);
+                    }
+                });
+            }
+        });
+        authority
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_before_the_body_is_sent_is_the_calls_status() {
+        let authority = answers_on_headers().await;
+        for _ in 0..50 {
+            let status = unary(
+                &authority,
+                "/egressproxy.provider.v1.Provider/ListInstances",
+                &[0; 64],
+                "1m",
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        }
+    }
 }
