@@ -133,8 +133,8 @@ fn check_address_request(request: &pb::CreateInstanceRequest, violations: &mut V
     } else if request.address_identity.is_none() {
         violations.add(
             "requested_address",
-            "needs address_identity: an address is held by an identity; set one (the \
-             operator uses the Proxy's UID)",
+            "needs address_identity: an address is held by an identity; set one (such \
+             as the Proxy's UID)",
         );
     }
 }
