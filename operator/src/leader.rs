@@ -21,7 +21,9 @@
 //!    by default, its proportions (15 s lease, 10 s renew deadline, 2 s retry period).
 //! 5. On a graceful shutdown, once the replica has stopped acting,
 //!    [`Leadership::release`] clears the holder, as client-go's `ReleaseOnCancel`
-//!    does, so a successor does not wait for the lease to expire.
+//!    does, so a successor does not wait for the lease to expire. A replica stopped
+//!    while it is still a candidate ([`acquire_unless_stopped`]) hands the Lease back
+//!    too: its winning write may have landed just before the stop.
 //!
 //! Caveat: a replica that starts while another holds the Lease waits one full lease
 //! duration from its first look before it may take an abandoned (not released) lease,
@@ -139,26 +141,50 @@ impl Leadership {
     /// expires.
     pub async fn release(self) {
         self.renewer.abort();
-        let attempt = tokio::time::timeout(
-            self.config.attempt_timeout(),
-            release(&self.api, &self.config),
-        );
-        match attempt.await {
-            Ok(Ok(true)) => {
-                tracing::info!(identity = %self.config.identity, lease = %self.config.name, "released the leader lease")
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "cannot release the leader lease: it will expire")
-            }
-            Err(_) => tracing::warn!("releasing the leader lease timed out: it will expire"),
-        }
+        hand_back(&self.api, &self.config).await;
     }
 }
 
 impl Drop for Leadership {
     fn drop(&mut self) {
         self.renewer.abort();
+    }
+}
+
+/// Like [`acquire`], but gives up when `stop` completes first, and then hands the Lease
+/// back if this replica holds it: the write that won the Lease may have landed just
+/// before the stop, and a replica that exits without releasing it makes its
+/// successor wait out the whole lease. A stop that is ready wins over a Lease won in
+/// the same instant, for the same reason.
+pub async fn acquire_unless_stopped(
+    client: kube::Client,
+    config: LeaseConfig,
+    stop: impl Future<Output = ()>,
+) -> Option<Leadership> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    tokio::select! {
+        biased;
+        () = stop => {
+            hand_back(&api, &config).await;
+            None
+        }
+        leadership = acquire(client, config.clone()) => Some(leadership),
+    }
+}
+
+/// Clears the holder if it is this replica, within one attempt's time. Failures are
+/// logged: the lease then simply expires.
+async fn hand_back(api: &Api<Lease>, config: &LeaseConfig) {
+    let attempt = tokio::time::timeout(config.attempt_timeout(), release(api, config));
+    match attempt.await {
+        Ok(Ok(true)) => {
+            tracing::info!(identity = %config.identity, lease = %config.name, "released the leader lease")
+        }
+        Ok(Ok(false)) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot release the leader lease: it will expire")
+        }
+        Err(_) => tracing::warn!("releasing the leader lease timed out: it will expire"),
     }
 }
 

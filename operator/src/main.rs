@@ -157,9 +157,10 @@ async fn main() -> anyhow::Result<()> {
         identity,
         args.lease_duration,
     );
-    let mut leadership = tokio::select! {
-        leadership = leader::acquire(client.clone(), lease) => leadership,
-        () = stopping() => return Ok(()),
+    let Some(mut leadership) =
+        leader::acquire_unless_stopped(client.clone(), lease, stopping()).await
+    else {
+        return Ok(());
     };
     metrics.set_leader(true);
     liveness.start_controlling();

@@ -15,6 +15,7 @@ use std::time::Instant;
 use common::{LEASE, OperatorOptions, OperatorProcess, holder, wait_for_holder, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
+use egressproxy_operator::leader::{self, LeaseConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -195,6 +196,70 @@ async fn a_graceful_restart_releases_the_lease_for_its_successor() {
     let spec = lease.spec.unwrap();
     assert_eq!(spec.lease_transitions, Some(1));
     assert_eq!(spec.lease_duration_seconds, Some(15));
+}
+
+/// A Lease record as another replica (or this one) wrote it just now.
+fn held_by(identity: &str) -> Lease {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(LEASE.to_owned()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(identity.to_owned()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            lease_transitions: Some(0),
+            ..Default::default()
+        }),
+    }
+}
+
+#[tokio::test]
+async fn a_stop_during_the_election_hands_back_a_lease_already_won() {
+    // A SIGTERM that comes while the write that won the Lease is landing: the record
+    // already names this replica, but the election has not returned yet. Stopping
+    // there must still hand the Lease back, or the successor waits out the lease.
+    let env = common::env_with_crd("stop-while-winning").await;
+    let leases: Api<Lease> = env.namespaced();
+    leases
+        .create(&kube::api::PostParams::default(), &held_by("stopping"))
+        .await
+        .unwrap();
+    let config = |identity: &str| {
+        LeaseConfig::new(
+            LEASE.to_owned(),
+            env.namespace.clone(),
+            identity.to_owned(),
+            std::time::Duration::from_secs(15),
+        )
+    };
+    let client = env.client.clone();
+    let stopped =
+        leader::acquire_unless_stopped(client.clone(), config("stopping"), std::future::ready(()))
+            .await;
+    assert!(stopped.is_none(), "a stopped election leads nothing");
+    assert_eq!(
+        holder(leases.get_opt(LEASE).await.unwrap().as_ref()),
+        None,
+        "the stopped replica handed back the Lease it had won"
+    );
+
+    // A replica stopped while another leads leaves that leader alone.
+    leases.delete(LEASE, &Default::default()).await.unwrap();
+    leases
+        .create(&kube::api::PostParams::default(), &held_by("other"))
+        .await
+        .unwrap();
+    let stopped =
+        leader::acquire_unless_stopped(client, config("stopping"), std::future::ready(())).await;
+    assert!(stopped.is_none());
+    assert_eq!(
+        holder(leases.get_opt(LEASE).await.unwrap().as_ref()).as_deref(),
+        Some("other")
+    );
 }
 
 #[tokio::test]
