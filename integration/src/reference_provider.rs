@@ -44,12 +44,27 @@ impl ReferenceProvider {
     /// Starts the provider with extra command-line `args` (for example
     /// `["--provisioning-delay", "0s"]`) and waits until it listens. It serves its test
     /// controls (`--fault-injection`): tests inject faults through them.
+    ///
+    /// It offers no address identities (`--no-address-identities`): the addresses it
+    /// would grant lie in TEST-NET-1, where no test's proxy answers, while its other
+    /// instances answer at 127.0.0.1. [`ReferenceProvider::start_keeping_addresses`]
+    /// offers them.
     pub fn start(args: &[&str]) -> anyhow::Result<Self> {
         Self::start_at("127.0.0.1:0", args)
     }
 
+    /// Like [`ReferenceProvider::start`], but the provider keeps addresses for address
+    /// identities (`CAPABILITY_ADDRESS_IDENTITY`, `CAPABILITY_REQUESTED_ADDRESS`).
+    pub fn start_keeping_addresses(args: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn("127.0.0.1:0", args)
+    }
+
     /// Like [`ReferenceProvider::start`], on a given `listen` address.
     pub fn start_at(listen: &str, args: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn(listen, &[&["--no-address-identities"], args].concat())
+    }
+
+    fn spawn(listen: &str, args: &[&str]) -> anyhow::Result<Self> {
         let binary = workspace_binary("reference-provider")?;
         let (child, address) = spawn_listening(
             Command::new(&binary)

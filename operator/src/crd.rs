@@ -66,6 +66,23 @@ pub struct ProxySpec {
     #[serde(default = "default_provisioning_timeout")]
     #[schemars(range(min = 10, max = 86400), extend("format" = "int32"))]
     pub provisioning_timeout_seconds: u32,
+    /// The address destinations see, for allow-lists. By default, when the provider
+    /// keeps addresses for an identity, every VM of this Proxy (replacements
+    /// included) gets the same address; set `address` to ask for a specific one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+}
+
+/// The Proxy's egress address.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Egress {
+    /// A specific address for the VM, from a range the provider offers on its network
+    /// (for example `192.168.200.50`). It stays with this Proxy across replacements.
+    /// Needs a provider with requested addresses (`CAPABILITY_REQUESTED_ADDRESS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 45))]
+    pub address: Option<String>,
 }
 
 fn default_proxy_port() -> u16 {

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use egressproxy_provider::error::reason;
 use egressproxy_provider::{ErrorClass, ProviderError};
 
 /// Everything a reconcile can fail with.
@@ -60,6 +61,15 @@ pub enum Error {
         #[source]
         source: egressproxy_provider::client::ConnectError,
     },
+    /// A spec field asks for something this Proxy's provider cannot do, or is malformed
+    /// in a way the API server's schema cannot catch.
+    #[error("{field}: {problem}")]
+    UnsupportedSpec {
+        /// The field's path, for example `spec.egress.address`.
+        field: &'static str,
+        /// What is wrong and what to do.
+        problem: String,
+    },
     /// The finalizer helper failed.
     #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -80,10 +90,11 @@ pub enum Retry {
 }
 
 /// The `Ready` reasons of errors a person must fix: a Proxy with one of them is Failed.
-pub const PERMANENT_REASONS: [&str; 6] = [
+pub const PERMANENT_REASONS: [&str; 7] = [
     "InvalidSpec",
     "ProviderRejected",
     "InstanceKeyConflict",
+    "AddressTaken",
     "ProviderNotConfigured",
     "IncompatibleProvider",
     "ProviderConfigInvalid",
@@ -113,6 +124,7 @@ impl Error {
             | Error::ProviderGone(_)
             | Error::IncompatibleProvider { .. }
             | Error::Connect { .. } => Retry::Backoff,
+            Error::UnsupportedSpec { .. } => Retry::OnSpecChange,
             Error::CloudInitSecret { .. } | Error::Kube(_) | Error::Finalizer(_) => Retry::Backoff,
         }
     }
@@ -121,6 +133,12 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Provider { source, .. } => match source.class {
+                ErrorClass::Transient if source.reason == reason::ADDRESS_IDENTITY_IN_USE => {
+                    "WaitingForOldInstance"
+                }
+                ErrorClass::AlreadyExists if source.reason == reason::ADDRESS_TAKEN => {
+                    "AddressTaken"
+                }
                 ErrorClass::Transient | ErrorClass::DeadlineExceeded => "ProviderUnavailable",
                 ErrorClass::QuotaExhausted => "QuotaExhausted",
                 ErrorClass::InvalidArgument => "InvalidSpec",
@@ -132,6 +150,7 @@ impl Error {
             Error::IncompatibleProvider { .. } => "IncompatibleProvider",
             Error::Connect { .. } => "ProviderConfigInvalid",
             Error::CloudInitSecret { .. } => "CloudInitSecretUnavailable",
+            Error::UnsupportedSpec { .. } => "InvalidSpec",
             Error::Kube(_) | Error::Finalizer(_) => "KubernetesApiError",
         }
     }
@@ -281,6 +300,16 @@ mod tests {
                 Retry::Backoff,
                 "QuotaExhausted",
             ),
+            (
+                ProviderError::already_exists("x").with_reason(reason::ADDRESS_TAKEN),
+                Retry::Slowly,
+                "AddressTaken",
+            ),
+            (
+                ProviderError::transient("x").with_reason(reason::ADDRESS_IDENTITY_IN_USE),
+                Retry::Backoff,
+                "WaitingForOldInstance",
+            ),
         ];
         for (error, retry, reason) in cases {
             let error = provider(error);
@@ -295,6 +324,8 @@ mod tests {
             provider(ProviderError::permanent("x")),
             provider(ProviderError::invalid_argument("f", "x")),
             provider(ProviderError::already_exists("x")),
+            provider(ProviderError::already_exists("x").with_reason(reason::ADDRESS_TAKEN)),
+            provider(ProviderError::transient("x").with_reason(reason::ADDRESS_IDENTITY_IN_USE)),
             provider(ProviderError::quota_exhausted("x", None)),
             provider(ProviderError::not_found("x")),
             provider(ProviderError::unimplemented("x")),
@@ -308,6 +339,10 @@ mod tests {
             Error::CloudInitSecret {
                 secret: "ns/s".into(),
                 problem: "missing".into(),
+            },
+            Error::UnsupportedSpec {
+                field: "spec.egress.address",
+                problem: "x".into(),
             },
         ];
         for error in errors {

@@ -38,9 +38,20 @@ impl Harness {
     }
 
     async fn start_with(test: &str, provider_args: &[&str]) -> Harness {
-        let env = common::env_with_crd(test).await;
         let args = [&["--provisioning-delay", "300ms"], provider_args].concat();
-        let provider = ReferenceProvider::start(&args).unwrap();
+        Self::around(test, ReferenceProvider::start(&args).unwrap()).await
+    }
+
+    /// With a provider that keeps addresses for address identities. Its addresses lie
+    /// in TEST-NET-1, where no proxy answers: its Proxies get addresses, never Ready.
+    async fn keeping_addresses(test: &str, provider_args: &[&str]) -> Harness {
+        let args = [&["--provisioning-delay", "300ms"], provider_args].concat();
+        let provider = ReferenceProvider::start_keeping_addresses(&args).unwrap();
+        Self::around(test, provider).await
+    }
+
+    async fn around(test: &str, provider: ReferenceProvider) -> Harness {
+        let env = common::env_with_crd(test).await;
         let cluster = format!("test-{}", env.namespace);
         let controller =
             Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster);
@@ -991,4 +1002,142 @@ async fn an_instance_left_by_an_unfinished_attempt_with_an_older_spec_is_replace
     let instances = h.instances().await;
     assert_eq!(instances.len(), 1, "{instances:?}");
     assert_ne!(instances[0].id, stale);
+}
+
+fn first_address(proxy: &Proxy) -> Option<String> {
+    Some(proxy.status.as_ref()?.addresses.first()?.address.clone())
+}
+
+fn provider_id(proxy: &Proxy) -> Option<String> {
+    proxy.status.as_ref()?.provider_id.clone()
+}
+
+#[tokio::test]
+async fn a_replacement_keeps_the_proxy_s_address() {
+    // The old instance stays DELETING for a while, so the replacement's first Create
+    // finds the address still held and must wait for it.
+    let h = Harness::keeping_addresses("keep-address", &["--deleting-delay", "6s"]).await;
+    h.create("egress", 9, serde_json::json!({})).await;
+    let first = h
+        .wait_for("egress", "an address", |p| first_address(p).is_some())
+        .await;
+    let (first_id, address) = (provider_id(&first).unwrap(), first_address(&first).unwrap());
+    let instance = h
+        .provider_client()
+        .await
+        .get_instance(pb::GetInstanceRequest {
+            id: first_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+    assert_eq!(
+        instance.address_identity, first.metadata.uid,
+        "the identity is the UID"
+    );
+
+    h.control()
+        .await
+        .set_instance_state(control::SetInstanceStateRequest {
+            id: first_id.clone(),
+            state: pb::InstanceState::Stopped.into(),
+        })
+        .await
+        .unwrap();
+    let waiting = h.wait_reason("egress", "WaitingForOldInstance").await;
+    let message = waiting.status.unwrap().conditions;
+    assert!(
+        message
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.message.contains(&first_id)),
+        "the status names the instance it waits for: {message:?}"
+    );
+    let replaced = h
+        .wait_for("egress", "a replacement with an address", |p| {
+            provider_id(p).is_some_and(|id| id != first_id) && first_address(p).is_some()
+        })
+        .await;
+    assert_eq!(
+        first_address(&replaced).as_deref(),
+        Some(address.as_str()),
+        "the replacement got the address back"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_gets_the_address_it_asks_for_and_a_taken_one_is_reported() {
+    let h = Harness::keeping_addresses("ask-address", &[]).await;
+    let asking = serde_json::json!({"egress": {"address": "192.0.2.77"}});
+    h.create("egress", 9, asking.clone()).await;
+    let granted = h
+        .wait_for("egress", "an address", |p| first_address(p).is_some())
+        .await;
+    assert_eq!(first_address(&granted).as_deref(), Some("192.0.2.77"));
+
+    // Another Proxy asking for it is told the address is taken; it is not mistaken
+    // for its own key being taken (which would try key after key).
+    h.create("thief", 9, asking).await;
+    let refused = h.wait_reason("thief", "AddressTaken").await;
+    assert_eq!(phase(&refused), Some(Phase::Failed));
+    let thief_uid = refused.metadata.uid.unwrap();
+    let of_thief: Vec<_> = h
+        .instances()
+        .await
+        .into_iter()
+        .filter(|i| i.tags.get("egressproxy.dev/uid") == Some(&thief_uid))
+        .collect();
+    assert_eq!(of_thief, [], "the refused Proxy made no instance");
+    assert_eq!(
+        refused.status.unwrap().instance_key.as_deref(),
+        Some(&*format!("{thief_uid}-0"))
+    );
+
+    h.create(
+        "typo",
+        9,
+        serde_json::json!({"egress": {"address": "192.0.2.300"}}),
+    )
+    .await;
+    let typo = h.wait_reason("typo", "InvalidSpec").await;
+    let ready = typo.status.unwrap().conditions;
+    assert!(
+        ready.iter().any(|c| c.type_ == "Ready"
+            && c.message
+                .contains("spec.egress.address: \"192.0.2.300\" is not an IP address")),
+        "{ready:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_without_kept_addresses_gets_no_identity_and_refuses_a_chosen_address() {
+    let h = Harness::start("no-kept-address").await;
+    let port = proxy_port().await;
+    h.create("plain", port, serde_json::json!({})).await;
+    h.wait_ready("plain").await;
+    let instances = h.instances().await;
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].address_identity, None);
+
+    h.create(
+        "asking",
+        port,
+        serde_json::json!({"egress": {"address": "192.0.2.77"}}),
+    )
+    .await;
+    let refused = h.wait_reason("asking", "InvalidSpec").await;
+    assert_eq!(phase(&refused), Some(Phase::Failed));
+    let ready = refused.status.unwrap().conditions;
+    assert!(
+        ready.iter().any(|c| c.type_ == "Ready"
+            && c.message
+                .contains("spec.egress.address: provider reference cannot")),
+        "{ready:?}"
+    );
+    assert_eq!(
+        h.instances().await.len(),
+        1,
+        "no instance for the refused Proxy"
+    );
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use egressproxy_provider::error::reason;
 use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
@@ -12,7 +13,7 @@ use kube::runtime::controller::Action;
 use super::observe::{self, probe_address};
 use super::plan::{Cause, Step};
 use super::tags;
-use super::{Pass, no_room};
+use super::{Pass, egress_address, no_room};
 use crate::context::PendingReplacement;
 use crate::crd::{Placement, ProxyAddress, condition};
 use crate::error::{Error, Result};
@@ -84,6 +85,13 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     provider
         .validate_placement(placement(&pass.proxy.spec.placement))
         .await?;
+    let capabilities = provider.handshake().await?.capabilities;
+    let address = egress_address::address_fields(
+        &capabilities,
+        provider.name(),
+        &pass.key.uid,
+        pass.proxy.spec.egress.as_ref(),
+    )?;
     let cloud_init = observe::cloud_init(pass.ctx, pass.key, pass.proxy).await?;
     let key = pass.key.instance_key(pass.status.replacements);
     pass.status.instance_key = Some(key.clone());
@@ -100,11 +108,17 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
         placement: Some(placement(&pass.proxy.spec.placement)),
         cloud_init: Some(cloud_init),
         proxy_port: u32::from(pass.proxy.spec.proxy_port),
-        ..Default::default()
+        address_identity: address.identity,
+        requested_address: address.requested,
     };
     let instance = match provider.create(request).await {
         Ok(instance) => instance,
-        Err(Error::Provider { source, .. }) if source.class == ErrorClass::AlreadyExists => {
+        // ALREADY_EXISTS names either the key (an earlier attempt's instance) or, with
+        // ADDRESS_TAKEN, the requested address: only the first is this Proxy's to fix.
+        Err(Error::Provider { source, .. })
+            if source.class == ErrorClass::AlreadyExists
+                && source.reason != reason::ADDRESS_TAKEN =>
+        {
             return replace_stale_attempt(pass).await;
         }
         Err(error) => {

@@ -30,6 +30,7 @@
 mod abandon;
 mod act;
 mod cleanup;
+mod egress_address;
 pub mod key;
 pub mod no_room;
 pub mod observe;

@@ -38,6 +38,16 @@ pub use causes::{append_causes, with_causes};
 /// `ErrorInfo.domain` of every error the contract defines.
 pub const ERROR_DOMAIN: &str = "egressproxy.dev";
 
+/// `ErrorInfo.reason`s that a caller must tell apart from others of their class.
+pub mod reason {
+    /// UNAVAILABLE: an earlier instance of the address identity still exists; retry
+    /// once it is gone.
+    pub const ADDRESS_IDENTITY_IN_USE: &str = "ADDRESS_IDENTITY_IN_USE";
+    /// ALREADY_EXISTS: the requested address is held by another identity's instance,
+    /// not the key by another instance.
+    pub const ADDRESS_TAKEN: &str = "ADDRESS_TAKEN";
+}
+
 /// What a caller should do about an error. Carried on the wire by the gRPC code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorClass {
