@@ -302,7 +302,10 @@ pub(crate) fn agent_metadata(
         .collect();
     let read = pipelined(conn, &ours, |domain| read_metadata(domain))?;
     // A domain with the agent's name prefix but no metadata is not the agent's.
-    Ok(read.into_iter().collect::<Option<Vec<_>>>().map(|all| all.into_iter().flatten().collect()))
+    Ok(read
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(|all| all.into_iter().flatten().collect()))
 }
 
 /// Threads that read domain metadata concurrently during a listing.

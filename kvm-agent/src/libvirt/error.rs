@@ -114,8 +114,7 @@ impl LibvirtError {
             LibvirtError::Transport(e) => e.drops_connection(),
             LibvirtError::Shared(error) => error.drops_connection(),
             // libvirt answered: the connection is fine.
-            LibvirtError::NoDhcpRange { .. }
-            | LibvirtError::AddressesExhausted { .. } => false,
+            LibvirtError::NoDhcpRange { .. } | LibvirtError::AddressesExhausted { .. } => false,
             _ => true,
         }
     }

@@ -65,7 +65,9 @@ pub fn choose_address(facts: &DhcpFacts, mac: &str) -> Option<Ipv4Addr> {
     let sizes: Vec<u64> = facts
         .ranges
         .iter()
-        .map(|(start, end)| u64::from(u32::from(*end)).saturating_sub(u64::from(u32::from(*start))) + 1)
+        .map(|(start, end)| {
+            u64::from(u32::from(*end)).saturating_sub(u64::from(u32::from(*start))) + 1
+        })
         .collect();
     let total: u64 = sizes.iter().sum();
     if total == 0 {
@@ -74,7 +76,9 @@ pub fn choose_address(facts: &DhcpFacts, mac: &str) -> Option<Ipv4Addr> {
     let seed = mac
         .split(':')
         .filter_map(|octet| u8::from_str_radix(octet, 16).ok())
-        .fold(0u64, |acc, octet| (acc << 8 | u64::from(octet)) & 0xffff_ffff);
+        .fold(0u64, |acc, octet| {
+            (acc << 8 | u64::from(octet)) & 0xffff_ffff
+        });
     let at = |mut index: u64| {
         for ((start, _), size) in facts.ranges.iter().zip(&sizes) {
             if index < *size {
@@ -127,7 +131,11 @@ pub fn reserve(
         attempt += 1;
         let facts = dhcp_facts(&net, network_name)?;
         if let Some(ip) = facts.reserved_for(&mac) {
-            return Ok(Reservation { mac, ip, created: false });
+            return Ok(Reservation {
+                mac,
+                ip,
+                created: false,
+            });
         }
         if facts.ranges.is_empty() {
             return Err(CallFailure::Agent(LibvirtError::NoDhcpRange {
@@ -148,7 +156,13 @@ pub fn reserve(
             &xml,
             update_flags(&net)?,
         ) {
-            Ok(()) => return Ok(Reservation { mac, ip, created: true }),
+            Ok(()) => {
+                return Ok(Reservation {
+                    mac,
+                    ip,
+                    created: true,
+                });
+            }
             // Another Create took the address (or reserved this MAC) between the read
             // and the update: read again and choose again.
             Err(e) if e.code().is(ErrorNumber::OperationInvalid) && attempt < CHOICE_ATTEMPTS => {}
@@ -178,7 +192,9 @@ pub fn sweep(conn: &Connect, network_name: &str) -> Result<Vec<String>, CallFail
         .collect();
     let mut removed = Vec::new();
     for host in &facts.hosts {
-        let Some(mac) = host.mac.as_deref() else { continue };
+        let Some(mac) = host.mac.as_deref() else {
+            continue;
+        };
         if !is_identity_mac(mac) || kept.contains(mac) {
             continue;
         }
@@ -213,7 +229,10 @@ pub struct IdentityHolders {
 
 /// The agent's domains with `identity`, and any other identity with its MAC. A domain
 /// whose metadata cannot be read now is not counted.
-pub fn holders_of(conn: &Connect, identity: &str) -> Result<IdentityHolders, CallFailure<LibvirtError>> {
+pub fn holders_of(
+    conn: &Connect,
+    identity: &str,
+) -> Result<IdentityHolders, CallFailure<LibvirtError>> {
     let mac = mac_for_identity(identity);
     let mut holders = IdentityHolders::default();
     for metadata in agent_metadata(conn)?.unwrap_or_default() {
@@ -271,8 +290,16 @@ mod tests {
         let mac = "76:6b:00:00:00:02";
         let cases: &[((&str, &str), &[&str], Option<&str>)] = &[
             (("10.0.0.10", "10.0.0.13"), &[], Some("10.0.0.12")),
-            (("10.0.0.10", "10.0.0.13"), &["10.0.0.12"], Some("10.0.0.13")),
-            (("10.0.0.10", "10.0.0.13"), &["10.0.0.12", "10.0.0.13"], Some("10.0.0.10")),
+            (
+                ("10.0.0.10", "10.0.0.13"),
+                &["10.0.0.12"],
+                Some("10.0.0.13"),
+            ),
+            (
+                ("10.0.0.10", "10.0.0.13"),
+                &["10.0.0.12", "10.0.0.13"],
+                Some("10.0.0.10"),
+            ),
             (
                 ("10.0.0.10", "10.0.0.13"),
                 &["10.0.0.10", "10.0.0.11", "10.0.0.12", "10.0.0.13"],
@@ -290,7 +317,10 @@ mod tests {
         }
         let two_ranges = DhcpFacts {
             own_addresses: vec![],
-            ranges: vec![(ip("10.0.0.10"), ip("10.0.0.11")), (ip("10.0.1.10"), ip("10.0.1.11"))],
+            ranges: vec![
+                (ip("10.0.0.10"), ip("10.0.0.11")),
+                (ip("10.0.1.10"), ip("10.0.1.11")),
+            ],
             hosts: vec![],
         };
         assert_eq!(choose_address(&two_ranges, mac), Some(ip("10.0.1.10")));

@@ -40,14 +40,14 @@ use std::sync::Arc;
 use egressproxy_provider::pb;
 use tokio::time::Instant;
 
+use crate::config::Attachment;
 use crate::error::Error;
 use crate::guest::seed::build_seed;
 use crate::images::cache::BaseImage;
-use crate::config::Attachment;
 use crate::libvirt::domains::FoundDomain;
+use crate::libvirt::domains::{self, NicKind};
 use crate::libvirt::identity_mac::mac_for_identity;
 use crate::libvirt::reservations;
-use crate::libvirt::domains::{self, NicKind};
 use crate::libvirt::volumes;
 use crate::libvirt::xml::domain::{DomainSpec, VirtType};
 use crate::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
@@ -221,14 +221,16 @@ pub async fn sweep_reservations(host: &Arc<HostPool>, deadline: Instant) -> Resu
         return Ok(());
     };
     let removed = host
-        .call(
-            LibvirtOp::new("virNetworkUpdate"),
-            deadline,
-            move |conn| reservations::sweep(conn, &network),
-        )
+        .call(LibvirtOp::new("virNetworkUpdate"), deadline, move |conn| {
+            reservations::sweep(conn, &network)
+        })
         .await?;
     if !removed.is_empty() {
-        tracing::info!(host = host.name(), ?removed, "removed reservations no domain holds");
+        tracing::info!(
+            host = host.name(),
+            ?removed,
+            "removed reservations no domain holds"
+        );
     }
     Ok(())
 }

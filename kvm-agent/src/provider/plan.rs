@@ -138,8 +138,8 @@ fn undeclared_address_fields(
     config: &Config,
     request: &pb::CreateInstanceRequest,
 ) -> impl Iterator<Item = (String, String)> {
-    let identity_refused = request.address_identity.is_some()
-        && !address_identities_supported(config);
+    let identity_refused =
+        request.address_identity.is_some() && !address_identities_supported(config);
     [
         (
             "address_identity",

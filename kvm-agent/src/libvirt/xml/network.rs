@@ -71,10 +71,11 @@ struct HostXml {
 impl DhcpFacts {
     /// Reads the IPv4 DHCP facts of a network's XML (`virNetworkGetXMLDesc`).
     pub fn parse(xml: &str) -> Result<Self, XmlError> {
-        let network: NetworkXml = quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {
-            what: "network XML",
-            source,
-        })?;
+        let network: NetworkXml =
+            quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {
+                what: "network XML",
+                source,
+            })?;
         let mut facts = DhcpFacts::default();
         for ip in network.ip {
             if ip.family.as_deref().is_some_and(|f| f != "ipv4") {
@@ -129,7 +130,10 @@ mod tests {
             <ip family='ipv6' address='fd00::1' prefix='64'><dhcp>\
             <range start='fd00::10' end='fd00::20'/></dhcp></ip></network>";
         let facts = DhcpFacts::parse(xml).unwrap();
-        assert_eq!(facts.own_addresses, ["192.168.122.1".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(
+            facts.own_addresses,
+            ["192.168.122.1".parse::<Ipv4Addr>().unwrap()]
+        );
         assert_eq!(
             facts.ranges,
             [(
