@@ -125,7 +125,10 @@ fn reservations_follow_the_domains_of_their_identities() {
     // A's last instance is deleted: the sweep removes its reservation, and only it (the
     // foreign entry for a libvirt MAC stays).
     delete_instance(&conn, &a, "no-such-pool").unwrap();
-    assert_eq!(sweep(&conn, NETWORK).unwrap(), [first.mac.clone()]);
+    assert_eq!(
+        sweep(&conn, NETWORK).unwrap(),
+        std::slice::from_ref(&first.mac)
+    );
     let left: Vec<_> = identity_reservations(&conn, NETWORK).unwrap();
     assert_eq!(left, [(other.mac.clone(), Some(other.ip))]);
     assert!(host_list(&conn).contains(&(
@@ -145,7 +148,10 @@ fn reservations_follow_the_domains_of_their_identities() {
         .undefine()
         .unwrap();
     assert_eq!(identity_reservations(&conn, NETWORK).unwrap().len(), 2);
-    assert_eq!(sweep(&conn, NETWORK).unwrap(), [first.mac.clone()]);
+    assert_eq!(
+        sweep(&conn, NETWORK).unwrap(),
+        std::slice::from_ref(&first.mac)
+    );
 
     // The last one goes: the host list is back to what it was.
     delete_instance(

@@ -300,7 +300,7 @@ pub(crate) fn agent_metadata(
                 .is_ok_and(|name| InstanceNames::key_of_domain(&name).is_some())
         })
         .collect();
-    let read = pipelined(conn, &ours, |domain| read_metadata(domain))?;
+    let read = pipelined(conn, &ours, read_metadata)?;
     // A domain with the agent's name prefix but no metadata is not the agent's.
     Ok(read
         .into_iter()

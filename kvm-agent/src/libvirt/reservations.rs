@@ -288,7 +288,8 @@ mod tests {
     fn the_choice_starts_at_the_macs_place_skips_what_is_held_and_wraps() {
         // Seed 0x00000002 in a range of 4: index 2.
         let mac = "76:6b:00:00:00:02";
-        let cases: &[((&str, &str), &[&str], Option<&str>)] = &[
+        type Case<'a> = ((&'a str, &'a str), &'a [&'a str], Option<&'a str>);
+        let cases: &[Case] = &[
             (("10.0.0.10", "10.0.0.13"), &[], Some("10.0.0.12")),
             (
                 ("10.0.0.10", "10.0.0.13"),
