@@ -2,7 +2,7 @@
 //! functions of one connection.
 //!
 //! Where the identity → address mapping lives: in libvirt, never in the agent's memory.
-//! The domain's metadata names its identity ([`InstanceMetadata::address_identity`]), its
+//! The domain's metadata names its identity ([`crate::libvirt::xml::metadata::InstanceMetadata::address_identity`]), its
 //! NIC has the identity's MAC ([`mac_for_identity`]), and the network's `<host mac ip/>`
 //! list maps that MAC to the address. An agent that restarts reads all three back.
 //!
