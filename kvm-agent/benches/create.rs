@@ -193,7 +193,9 @@ fn create_directly(
         overlay_path: overlay.path()?.into(),
         seed_path: seed_vol.path()?.into(),
         attachment: Attachment::Network("default".into()),
+        mac: None,
         metadata: InstanceMetadata {
+            address_identity: None,
             key: key.into(),
             name: format!("bench/{key}"),
             created: "2026-11-30T00:00:00Z".into(),

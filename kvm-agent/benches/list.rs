@@ -152,7 +152,9 @@ fn define_domains(uri: &str, count: usize) -> anyhow::Result<Duration> {
             overlay_path: format!("/var/lib/libvirt/images/{}", names.overlay_volume).into(),
             seed_path: format!("/var/lib/libvirt/images/{}", names.seed_volume).into(),
             attachment: Attachment::Network("default".into()),
+            mac: None,
             metadata: InstanceMetadata {
+                address_identity: None,
                 key: key.clone(),
                 name: format!("bench/proxy-{i}"),
                 created: "2026-11-30T00:00:00Z".into(),

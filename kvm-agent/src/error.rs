@@ -28,6 +28,10 @@ pub use crate::transport::libvirt_error::{
     LibvirtFailure, classify_libvirt, classify_libvirt_parts,
 };
 
+/// When a Create refused because its identity's earlier instance exists may try again:
+/// the caller deletes that instance first, which takes about a second.
+pub const ADDRESS_IDENTITY_IN_USE_RETRY: Duration = Duration::from_secs(2);
+
 /// Errors of the kvm-agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -129,6 +133,34 @@ pub enum Error {
         key: String,
     },
 
+    /// An instance of the request's address identity (under another key) exists: two
+    /// instances with one address would take each other's traffic.
+    #[error(
+        "address identity {identity} is held by instance {holder}: delete it, and retry \
+         once it is gone"
+    )]
+    AddressIdentityInUse {
+        /// The identity.
+        identity: String,
+        /// The id of the instance that holds it.
+        holder: String,
+    },
+
+    /// Another identity's instance has the MAC derived from this identity (32 bits of a
+    /// digest collided), so the two would share a DHCP reservation.
+    #[error(
+        "address identity {identity} derives the same MAC as identity {other}, which an \
+         instance on host {host} holds: use another identity"
+    )]
+    IdentityMacShared {
+        /// The identity asked for.
+        identity: String,
+        /// The identity already using the MAC.
+        other: String,
+        /// Host name from the configuration.
+        host: String,
+    },
+
     /// The instance a request names does not exist.
     #[error("instance {id} does not exist ({detail})")]
     InstanceNotFound {
@@ -203,6 +235,9 @@ impl Error {
                 .retry_after(egressproxy_provider::locations::NO_ROOM_RETRY),
             Error::SpecMismatch { .. } => of(C::AlreadyExists, "SPEC_MISMATCH"),
             Error::InstanceNotFound { .. } => of(C::NotFound, "INSTANCE_NOT_FOUND"),
+            Error::AddressIdentityInUse { .. } => of(C::Transient, "ADDRESS_IDENTITY_IN_USE")
+                .retry_after(ADDRESS_IDENTITY_IN_USE_RETRY),
+            Error::IdentityMacShared { .. } => of(C::Permanent, "IDENTITY_MAC_SHARED"),
             Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
             Error::InvalidArgument { .. } | Error::InvalidFields { .. } => {
                 of(C::InvalidArgument, "INVALID_ARGUMENT")

@@ -4,7 +4,9 @@
 //! DHCP lease from the host's network, so the instance goes PROVISIONING -> RUNNING
 //! with an address. Also: Create is idempotent after a failure at every step, the same
 //! key with another spec is ALREADY_EXISTS, and concurrent Creates of one key make one
-//! domain. A BIOS guest whose DHCP attempt failed boots again.
+//! domain. A BIOS guest whose DHCP attempt failed boots again. An address identity's DHCP
+//! reservation is in the network before the domain starts, survives a Create stopped
+//! between the two and an agent restart, and goes with the identity's last instance.
 
 mod common;
 mod guest_env;
@@ -942,4 +944,132 @@ async fn user_data_never_reaches_logs_or_spans() {
         "the agent's log was captured"
     );
     assert!(!log.contains(&marker), "the log holds user-data");
+}
+
+/// The DHCP host entries of the host's `default` network, live or as defined.
+fn dhcp_hosts(agent: &Agent, inactive: bool) -> Vec<(Option<String>, Option<std::net::Ipv4Addr>)> {
+    let uri = agent.guest_host.libvirtd.uri();
+    let mut args = vec!["-c", &uri, "net-dumpxml", "default"];
+    if inactive {
+        args.push("--inactive");
+    }
+    let out = std::process::Command::new("virsh")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let xml = String::from_utf8(out.stdout).unwrap();
+    let mut hosts: Vec<_> = kvm_agent::libvirt::xml::network::DhcpFacts::parse(&xml)
+        .unwrap()
+        .hosts
+        .into_iter()
+        .map(|h| (h.mac, h.ip))
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_identity_is_reserved_before_start_and_released_with_its_last_instance() {
+    use kvm_agent::libvirt::identity_mac::mac_for_identity;
+    // The agent is "killed" once, between the reservation and the domain's start.
+    let armed = Arc::new(AtomicBool::new(true));
+    let hook = {
+        let armed = armed.clone();
+        FaultHook::new(move |step| {
+            if step == CreateStep::Reservation && armed.swap(false, Ordering::SeqCst) {
+                return Err(Error::Transport(TransportError::Worker {
+                    host: "hv1".into(),
+                    op: "injected fault",
+                    reason: "killed after the reservation".into(),
+                }));
+            }
+            Ok(())
+        })
+    };
+    let agent = agent(hook).await;
+    let before = dhcp_hosts(&agent, false);
+    let identity = "proxy-uid-7f3a";
+    let mac = mac_for_identity(identity);
+    let mut first = request("uid-identity-1");
+    first.address_identity = Some(identity.into());
+
+    let err = agent.create(&first).await.unwrap_err();
+    assert!(err.message.contains("injected fault"), "{err}");
+    let names = InstanceNames::for_key(&first.key).unwrap();
+    // Stopped at the seam: the reservation is in the network (live and as defined) while
+    // the domain has not started, and ListInstances shows the instance that holds it.
+    assert_eq!(agent.guest_host.domstate(&names.domain), "shut off");
+    let reserved: Vec<_> = dhcp_hosts(&agent, false)
+        .into_iter()
+        .filter(|(m, _)| m.as_deref() == Some(mac.as_str()))
+        .collect();
+    assert_eq!(reserved.len(), 1, "{reserved:?}");
+    let address = reserved[0].1.expect("the reservation has an address");
+    assert_eq!(dhcp_hosts(&agent, true), dhcp_hosts(&agent, false));
+    let listed = agent
+        .instances
+        .list(&[], deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].address_identity.as_deref(), Some(identity));
+
+    // A restarted agent (nothing shared with the first but libvirt) finishes the Create
+    // with the same reservation.
+    let config = agent.instances.config().clone();
+    let restarted = Instances::new(config.clone(), Arc::new(Pool::new(&config).unwrap()));
+    let instance = restarted
+        .create(&first, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(instance.address_identity.as_deref(), Some(identity));
+    assert_eq!(agent.guest_host.domstate(&names.domain), "running");
+    let dumpxml = std::process::Command::new("virsh")
+        .args([
+            "-c",
+            &agent.guest_host.libvirtd.uri(),
+            "dumpxml",
+            &names.domain,
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&dumpxml.stdout).contains(&mac));
+    let after_restart = dhcp_hosts(&agent, false);
+    assert!(after_restart.contains(&(Some(mac.clone()), Some(address))));
+    assert_eq!(after_restart.len(), before.len() + 1, "{after_restart:?}");
+
+    // One instance of an identity at a time.
+    let mut second = request("uid-identity-2");
+    second.address_identity = Some(identity.into());
+    let err = egressproxy_provider::ProviderError::from(
+        restarted
+            .create(&second, deadline_in(GENEROUS))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.reason, "ADDRESS_IDENTITY_IN_USE", "{err}");
+    assert_eq!(err.class, ErrorClass::Transient, "{err}");
+    assert!(err.message.contains("hv1/uid-identity-1"), "{err}");
+
+    // The last instance goes, and its reservation with it.
+    restarted
+        .delete(&instance.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(dhcp_hosts(&agent, false), before);
+    assert_eq!(dhcp_hosts(&agent, true), before);
+
+    // The replacement gets the same address, reserved before it starts.
+    let replacement = restarted
+        .create(&second, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(dhcp_hosts(&agent, false).contains(&(Some(mac.clone()), Some(address))));
+    restarted
+        .delete(&replacement.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(dhcp_hosts(&agent, false), before);
+    assert!(agent.guest_host.domains().is_empty());
 }

@@ -52,6 +52,7 @@ fn metadata(
         .prop_map(
             |(key, name, (host, machine_type, image, base_volume), tags, proxy_port)| {
                 InstanceMetadata {
+                    address_identity: Some(key.clone()),
                     key,
                     name,
                     created: "2026-11-30T01:02:03Z".into(),
@@ -90,6 +91,10 @@ fn domain_spec(
                     InstanceNames::for_key(&metadata.key).expect("the strategy makes valid keys");
                 let dir = Path::new("/").join(dir);
                 DomainSpec {
+                    mac: metadata
+                        .address_identity
+                        .as_deref()
+                        .map(kvm_agent::libvirt::identity_mac::mac_for_identity),
                     name: names.domain,
                     virt_type: if kvm { VirtType::Kvm } else { VirtType::Qemu },
                     vcpus,
@@ -324,7 +329,9 @@ fn every_hostile_character_is_refused_or_kept() {
             overlay_path: "/p/o".into(),
             seed_path: "/p/s".into(),
             attachment: Attachment::Network("default".into()),
+            mac: None,
             metadata: InstanceMetadata {
+                address_identity: None,
                 key: format!("hostile-char-{i}"),
                 name: value.clone(),
                 created: "2026-11-30T01:02:03Z".into(),

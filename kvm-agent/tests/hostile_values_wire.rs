@@ -205,7 +205,9 @@ fn define_on_test_driver(config: &Config, request: &pb::CreateInstanceRequest, c
         overlay_path: format!("/var/lib/libvirt/images/{}", plan.names.overlay_volume).into(),
         seed_path: format!("/var/lib/libvirt/images/{}", plan.names.seed_volume).into(),
         attachment: plan.candidates[0].attachment(),
+        mac: None,
         metadata: InstanceMetadata {
+            address_identity: None,
             key: request.key.clone(),
             name: request.name.clone(),
             created: "2026-11-30T01:02:03Z".into(),

@@ -114,7 +114,9 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         overlay_path: overlay_path.into(),
         seed_path: seed_path.into(),
         attachment: Attachment::Network("default".into()),
+        mac: None,
         metadata: InstanceMetadata {
+            address_identity: None,
             key: key.into(),
             name: "ns/proxy".into(),
             created: "2026-11-30T01:02:03Z".into(),

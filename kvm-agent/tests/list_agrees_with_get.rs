@@ -31,7 +31,9 @@ fn define(conn: &Connect, key: &str) -> InstanceNames {
         overlay_path: format!("/var/lib/libvirt/images/{}", names.overlay_volume).into(),
         seed_path: format!("/var/lib/libvirt/images/{}", names.seed_volume).into(),
         attachment: Attachment::Network("default".into()),
+        mac: None,
         metadata: InstanceMetadata {
+            address_identity: None,
             key: key.into(),
             name: format!("default/{key}"),
             created: "2026-11-30T01:02:03Z".into(),

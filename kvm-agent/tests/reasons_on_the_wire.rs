@@ -77,6 +77,18 @@ const NOT_ON_DEMAND: &[(&str, &str)] = &[
         "`serve` refuses to start with an invalid config, so no call can meet one",
     ),
     (
+        "NETWORK_WITHOUT_DHCP",
+        "needs a libvirt network without a DHCP range; `reservations_test_driver` makes one and meets it",
+    ),
+    (
+        "ADDRESSES_EXHAUSTED",
+        "needs every address of the network's DHCP range reserved (253 instances here); the choice is table-tested in `libvirt::reservations`",
+    ),
+    (
+        "IDENTITY_MAC_SHARED",
+        "needs two identities whose SHA-256 share 32 bits, which no test can find on demand",
+    ),
+    (
         "KVM_PROBE_RUNNING",
         "needs a host whose libvirt offers KVM, so that `domainType: auto` boots a probe guest; the test's libvirtd offers none and the answer is immediate",
     ),
@@ -418,6 +430,24 @@ async fn every_documented_reason_reaches_the_wire() {
         "SPEC_MISMATCH",
     );
     let id = made.into_inner().instance.unwrap().id;
+    client
+        .delete_instance(with_deadline(pb::DeleteInstanceRequest { id }, minute))
+        .await
+        .unwrap();
+    let mut holder = create("held-1", "hv1", "ipxe");
+    holder.address_identity = Some("wire-identity".into());
+    let held = client
+        .create_instance(with_deadline(holder, minute))
+        .await
+        .expect("Create with an address identity");
+    let mut second = create("held-2", "hv1", "ipxe");
+    second.address_identity = Some("wire-identity".into());
+    seen.expect(
+        "a second key with an identity whose instance exists",
+        client.create_instance(with_deadline(second, minute)).await,
+        "ADDRESS_IDENTITY_IN_USE",
+    );
+    let id = held.into_inner().instance.unwrap().id;
     client
         .delete_instance(with_deadline(pb::DeleteInstanceRequest { id }, minute))
         .await

@@ -34,7 +34,9 @@ fn spec(key: &str, firmware: Firmware) -> DomainSpec {
         overlay_path: format!("/var/lib/libvirt/images/{}", names.overlay_volume).into(),
         seed_path: format!("/var/lib/libvirt/images/{}", names.seed_volume).into(),
         attachment: Attachment::Network("default".into()),
+        mac: None,
         metadata: InstanceMetadata {
+            address_identity: None,
             key: key.into(),
             name: r#"ns/"quoted" & <angled>"#.into(),
             created: "2026-11-30T01:02:03Z".into(),

@@ -285,6 +285,29 @@ pub fn list_instances_knowing(
     Ok(found)
 }
 
+/// The metadata of every domain of the agent; `None` when one of them cannot be read
+/// now (it vanished, or libvirt failed to answer for it), so that a caller that would
+/// remove what no domain holds removes nothing it cannot see.
+pub(crate) fn agent_metadata(
+    conn: &Connect,
+) -> Result<Option<Vec<InstanceMetadata>>, CallFailure<LibvirtError>> {
+    let ours: Vec<Domain> = conn
+        .list_all_domains(0)?
+        .into_iter()
+        .filter(|domain| {
+            domain
+                .name()
+                .is_ok_and(|name| InstanceNames::key_of_domain(&name).is_some())
+        })
+        .collect();
+    let read = pipelined(conn, &ours, read_metadata)?;
+    // A domain with the agent's name prefix but no metadata is not the agent's.
+    Ok(read
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .map(|all| all.into_iter().flatten().collect()))
+}
+
 /// Threads that read domain metadata concurrently during a listing.
 pub const METADATA_READERS: usize = 8;
 
@@ -441,6 +464,8 @@ pub enum FoundDomain {
     Ours {
         /// `specSha256` from its metadata.
         spec_sha256: String,
+        /// The address identity it was created with.
+        address_identity: Option<String>,
         /// Whether it runs (running, blocked or paused by libvirt's start).
         running: bool,
     },
@@ -458,6 +483,7 @@ pub fn find_domain(conn: &Connect, name: &str) -> Result<FoundDomain, CallFailur
     };
     Ok(FoundDomain::Ours {
         spec_sha256: metadata.spec_sha256,
+        address_identity: metadata.address_identity,
         running: domain.is_active()?,
     })
 }

@@ -14,6 +14,10 @@ use crate::libvirt::xml::XmlError;
 use crate::transport::call::CallError;
 use crate::transport::error::TransportError;
 
+/// When a Create refused for want of a free address may try again: addresses come free
+/// only as instances of other identities are deleted.
+pub const ADDRESSES_EXHAUSTED_RETRY: Duration = Duration::from_secs(60);
+
 /// Errors of asking libvirt for something.
 #[derive(Debug, thiserror::Error)]
 pub enum LibvirtError {
@@ -42,6 +46,27 @@ pub enum LibvirtError {
         retry_in: Duration,
     },
 
+    /// The network has no IPv4 DHCP range, so an address identity cannot be given an
+    /// address from it.
+    #[error(
+        "network {network} has no IPv4 DHCP range: an address identity needs one to reserve \
+         an address from (add <dhcp><range .../></dhcp> to the network)"
+    )]
+    NoDhcpRange {
+        /// The network's name.
+        network: String,
+    },
+
+    /// Every address of the network's DHCP ranges is reserved for another identity.
+    #[error(
+        "network {network}: every address of its DHCP ranges is reserved for another \
+         address identity; delete instances of other identities or widen the range"
+    )]
+    AddressesExhausted {
+        /// The network's name.
+        network: String,
+    },
+
     /// The failure of work shared by several callers (one KVM probe), as each of them
     /// sees it: message, class and reason are the underlying error's.
     #[error(transparent)]
@@ -66,6 +91,13 @@ impl LibvirtError {
                 Classification::new(ErrorClass::Transient, "KVM_PROBE_RUNNING")
                     .retry_after(*retry_in)
             }
+            LibvirtError::NoDhcpRange { .. } => {
+                Classification::new(ErrorClass::Permanent, "NETWORK_WITHOUT_DHCP")
+            }
+            LibvirtError::AddressesExhausted { .. } => {
+                Classification::new(ErrorClass::QuotaExhausted, "ADDRESSES_EXHAUSTED")
+                    .retry_after(ADDRESSES_EXHAUSTED_RETRY)
+            }
             LibvirtError::Shared(error) => error.classify(),
         }
     }
@@ -81,6 +113,8 @@ impl LibvirtError {
         match self {
             LibvirtError::Transport(e) => e.drops_connection(),
             LibvirtError::Shared(error) => error.drops_connection(),
+            // libvirt answered: the connection is fine.
+            LibvirtError::NoDhcpRange { .. } | LibvirtError::AddressesExhausted { .. } => false,
             _ => true,
         }
     }

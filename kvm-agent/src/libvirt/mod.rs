@@ -7,6 +7,9 @@
 //! - [`domains`]: finding, reading, listing, defining, starting and deleting domains.
 //! - [`addresses`]: where a guest's addresses come from, and which of them are usable.
 //! - `volumes`: an instance's overlay and seed volumes.
+//! - [`identity_mac`]: the MAC of an instance's NIC, derived from its address identity.
+//! - [`reservations`]: the DHCP host reservations that give an identity its address on
+//!   a libvirt network, and their sweep.
 //! - [`error`]: the layer's error type, [`LibvirtError`], which every function here
 //!   fails with (through [`CallFailure`](crate::transport::call::CallFailure)).
 //! - [`host`]: what a hypervisor can run ([`host::capabilities`]) and whether it is ready
@@ -16,7 +19,9 @@ pub mod addresses;
 pub mod domains;
 pub mod error;
 pub mod host;
+pub mod identity_mac;
 pub mod naming;
+pub mod reservations;
 pub(crate) mod volumes;
 pub mod xml;
 

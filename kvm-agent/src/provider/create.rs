@@ -19,7 +19,15 @@
 //!    have left a truncated seed, so one is never reused);
 //! 5. **define** the domain: file disks whose paths libvirt reported for the volumes,
 //!    the metadata element with key, name, tags, creation time and spec digest;
-//! 6. **start** it, and return the instance (PROVISIONING until it has an address).
+//! 6. with an address identity, **reserve** its address: reservations no domain holds
+//!    any longer are swept, then the network's DHCP host entry for the identity's MAC
+//!    (which the domain's NIC has) is found or made ([`crate::libvirt::reservations`]);
+//!    after the define, so a reservation never exists without its domain, and before the
+//!    start, so the guest's first DHCP request gets the address;
+//! 7. **start** it, and return the instance (PROVISIONING until it has an address).
+//!
+//! Before step 2, a new instance with an address identity is refused while another
+//! key's instance of the identity exists on the host (ADDRESS_IDENTITY_IN_USE).
 //!
 //! A failure at any point leaves only what a repeated Create reuses (overlay, defined
 //! domain) or replaces (seed): a retry ends with one running domain, one overlay and one
@@ -32,11 +40,14 @@ use std::sync::Arc;
 use egressproxy_provider::pb;
 use tokio::time::Instant;
 
+use crate::config::Attachment;
 use crate::error::Error;
 use crate::guest::seed::build_seed;
 use crate::images::cache::BaseImage;
 use crate::libvirt::domains::FoundDomain;
 use crate::libvirt::domains::{self, NicKind};
+use crate::libvirt::identity_mac::mac_for_identity;
+use crate::libvirt::reservations;
 use crate::libvirt::volumes;
 use crate::libvirt::xml::domain::{DomainSpec, VirtType};
 use crate::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
@@ -59,18 +70,21 @@ pub enum CreateStep {
     SeedUpload,
     /// The domain is defined, not started.
     Define,
+    /// The address identity's DHCP reservation exists (a no-op without an identity).
+    Reservation,
     /// The domain is started.
     Start,
 }
 
 impl CreateStep {
     /// Every step, in order.
-    pub const ALL: [CreateStep; 6] = [
+    pub const ALL: [CreateStep; 7] = [
         CreateStep::BaseImage,
         CreateStep::Overlay,
         CreateStep::SeedVolume,
         CreateStep::SeedUpload,
         CreateStep::Define,
+        CreateStep::Reservation,
         CreateStep::Start,
     ];
 }
@@ -149,13 +163,112 @@ pub async fn existing_instance(
                 key: key.to_owned(),
             })
         }
-        FoundDomain::Ours { running, .. } => {
+        FoundDomain::Ours {
+            running,
+            address_identity,
+            ..
+        } => {
             if !running {
+                // A Create stopped between define and reserve, or a sweep after the
+                // domain was stopped: the address is reserved again before the guest
+                // asks DHCP for one.
+                if let Some(identity) = &address_identity {
+                    reserve(host, &domain, identity, deadline).await?;
+                }
                 start(host, &domain, deadline).await?;
             }
             Ok(Some(read(host, plan, deadline).await?))
         }
     }
+}
+
+/// The reservation of `identity` on `host`'s network, for the instance's `domain`
+/// (traced with it); first the sweep of reservations no domain holds any longer, so
+/// that an address a crashed Delete left reserved is free again. Nothing on a bridge
+/// (the plan refuses identities where a host has one).
+async fn reserve(
+    host: &Arc<HostPool>,
+    domain: &str,
+    identity: &str,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let Attachment::Network(network) = host.config().attachment() else {
+        return Ok(());
+    };
+    sweep_reservations(host, deadline).await?;
+    let identity = identity.to_owned();
+    let reservation = host
+        .call(
+            LibvirtOp::new("virNetworkUpdate").domain(domain),
+            deadline,
+            move |conn| reservations::reserve(conn, &network, &identity),
+        )
+        .await?;
+    tracing::info!(
+        domain,
+        mac = %reservation.mac,
+        address = %reservation.ip,
+        created = reservation.created,
+        "address identity reserved"
+    );
+    Ok(())
+}
+
+/// Removes the reservations on `host`'s network that no domain of the agent holds (see
+/// [`reservations::sweep`]); nothing on a bridge.
+pub async fn sweep_reservations(host: &Arc<HostPool>, deadline: Instant) -> Result<(), Error> {
+    let Attachment::Network(network) = host.config().attachment() else {
+        return Ok(());
+    };
+    let removed = host
+        .call(LibvirtOp::new("virNetworkUpdate"), deadline, move |conn| {
+            reservations::sweep(conn, &network)
+        })
+        .await?;
+    if !removed.is_empty() {
+        tracing::info!(
+            host = host.name(),
+            ?removed,
+            "removed reservations no domain holds"
+        );
+    }
+    Ok(())
+}
+
+/// Before a new instance of `plan` is made on `host`: its address identity must not be
+/// held by an instance of another key there (ADDRESS_IDENTITY_IN_USE), nor its MAC by
+/// another identity's instance.
+pub async fn check_identity_free(
+    host: &Arc<HostPool>,
+    plan: &CreatePlan,
+    key: &str,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let Some(identity) = plan.address_identity.clone() else {
+        return Ok(());
+    };
+    let asked = identity.clone();
+    let holders = host
+        .call(
+            LibvirtOp::new("virConnectListAllDomains"),
+            deadline,
+            move |conn| reservations::holders_of(conn, &asked),
+        )
+        .await?;
+    if let Some(holder) = holders.keys.iter().find(|k| *k != key) {
+        return Err(Error::AddressIdentityInUse {
+            identity,
+            holder: format!("{}/{holder}", host.name()),
+        });
+    }
+    if let Some(other) = holders.mac_shared_with {
+        return Err(Error::IdentityMacShared {
+            identity,
+            other,
+            host: host.name().to_owned(),
+        });
+    }
+    Ok(())
 }
 
 async fn start(host: &Arc<HostPool>, domain: &str, deadline: Instant) -> Result<(), Error> {
@@ -259,12 +372,14 @@ pub async fn create_from_base(
         overlay_path: overlay.path,
         seed_path,
         attachment: host.config().attachment(),
+        mac: plan.address_identity.as_deref().map(mac_for_identity),
         metadata: InstanceMetadata {
             key: request.key.clone(),
             name: request.name.clone(),
             created: now_rfc3339(),
             proxy_port: request.proxy_port,
             spec_sha256: plan.spec_sha256.clone(),
+            address_identity: plan.address_identity.clone(),
             placement: PlacementRecord {
                 host: host.name().to_owned(),
                 zone: match &plan.location {
@@ -293,6 +408,14 @@ pub async fn create_from_base(
     )
     .await?;
     faults.after(CreateStep::Define)?;
+
+    // Only now that the domain exists, so that a sweep never finds the reservation
+    // without it (see `libvirt::reservations`), and before the start, so that the
+    // guest's first DHCP request already gets the identity's address.
+    if let Some(identity) = &plan.address_identity {
+        reserve(host, &names.domain, identity, deadline).await?;
+    }
+    faults.after(CreateStep::Reservation)?;
 
     start(host, &names.domain, deadline).await?;
     faults.after(CreateStep::Start)?;

@@ -203,6 +203,7 @@ impl Instances {
         {
             return Ok(existing);
         }
+        create::check_identity_free(&host, &plan, &request.key, deadline).await?;
         let virt_type = self.virt_types.for_host(&host, deadline).await?;
         let base = ensure_base(host.clone(), plan.clone()).await?;
         self.faults.after(CreateStep::BaseImage)?;
@@ -342,6 +343,16 @@ impl Instances {
                 domains::delete_instance(conn, &names, &storage_pool)
             })
             .await?;
+        // The identity's reservation goes with its last domain; also one that an
+        // interrupted Delete or Create left behind.
+        // A sweep that cannot finish for a reason retrying cannot fix must not pin the
+        // caller's Delete; the next Create or Delete on the host sweeps again.
+        if let Err(error) = create::sweep_reservations(&host, deadline).await {
+            if error.class().is_retryable() {
+                return Err(error);
+            }
+            tracing::warn!(instance.id = %id, %error, "delete: reservations not swept");
+        }
         if deleted.foreign_domain_left {
             tracing::warn!(
                 instance.id = %id,

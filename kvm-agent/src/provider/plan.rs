@@ -18,7 +18,7 @@ use egressproxy_provider::pb::placement::Location;
 use egressproxy_provider::{pb, validation};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, HostConfig, ImageConfig, MachineType};
+use crate::config::{Attachment, Config, HostConfig, ImageConfig, MachineType};
 use crate::error::{ConfigProblem, Error};
 use crate::guest::cloud_init::{SeedDocuments, seed_documents};
 use crate::libvirt::naming::{InstanceNames, hostname_for_key};
@@ -45,6 +45,8 @@ pub struct CreatePlan {
     pub documents: SeedDocuments,
     /// SHA-256 (hex) of the request's spec.
     pub spec_sha256: String,
+    /// The address identity asked for.
+    pub address_identity: Option<String>,
 }
 
 /// Checks `request` and resolves it against `config`. See the module docs.
@@ -63,7 +65,7 @@ pub fn plan_create(
         image,
         mut violations,
     } = resolve_parts(config, placement);
-    violations.extend(undeclared_address_fields(request));
+    violations.extend(undeclared_address_fields(config, request));
     if let Err(e) = check_xml_safe(&request.name) {
         violations.push(("name".into(), e.to_string()));
     }
@@ -108,39 +110,54 @@ pub fn plan_create(
         names,
         documents,
         spec_sha256: spec_sha256(request),
+        address_identity: request.address_identity.clone(),
     })
 }
 
-/// The address fields the agent does not honour (it declares neither
-/// CAPABILITY_ADDRESS_IDENTITY nor CAPABILITY_REQUESTED_ADDRESS): refused, as the
+/// Whether the agent honours address identities with this configuration: when every
+/// host attaches its instances to a libvirt network, whose DHCP host list the agent
+/// can reserve an address in. A host bridge's DHCP server (if any) is not the agent's,
+/// so it could not keep a promise there. GetCapabilities declares
+/// CAPABILITY_ADDRESS_IDENTITY exactly then.
+pub fn address_identities_supported(config: &Config) -> bool {
+    config
+        .hosts
+        .iter()
+        .all(|host| matches!(host.attachment(), Attachment::Network(_)))
+}
+
+/// The address fields the agent does not honour with this configuration: refused, as the
 /// contract requires, rather than ignored, so a caller never takes the address a VM
 /// happens to get for one it can keep.
+///
+/// `requested_address` is never honoured: libvirt's dnsmasq does not hand out a
+/// reserved address while its lease to another MAC (a deleted instance's) has not
+/// expired, and libvirt offers no call to end a lease, so the agent could not give a
+/// released address to another identity as the contract demands.
 fn undeclared_address_fields(
+    config: &Config,
     request: &pb::CreateInstanceRequest,
 ) -> impl Iterator<Item = (String, String)> {
+    let identity_refused =
+        request.address_identity.is_some() && !address_identities_supported(config);
     [
         (
             "address_identity",
-            request.address_identity.is_some(),
-            "CAPABILITY_ADDRESS_IDENTITY",
+            identity_refused,
+            "kvm-agent does not declare CAPABILITY_ADDRESS_IDENTITY here: a host attaches its \
+             instances to a bridge, where the agent cannot reserve an address; leave \
+             address_identity unset (the instance gets an address of its host's network)",
         ),
         (
             "requested_address",
             request.requested_address.is_some(),
-            "CAPABILITY_REQUESTED_ADDRESS",
+            "kvm-agent does not declare CAPABILITY_REQUESTED_ADDRESS: leave requested_address \
+             unset (with an address_identity, the instance keeps the address it is given)",
         ),
     ]
     .into_iter()
-    .filter(|(_, set, _)| *set)
-    .map(|(field, _, capability)| {
-        (
-            field.to_owned(),
-            format!(
-                "kvm-agent does not declare {capability}: leave {field} unset (the instance \
-                 gets an address of its host's network)"
-            ),
-        )
-    })
+    .filter(|(_, refused, _)| *refused)
+    .map(|(field, _, why)| (field.to_owned(), why.to_owned()))
 }
 
 /// Unreachable while `Config::validate` rejects an empty host list; kept so that a
@@ -329,6 +346,10 @@ pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
         None => field(b"no_vendor_data", b""),
     }
     field(b"proxy_port", &request.proxy_port.to_be_bytes());
+    // Only when set, so that the digest of an instance made without one is unchanged.
+    if let Some(identity) = &request.address_identity {
+        field(b"address_identity", identity.as_bytes());
+    }
     hex::encode(hash.finalize())
 }
 
@@ -449,10 +470,19 @@ mod tests {
     }
 
     #[test]
-    fn address_fields_are_refused_without_their_capabilities() {
+    fn an_identity_is_planned_on_networks_and_refused_with_a_bridge() {
         let mut with_identity = request();
         with_identity.address_identity = Some("uid-1".into());
-        let error = contract(plan_create(&config(), &with_identity).unwrap_err());
+        let plan = plan_create(&config(), &with_identity).unwrap();
+        assert_eq!(plan.address_identity.as_deref(), Some("uid-1"));
+        assert!(address_identities_supported(&config()));
+        // The identity is part of the spec: the same key with another one is another
+        // spec; without one the digest is what it always was.
+        assert_ne!(plan.spec_sha256, spec_sha256(&request()));
+        let mut bridged = config();
+        bridged.hosts[1].bridge = Some("br0".into());
+        assert!(!address_identities_supported(&bridged));
+        let error = contract(plan_create(&bridged, &with_identity).unwrap_err());
         assert_eq!(error.reason, "INVALID_ARGUMENT");
         assert!(
             error.field_violations[0]
@@ -461,11 +491,22 @@ mod tests {
             "{error:?}"
         );
         assert_eq!(fields(error), ["address_identity"]);
-        with_identity.requested_address = Some("192.0.2.10".into());
-        assert_eq!(
-            fields(plan_create(&config(), &with_identity).unwrap_err()),
-            ["address_identity", "requested_address"]
+        assert!(plan_create(&bridged, &request()).is_ok());
+    }
+
+    #[test]
+    fn a_requested_address_is_refused() {
+        let mut with_address = request();
+        with_address.address_identity = Some("uid-1".into());
+        with_address.requested_address = Some("192.0.2.10".into());
+        let error = contract(plan_create(&config(), &with_address).unwrap_err());
+        assert!(
+            error.field_violations[0]
+                .description
+                .contains("CAPABILITY_REQUESTED_ADDRESS"),
+            "{error:?}"
         );
+        assert_eq!(fields(error), ["requested_address"]);
     }
 
     #[test]

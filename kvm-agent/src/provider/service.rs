@@ -56,6 +56,16 @@ pub(crate) const CAPABILITIES: [pb::Capability; 5] = [
     pb::Capability::ListLocations,
     pb::Capability::WatchInstances,
 ];
+/// [`CAPABILITIES`], and CAPABILITY_ADDRESS_IDENTITY where every host attaches its
+/// instances to a libvirt network (see `plan::address_identities_supported`).
+pub(crate) fn capabilities(config: &crate::config::Config) -> Vec<pb::Capability> {
+    let mut all = CAPABILITIES.to_vec();
+    if crate::provider::plan::address_identities_supported(config) {
+        all.push(pb::Capability::AddressIdentity);
+    }
+    all
+}
+
 /// How much earlier than the caller's deadline the agent gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
 
@@ -245,7 +255,10 @@ impl pb::provider_server::Provider for KvmProvider {
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
         Ok(Response::new(pb::GetCapabilitiesResponse {
-            capabilities: CAPABILITIES.into_iter().map(Into::into).collect(),
+            capabilities: capabilities(self.instances.config())
+                .into_iter()
+                .map(Into::into)
+                .collect(),
         }))
     }
 

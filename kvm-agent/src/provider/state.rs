@@ -83,7 +83,7 @@ pub fn to_contract_instance(host: &str, snapshot: DomainSnapshot) -> pb::Instanc
             image: metadata.placement.image,
         }),
         proxy_port: metadata.proxy_port,
-        address_identity: None,
+        address_identity: metadata.address_identity,
     }
 }
 

@@ -362,6 +362,37 @@ pub(super) fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorCl
             "CAPACITY_EXHAUSTED",
         ),
         (
+            Error::Libvirt(LibvirtError::NoDhcpRange {
+                network: "default".into(),
+            }),
+            C::Permanent,
+            "NETWORK_WITHOUT_DHCP",
+        ),
+        (
+            Error::Libvirt(LibvirtError::AddressesExhausted {
+                network: "default".into(),
+            }),
+            C::QuotaExhausted,
+            "ADDRESSES_EXHAUSTED",
+        ),
+        (
+            Error::AddressIdentityInUse {
+                identity: "uid".into(),
+                holder: "hv/k".into(),
+            },
+            C::Transient,
+            "ADDRESS_IDENTITY_IN_USE",
+        ),
+        (
+            Error::IdentityMacShared {
+                identity: "a".into(),
+                other: "b".into(),
+                host: "hv".into(),
+            },
+            C::Permanent,
+            "IDENTITY_MAC_SHARED",
+        ),
+        (
             Error::SpecMismatch {
                 host: "hv".into(),
                 key: "k".into(),

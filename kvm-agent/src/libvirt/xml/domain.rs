@@ -77,6 +77,8 @@ pub struct DomainSpec {
     pub seed_path: PathBuf,
     /// The NIC's network or bridge.
     pub attachment: Attachment,
+    /// The NIC's MAC; libvirt picks one when `None`.
+    pub mac: Option<String>,
     /// The metadata element.
     pub metadata: InstanceMetadata,
 }
@@ -92,6 +94,7 @@ impl DomainSpec {
                     network: Some(network.clone()),
                     bridge: None,
                 },
+                mac: self.mac.clone().map(|address| Mac { address }),
                 model: Model { kind: "virtio" },
             },
             Attachment::Bridge(bridge) => Interface {
@@ -100,6 +103,7 @@ impl DomainSpec {
                     network: None,
                     bridge: Some(bridge.clone()),
                 },
+                mac: self.mac.clone().map(|address| Mac { address }),
                 model: Model { kind: "virtio" },
             },
         };
@@ -390,8 +394,16 @@ struct Controller {
 struct Interface {
     #[serde(rename = "@type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mac: Option<Mac>,
     source: InterfaceSource,
     model: Model,
+}
+
+#[derive(Serialize)]
+struct Mac {
+    #[serde(rename = "@address")]
+    address: String,
 }
 
 #[derive(Serialize)]

@@ -37,6 +37,14 @@ pub struct InstanceMetadata {
     /// repeated Create with another spec is ALREADY_EXISTS.
     #[serde(rename = "@specSha256")]
     pub spec_sha256: String,
+    /// The address identity the instance was created with: its NIC's MAC is derived from
+    /// it, and the network's DHCP reservation for that MAC is the identity's address.
+    #[serde(
+        rename = "@addressIdentity",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub address_identity: Option<String>,
     /// Where and on what the instance runs.
     #[serde(rename(serialize = "egressproxy:placement", deserialize = "placement"))]
     pub placement: PlacementRecord,

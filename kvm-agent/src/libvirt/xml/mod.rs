@@ -3,12 +3,14 @@
 //!
 //! - [`domain`]: an instance's domain XML, and the facts read back from a defined domain.
 //! - [`metadata`]: the agent's `<metadata>` element (key, tags, placement, spec digest).
+//! - [`network`]: a network's DHCP ranges and host reservations, and a `<host>` element.
 //! - [`volume`]: raw, sparse and overlay volume XML, and the facts of an existing volume.
 //! - [`capabilities`]: libvirt's domain capabilities (KVM, UEFI firmware).
 
 pub mod capabilities;
 pub mod domain;
 pub mod metadata;
+pub mod network;
 pub mod volume;
 
 use crate::classification::{Classification, ErrorClass};

@@ -3,6 +3,7 @@ use crate::libvirt::xml::metadata::{NotXmlSafe, PlacementRecord, check_xml_safe}
 
 fn metadata() -> InstanceMetadata {
     InstanceMetadata {
+        address_identity: None,
         key: "uid-1".into(),
         name: "default/egress".into(),
         created: "2026-11-30T01:02:03Z".into(),
@@ -33,6 +34,7 @@ fn spec() -> DomainSpec {
         overlay_path: "/var/lib/libvirt/images/egressproxy-uid-1.root.qcow2".into(),
         seed_path: "/var/lib/libvirt/images/egressproxy-uid-1.seed.iso".into(),
         attachment: Attachment::Network("default".into()),
+        mac: None,
         metadata: metadata(),
     }
 }

@@ -1,0 +1,185 @@
+//! Address identities' DHCP reservations against libvirt's `test:///default` driver,
+//! which keeps a network's host list as libvirtd does (`virNetworkUpdate`, live and
+//! config): an identity's reservation is made once and found again, two identities get
+//! two addresses, the sweep removes exactly the reservations no domain of the agent
+//! holds (also the one a Delete interrupted between the undefine and the sweep leaves),
+//! never another's, and an identity whose reservation was removed gets its address back.
+//!
+//! Every connection in the process shares the driver's state: the test uses a network of
+//! its own.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use kvm_agent::config::{Attachment, Firmware};
+use kvm_agent::libvirt::domains::delete_instance;
+use kvm_agent::libvirt::identity_mac::mac_for_identity;
+use kvm_agent::libvirt::naming::InstanceNames;
+use kvm_agent::libvirt::reservations::{self, identity_reservations, reserve, sweep};
+use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
+use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
+use kvm_agent::libvirt::xml::network::DhcpFacts;
+use virt::connect::Connect;
+
+const NETWORK: &str = "resv-test";
+
+fn connect() -> Connect {
+    virt::error::clear_error_callback();
+    Connect::open(Some("test:///default")).expect("test:///default opens")
+}
+
+fn network(conn: &Connect) {
+    let xml = format!(
+        "<network><name>{NETWORK}</name><bridge name='resvbr0'/>\
+         <ip address='10.77.0.1' netmask='255.255.255.0'><dhcp>\
+         <range start='10.77.0.10' end='10.77.0.200'/>\
+         <host mac='52:54:00:aa:bb:cc' ip='10.77.0.50'/>\
+         </dhcp></ip></network>"
+    );
+    let net = conn.define_network_xml(&xml).unwrap();
+    net.create().unwrap();
+}
+
+/// Defines the agent's domain for `key` with `identity`'s MAC and metadata.
+fn define(conn: &Connect, key: &str, identity: &str) -> InstanceNames {
+    let names = InstanceNames::for_key(key).unwrap();
+    let spec = DomainSpec {
+        name: names.domain.clone(),
+        virt_type: VirtType::Qemu,
+        vcpus: 1,
+        memory_mib: 512,
+        firmware: Firmware::Bios,
+        overlay_path: format!("/var/lib/libvirt/images/{}", names.overlay_volume).into(),
+        seed_path: format!("/var/lib/libvirt/images/{}", names.seed_volume).into(),
+        attachment: Attachment::Network(NETWORK.into()),
+        mac: Some(mac_for_identity(identity)),
+        metadata: InstanceMetadata {
+            key: key.into(),
+            name: key.into(),
+            created: "2026-12-02T01:02:03Z".into(),
+            proxy_port: 3128,
+            spec_sha256: "ab".repeat(32),
+            address_identity: Some(identity.into()),
+            placement: PlacementRecord {
+                host: "test".into(),
+                zone: None,
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+                base_volume: "egressproxy-base-x.img".into(),
+            },
+            tags: BTreeMap::new(),
+        },
+    };
+    conn.define_domain_xml(&spec.to_xml().unwrap()).unwrap();
+    names
+}
+
+fn host_list(conn: &Connect) -> Vec<(Option<String>, Option<Ipv4Addr>)> {
+    let net = conn.lookup_network_by_name(NETWORK).unwrap();
+    let mut hosts: Vec<_> = DhcpFacts::parse(&net.xml_desc(0).unwrap())
+        .unwrap()
+        .hosts
+        .into_iter()
+        .map(|h| (h.mac, h.ip))
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+#[test]
+fn reservations_follow_the_domains_of_their_identities() {
+    let conn = connect();
+    network(&conn);
+    let before = host_list(&conn);
+
+    // An identity's reservation, made once, found again.
+    let a = define(&conn, "resv-a1", "identity-a");
+    let first = reserve(&conn, NETWORK, "identity-a").unwrap();
+    assert!(first.created);
+    assert_eq!(first.mac, mac_for_identity("identity-a"));
+    let again = reserve(&conn, NETWORK, "identity-a").unwrap();
+    assert_eq!((again.ip, again.created), (first.ip, false));
+    assert!(host_list(&conn).contains(&(Some(first.mac.clone()), Some(first.ip))));
+    let in_range = u32::from(first.ip) >= u32::from(Ipv4Addr::new(10, 77, 0, 10))
+        && u32::from(first.ip) <= u32::from(Ipv4Addr::new(10, 77, 0, 200));
+    assert!(in_range, "{}", first.ip);
+
+    // Another identity: another address.
+    let _b = define(&conn, "resv-b1", "identity-b");
+    let other = reserve(&conn, NETWORK, "identity-b").unwrap();
+    assert_ne!(other.ip, first.ip);
+    assert_ne!(
+        other.ip,
+        Ipv4Addr::new(10, 77, 0, 50),
+        "the foreign host's address"
+    );
+
+    // Create's check: who holds the identity.
+    let holders = reservations::holders_of(&conn, "identity-a").unwrap();
+    assert_eq!(holders.keys, ["resv-a1"]);
+    assert_eq!(holders.mac_shared_with, None);
+
+    // While the domains exist, the sweep keeps both reservations.
+    assert!(sweep(&conn, NETWORK).unwrap().is_empty());
+
+    // A's last instance is deleted: the sweep removes its reservation, and only it (the
+    // foreign entry for a libvirt MAC stays).
+    delete_instance(&conn, &a, "no-such-pool").unwrap();
+    assert_eq!(
+        sweep(&conn, NETWORK).unwrap(),
+        std::slice::from_ref(&first.mac)
+    );
+    let left: Vec<_> = identity_reservations(&conn, NETWORK).unwrap();
+    assert_eq!(left, [(other.mac.clone(), Some(other.ip))]);
+    assert!(host_list(&conn).contains(&(
+        Some("52:54:00:aa:bb:cc".into()),
+        Some("10.77.0.50".parse().unwrap())
+    )));
+
+    // The identity's next instance gets its address back while it is free.
+    let a2 = define(&conn, "resv-a2", "identity-a");
+    let back = reserve(&conn, NETWORK, "identity-a").unwrap();
+    assert_eq!((back.ip, back.created), (first.ip, true));
+
+    // A Delete killed between the undefine and the sweep leaves a reservation without a
+    // domain: the next sweep (of any Create or Delete on the host) removes it.
+    conn.lookup_domain_by_name(&a2.domain)
+        .unwrap()
+        .undefine()
+        .unwrap();
+    assert_eq!(identity_reservations(&conn, NETWORK).unwrap().len(), 2);
+    assert_eq!(
+        sweep(&conn, NETWORK).unwrap(),
+        std::slice::from_ref(&first.mac)
+    );
+
+    // The last one goes: the host list is back to what it was.
+    delete_instance(
+        &conn,
+        &InstanceNames::for_key("resv-b1").unwrap(),
+        "no-such-pool",
+    )
+    .unwrap();
+    sweep(&conn, NETWORK).unwrap();
+    assert_eq!(host_list(&conn), before);
+
+    // A network that does not exist holds no reservations to sweep.
+    assert!(sweep(&conn, "no-such-network").unwrap().is_empty());
+}
+
+#[test]
+fn a_network_without_dhcp_cannot_give_an_identity_an_address() {
+    let conn = connect();
+    let net = conn
+        .define_network_xml(
+            "<network><name>resv-nodhcp</name><bridge name='resvbr1'/>\
+             <ip address='10.78.0.1' netmask='255.255.255.0'/></network>",
+        )
+        .unwrap();
+    net.create().unwrap();
+    let error = match reserve(&conn, "resv-nodhcp", "identity-x") {
+        Err(kvm_agent::transport::call::CallFailure::Agent(error)) => error,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(error.classify().reason, "NETWORK_WITHOUT_DHCP", "{error}");
+}
