@@ -465,16 +465,20 @@ mod tests {
             .collect()
     }
 
+    /// A Proxy's name, its `spec.service`, its status, and the slice wanted: its name
+    /// and endpoints (`None`: no Service at all).
+    type Row = (
+        &'static str,
+        serde_json::Value,
+        ProxyStatus,
+        Option<(&'static str, Vec<&'static str>)>,
+    );
+
     /// The same table as in `docs/operator.md` ("The Service").
     #[test]
     fn the_slice_lists_the_checked_address_only_while_ready() {
         let null = serde_json::Value::Null;
-        let cases: [(
-            &str,
-            serde_json::Value,
-            ProxyStatus,
-            Option<(&str, Vec<&str>)>,
-        ); 8] = [
+        let cases: [Row; 8] = [
             (
                 "a",
                 null.clone(),

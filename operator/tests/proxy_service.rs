@@ -326,19 +326,31 @@ async fn a_service_changed_by_hand_is_restored_and_a_steady_proxy_writes_nothing
     let after = h.services().get("egress").await.unwrap();
     assert_eq!(after.resource_version(), service.resource_version());
 
+    // The rest is on a Proxy polled once in ten minutes: what repairs its Service
+    // within the wait is the watch of the operator's objects, not a poll.
+    let quiet_port = ProxyStandIn::port().await;
+    let _quiet_stand_in = ProxyStandIn::listen(quiet_port).await;
+    let spec = serde_json::json!({
+        "service": {"annotations": {"team": "net"}},
+        "healthCheck": {"periodSeconds": 600, "timeoutSeconds": 1},
+    });
+    h.create("quiet", quiet_port, spec).await;
+    common::wait_ready(&h.proxies(), "quiet").await;
+    h.wait_endpoints("quiet", &[address]).await;
+
     // By hand: another port, another annotation value. Both come back.
     let edit = serde_json::json!({
         "metadata": {"annotations": {"team": "someone-else"}},
         "spec": {"ports": [{"name": "proxy", "port": 9999, "targetPort": 9999, "protocol": "TCP"}]},
     });
     h.services()
-        .patch("egress", &PatchParams::default(), &Patch::Merge(&edit))
+        .patch("quiet", &PatchParams::default(), &Patch::Merge(&edit))
         .await
         .unwrap();
-    let wanted_port = i32::from(port);
+    let wanted_port = i32::from(quiet_port);
     wait_until(
         &h.services(),
-        "egress",
+        "quiet",
         "the Service restored",
         |s: Option<&Service>| {
             s.is_some_and(|s| {
@@ -356,7 +368,7 @@ async fn a_service_changed_by_hand_is_restored_and_a_steady_proxy_writes_nothing
     .await;
 
     // A slice emptied by hand comes back too.
-    let slice_name = format!("egress-{}", if address.is_ipv6() { "ipv6" } else { "ipv4" });
+    let slice_name = format!("quiet-{}", if address.is_ipv6() { "ipv6" } else { "ipv4" });
     let emptied = serde_json::json!({"endpoints": []});
     h.slices()
         .patch(
@@ -366,18 +378,19 @@ async fn a_service_changed_by_hand_is_restored_and_a_steady_proxy_writes_nothing
         )
         .await
         .unwrap();
-    h.wait_endpoints("egress", &[address]).await;
+    h.wait_endpoints("quiet", &[address]).await;
 
     // And a Service deleted by hand.
+    let deleted = h.services().get("quiet").await.unwrap().uid();
     h.services()
-        .delete("egress", &DeleteParams::default())
+        .delete("quiet", &DeleteParams::default())
         .await
         .unwrap();
     wait_until(
         &h.services(),
-        "egress",
+        "quiet",
         "the Service recreated",
-        |s: Option<&Service>| s.is_some(),
+        |s: Option<&Service>| s.is_some_and(|s| s.uid() != deleted),
     )
     .await;
 }
@@ -394,7 +407,7 @@ async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
         serde_json::json!({"service": {"type": "NodePort"}}),
     )
     .await;
-    h.wait_endpoints("egress", &[address]).await;
+    h.wait_endpoints("quiet", &[address]).await;
     let service = h.services().get("egress").await.unwrap();
     assert_eq!(service.spec.unwrap().type_.as_deref(), Some("NodePort"));
 
@@ -424,9 +437,9 @@ async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
         .patch("egress", &PatchParams::default(), &Patch::Merge(&on))
         .await
         .unwrap();
-    h.wait_endpoints("egress", &[address]).await;
+    h.wait_endpoints("quiet", &[address]).await;
     h.proxies()
-        .delete("egress", &DeleteParams::default())
+        .delete("quiet", &DeleteParams::default())
         .await
         .unwrap();
     wait_until(
