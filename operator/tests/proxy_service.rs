@@ -407,7 +407,7 @@ async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
         serde_json::json!({"service": {"type": "NodePort"}}),
     )
     .await;
-    h.wait_endpoints("quiet", &[address]).await;
+    h.wait_endpoints("egress", &[address]).await;
     let service = h.services().get("egress").await.unwrap();
     assert_eq!(service.spec.unwrap().type_.as_deref(), Some("NodePort"));
 
@@ -437,9 +437,9 @@ async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
         .patch("egress", &PatchParams::default(), &Patch::Merge(&on))
         .await
         .unwrap();
-    h.wait_endpoints("quiet", &[address]).await;
+    h.wait_endpoints("egress", &[address]).await;
     h.proxies()
-        .delete("quiet", &DeleteParams::default())
+        .delete("egress", &DeleteParams::default())
         .await
         .unwrap();
     wait_until(
