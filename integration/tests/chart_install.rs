@@ -75,6 +75,7 @@ async fn install_reconcile_upgrade_and_uninstall() {
     ]));
     assert!(can(&["get", "secrets", "-n", proxies_ns]));
     assert!(can(&["create", "events.events.k8s.io", "-n", proxies_ns]));
+    assert_service_verbs(&can, proxies_ns);
     assert!(can(&[
         "update",
         "leases.coordination.k8s.io/ep-egressproxy-operator",
@@ -120,6 +121,11 @@ async fn install_reconcile_upgrade_and_uninstall() {
         create_proxy(&env, proxies_ns, "first", port).await;
         wait_ready(&env, proxies_ns, "first").await;
     }
+    // It could write its Proxy's Service with the chart's account (the Service is
+    // written from the first reconcile on, before the Proxy is Ready).
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(env.client.clone(), proxies_ns);
+    assert!(services.get_opt("first").await.unwrap().is_some());
     // Its Events were allowed too (a refused Event is only a log line in the operator).
     let events: Api<Event> = Api::namespaced(env.client.clone(), proxies_ns);
     let reasons: Vec<String> = events
@@ -157,7 +163,15 @@ async fn install_reconcile_upgrade_and_uninstall() {
         assert!(can(&["get", "secrets", "-n", watched]));
         assert!(can(&["create", "events.events.k8s.io", "-n", watched]));
         assert!(!can(&["delete", proxies, "-n", watched]));
+        assert_service_verbs(&can, watched);
     }
+    assert!(!can(&["list", "services", "-n", other_ns]));
+    assert!(!can(&[
+        "patch",
+        "endpointslices.discovery.k8s.io",
+        "-n",
+        other_ns
+    ]));
     assert!(!can(&["list", proxies, "-n", other_ns]));
     assert!(
         !can(&["list", proxies, "-A"]),
@@ -226,4 +240,29 @@ async fn install_reconcile_upgrade_and_uninstall() {
     helm.install(RELEASE, release_ns, &[], &[&endpoint, &cluster])
         .unwrap();
     drop(listener);
+}
+
+/// The operator may do with Services and EndpointSlices in `namespace` exactly what it
+/// does with its Proxies' own: read, watch, apply (create and patch) and delete, never
+/// update.
+fn assert_service_verbs(can: &impl Fn(&[&str]) -> bool, namespace: &str) {
+    for resource in ["services", "endpointslices.discovery.k8s.io"] {
+        for verb in ["list", "watch", "create", "patch", "delete"] {
+            assert!(
+                can(&[verb, resource, "-n", namespace]),
+                "{verb} {resource} in {namespace}"
+            );
+        }
+        assert!(
+            !can(&["update", resource, "-n", namespace]),
+            "update {resource} in {namespace}"
+        );
+    }
+    assert!(can(&["get", "services", "-n", namespace]));
+    assert!(!can(&[
+        "get",
+        "endpointslices.discovery.k8s.io",
+        "-n",
+        namespace
+    ]));
 }

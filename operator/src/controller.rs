@@ -3,7 +3,8 @@
 //! A reload of the provider config reconciles every Proxy once; a cloud-init Secret
 //! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]); an
 //! instance that a provider's watch reports changed reconciles its Proxy
-//! ([`instance_watch`]).
+//! ([`instance_watch`]); a Service or EndpointSlice of a Proxy changed by someone else
+//! reconciles its Proxy ([`owned_watch`]).
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
 //! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
 //! finishing late recorded for it afterwards.
@@ -22,7 +23,7 @@ use crate::liveness::Liveness;
 use crate::proxy_cache::ProxyCache;
 use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::watch_scope::WatchScope;
-use crate::{memory_sweep, secret_watch, watch_report};
+use crate::{memory_sweep, owned_watch, secret_watch, watch_report};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.
@@ -108,6 +109,7 @@ pub async fn run_with_cache(
     let liveness = ctx.liveness.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
+    let owned = owned_watch::triggers(&ctx.client, cache.scope(), reader.clone());
     let (instance_changes, instances) = InstanceWatch::default().split(reader.clone());
     let followers = instance_watch::run(ctx.clone(), instance_changes);
     let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
@@ -115,6 +117,7 @@ pub async fn run_with_cache(
         .with_config(config)
         .reconcile_all_on(provider_changes)
         .reconcile_on(secrets)
+        .reconcile_on(owned)
         .reconcile_on(instances)
         // Requests that pass through the queue like a Proxy's, so that an idle controller
         // still shows it processes requests (`liveness`).

@@ -9,6 +9,8 @@
 //! Integer fields are declared `int32` (with ranges) in the schema: the apiserver knows
 //! no `uint16`/`uint32` formats and warns about them on every apply.
 
+use std::collections::BTreeMap;
+
 use egressproxy_provider::validation::MAX_USER_DATA_BYTES;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -29,6 +31,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.addresses[0].address"}"#,
+    printcolumn = r#"{"name":"Service","type":"string","jsonPath":".status.serviceName"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -71,6 +74,11 @@ pub struct ProxySpec {
     /// included) gets the same address; set `address` to ask for a specific one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Egress>,
+    /// The Service that workloads reach the proxy by
+    /// (`http://NAME.NAMESPACE.svc:PORT`). Default: a ClusterIP Service named after the
+    /// Proxy, whose endpoints list the proxy's address while the Proxy is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ProxyService>,
 }
 
 /// The Proxy's egress address.
@@ -83,6 +91,58 @@ pub struct Egress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 45))]
     pub address: Option<String>,
+}
+
+/// The Service the operator keeps for a Proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyService {
+    /// Whether the operator keeps a Service for the Proxy. `false` deletes it.
+    #[serde(default = "default_service_enabled")]
+    pub enabled: bool,
+    /// The Service's type: `ClusterIP` (default), `NodePort` or `LoadBalancer`.
+    #[serde(rename = "type", default)]
+    pub kind: ServiceKind,
+    /// Annotations set on the Service (for a load balancer's settings, for example).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Default for ProxyService {
+    fn default() -> Self {
+        ProxyService {
+            enabled: default_service_enabled(),
+            kind: ServiceKind::default(),
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_service_enabled() -> bool {
+    true
+}
+
+/// The type of a Proxy's Service.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ServiceKind {
+    /// A cluster-internal virtual IP.
+    #[default]
+    ClusterIP,
+    /// A cluster IP and a port on every node.
+    NodePort,
+    /// A NodePort Service and a load balancer, if the cluster has one.
+    LoadBalancer,
+}
+
+impl ServiceKind {
+    /// The name Kubernetes gives the type in `spec.type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceKind::ClusterIP => "ClusterIP",
+            ServiceKind::NodePort => "NodePort",
+            ServiceKind::LoadBalancer => "LoadBalancer",
+        }
+    }
 }
 
 fn default_proxy_port() -> u16 {
@@ -255,6 +315,10 @@ pub struct ProxyStatus {
     /// provider's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<ProxyAddress>,
+    /// The Service that workloads reach the proxy by, in the Proxy's namespace; unset
+    /// when `spec.service.enabled` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

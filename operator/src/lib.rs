@@ -6,7 +6,9 @@
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile;
 //!   [`secret_watch`]: the cloud-init Secrets that retry the Proxies waiting for them;
 //!   [`instance_watch`]: the providers' streams of instance changes, which reconcile a
-//!   Proxy as soon as its instance changes.
+//!   Proxy as soon as its instance changes; [`owned_watch`]: the Proxies' Services and
+//!   EndpointSlices, which reconcile a Proxy whose objects someone changed.
+//! - [`proxy_service`]: the Service a Proxy is reached by and its EndpointSlice.
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
 //!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill, which
 //!   the controller, garbage collection and the memory sweep read;
@@ -46,8 +48,10 @@ pub mod liveness;
 pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
+pub mod owned_watch;
 pub mod providers;
 pub mod proxy_cache;
+pub mod proxy_service;
 pub mod reconcile;
 pub mod secret_watch;
 pub mod status;

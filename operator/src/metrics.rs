@@ -6,6 +6,8 @@
 //! - `egressproxy_provider_call_duration_seconds{provider,method,code}`: provider calls;
 //! - `egressproxy_proxies{phase}`: Proxies by phase;
 //! - `egressproxy_status_writes_total`: status patches (stays flat when nothing changes);
+//! - `egressproxy_service_writes_total`: applies, patches and deletes of Proxies'
+//!   Services and EndpointSlices (flat when nothing changes, like status writes);
 //! - `egressproxy_is_leader`: 1 on the replica that acts;
 //! - `egressproxy_provider_config_reloads_total{result}`: provider config file changes,
 //!   `applied` or `rejected` (invalid: the previous config stays);
@@ -98,6 +100,7 @@ pub struct Metrics {
     provider_calls: Family<CallLabels, Histogram, fn() -> Histogram>,
     proxies: Family<PhaseLabels, Gauge>,
     status_writes: Counter,
+    service_writes: Counter,
     is_leader: Gauge,
     config_reloads: Family<ReloadLabels, Counter>,
     tracked: Family<MapLabels, Gauge>,
@@ -118,6 +121,7 @@ impl Default for Metrics {
             provider_calls: Family::new_with_constructor(call_histogram),
             proxies: Family::default(),
             status_writes: Counter::default(),
+            service_writes: Counter::default(),
             is_leader: Gauge::default(),
             config_reloads: Family::default(),
             tracked: Family::default(),
@@ -144,6 +148,11 @@ impl Default for Metrics {
             "status_writes",
             "Status patches written",
             metrics.status_writes.clone(),
+        );
+        registry.register(
+            "service_writes",
+            "Writes and deletes of Proxies' Services and EndpointSlices",
+            metrics.service_writes.clone(),
         );
         registry.register(
             "is_leader",
@@ -212,6 +221,11 @@ impl Metrics {
     /// Counts one status write.
     pub fn status_written(&self) {
         self.status_writes.inc();
+    }
+
+    /// Counts `writes` writes or deletes of Services and EndpointSlices.
+    pub fn service_writes(&self, writes: u32) {
+        self.service_writes.inc_by(u64::from(writes));
     }
 
     /// Sets whether this replica leads.

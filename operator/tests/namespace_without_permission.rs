@@ -57,6 +57,16 @@ async fn operator_account(env: &KubeTestEnv) -> kube::Client {
             rule("egressproxy.dev", "proxies/status", &["get", "patch"]),
             rule("", "secrets", &["get", "list", "watch"]),
             rule("events.k8s.io", "events", &["create", "patch"]),
+            rule(
+                "",
+                "services",
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule(
+                "discovery.k8s.io",
+                "endpointslices",
+                &["list", "watch", "create", "patch", "delete"],
+            ),
         ]),
     };
     env.namespaced::<Role>()

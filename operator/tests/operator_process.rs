@@ -163,7 +163,13 @@ async fn reporting_instances(env: &KubeTestEnv, name: &str) -> Vec<String> {
     let list = events.list(&ListParams::default()).await.unwrap();
     list.items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        // The Proxy's own Events: its Service has the same name, and the apiserver's
+        // controllers may report about that.
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.name.as_deref() == Some(name) && r.kind.as_deref() == Some("Proxy")
+            })
+        })
         .filter_map(|e| e.reporting_instance)
         .collect()
 }

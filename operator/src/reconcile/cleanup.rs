@@ -11,6 +11,9 @@
 //!    `egressproxy.dev/abandon-instance: "true"` says to leave the VM behind (see
 //!    [`super::abandon`]).
 //!
+//! 0. First the Proxy's Service and EndpointSlice go, so that no workload is sent to a
+//!    VM being deleted.
+//!
 //! When the finalizer goes, every in-memory entry of the Proxy goes with it.
 
 use std::collections::{BTreeSet, HashMap};
@@ -23,6 +26,7 @@ use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus, condition};
 use crate::error::{Error, Result};
 use crate::events::EventType;
+use crate::proxy_service;
 use crate::status::set_condition;
 
 pub(super) async fn cleanup(
@@ -32,6 +36,7 @@ pub(super) async fn cleanup(
     api: &Api<Proxy>,
 ) -> Result<Action> {
     let mut status = proxy.status.clone().unwrap_or_default();
+    withdraw_service(ctx, proxy, key, &status).await;
     let outcome = match delete_everything(proxy, key, ctx, &status).await {
         Err(error) if abandon::requested(proxy) => {
             abandon::record(ctx, proxy, key, &status, &error).await;
@@ -61,6 +66,19 @@ pub(super) async fn cleanup(
         ctx.forget_state(&key.uid);
     }
     outcome
+}
+
+/// Deletes the Proxy's Service and EndpointSlice before its VM, so that no workload is
+/// sent to a VM on its way out. A failure does not hold the deletion back: the objects'
+/// owner references let Kubernetes' garbage collector delete them with the Proxy.
+async fn withdraw_service(ctx: &Context, proxy: &Proxy, key: &ProxyKey, status: &ProxyStatus) {
+    if status.service_name.is_none() {
+        return;
+    }
+    if let Err(error) = proxy_service::withdraw(ctx, proxy).await {
+        tracing::warn!(proxy = %key, error = %error.describe(),
+            "cannot delete the Proxy's Service; the garbage collector will");
+    }
 }
 
 /// Whether an instance may exist for this Proxy.

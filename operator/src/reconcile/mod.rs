@@ -25,6 +25,9 @@
 //! for the spec to change. The annotation [`RETRY_ANNOTATION`] (any new value)
 //! retries at once.
 //!
+//! After the status, the Proxy's Service and EndpointSlice are made to match it
+//! ([`proxy_service`]), again only where something differs.
+//!
 //! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
 mod abandon;
@@ -51,6 +54,7 @@ use crate::crd::{Proxy, ProxyStatus};
 use crate::error::{Error, Result, Retry};
 use crate::events::EventType;
 use crate::providers::Provider;
+use crate::proxy_service;
 use crate::status::{self, set_condition};
 
 /// Longest wait a provider's quota hint can impose.
@@ -177,6 +181,7 @@ async fn save(
 ) -> Result<()> {
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     status.phase = Some(status::phase(status, deleting));
+    status.service_name = proxy_service::service_name(proxy);
     let mut current = proxy.clone();
     current.status = saved.clone();
     if status::apply_if_changed(api, &current, status).await? {
@@ -195,6 +200,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
             let action = fail(ctx, key, proxy, &mut status, error).await;
             let mut saved = proxy.status.clone();
             save(ctx, key, proxy, api, &mut status, &mut saved).await?;
+            publish_service(ctx, key, proxy, &status).await?;
             return Ok(action);
         }
     };
@@ -218,7 +224,27 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
         Err(error) => fail(ctx, key, proxy, &mut pass.status, error).await,
     };
     pass.save().await?;
+    publish_service(ctx, key, proxy, &pass.status).await?;
     Ok(action)
+}
+
+/// Brings the Proxy's Service and EndpointSlice in line with the status just saved.
+/// The status goes first, so that the watch of those objects, which compares them with
+/// the cached Proxy, sees the Proxy that wants them and starts no second reconcile. A
+/// failure is retried with backoff and not written into the status: a status that
+/// recorded it would be rewritten at every retry.
+async fn publish_service(
+    ctx: &Context,
+    key: &ProxyKey,
+    proxy: &Proxy,
+    status: &ProxyStatus,
+) -> Result<()> {
+    if let Err(error) = proxy_service::sync(ctx, proxy, status).await {
+        tracing::warn!(proxy = %key, error = %error.describe(), "cannot write the Proxy's Service");
+        ctx.metrics.failed(error.class_label());
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Observe → plan → act until a step ends the reconcile.

@@ -1,0 +1,455 @@
+//! A Proxy's Service and EndpointSlice against a real kube-apiserver, with the
+//! reference provider as a process. The apiserver refuses loopback addresses in an
+//! EndpointSlice, so the provider's instances report one of this host's own
+//! non-loopback addresses, where a listener of the test stands in for the VM's proxy.
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::{Controller, WAIT, reference_config, wait_until};
+use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_integration::reference_provider::ReferenceProvider;
+use egressproxy_operator::crd::Proxy;
+use egressproxy_provider::pb::reference::v1::{
+    self as control, control_service_client::ControlServiceClient,
+};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+/// This host's addresses that an EndpointSlice accepts (neither loopback nor
+/// link-local), IPv4 first, as `ip -o addr` lists them.
+fn host_addresses() -> Vec<IpAddr> {
+    let output = std::process::Command::new("ip")
+        .args(["-o", "addr", "show"])
+        .output()
+        .expect("run `ip -o addr show` (iproute2)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut addresses: Vec<IpAddr> = text
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            let ip: IpAddr = words.next()?.split('/').next()?.parse().ok()?;
+            let link_local = match ip {
+                IpAddr::V4(v4) => v4.is_link_local(),
+                IpAddr::V6(v6) => v6.is_unicast_link_local(),
+            };
+            (!ip.is_loopback() && !link_local).then_some(ip)
+        })
+        .collect();
+    addresses.sort_by_key(IpAddr::is_ipv6);
+    addresses.dedup();
+    addresses
+}
+
+/// A stand-in for the VM's proxy on every address of this host (one dual-stack
+/// socket), closed when dropped.
+struct ProxyStandIn {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ProxyStandIn {
+    async fn listen(port: u16) -> ProxyStandIn {
+        let listener = tokio::net::TcpListener::bind(("::", port)).await.unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        ProxyStandIn { task }
+    }
+
+    /// A free port to listen on.
+    async fn port() -> u16 {
+        let probe = tokio::net::TcpListener::bind(("::", 0)).await.unwrap();
+        probe.local_addr().unwrap().port()
+    }
+}
+
+impl Drop for ProxyStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Harness {
+    env: KubeTestEnv,
+    provider: ReferenceProvider,
+    controller: Controller,
+}
+
+impl Harness {
+    async fn start(test: &str, address: IpAddr) -> Harness {
+        let env = common::env_with_crd(test).await;
+        let provider = start_provider("127.0.0.1:0", address);
+        let cluster = format!("test-{}", env.namespace);
+        let controller =
+            Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster);
+        Harness {
+            env,
+            provider,
+            controller,
+        }
+    }
+
+    async fn create(&self, name: &str, port: u16, extra: serde_json::Value) {
+        let proxy = common::fixtures::proxy(name, port, extra);
+        self.proxies()
+            .create(&PostParams::default(), &proxy)
+            .await
+            .unwrap();
+    }
+
+    fn proxies(&self) -> Api<Proxy> {
+        self.env.namespaced()
+    }
+
+    fn services(&self) -> Api<Service> {
+        self.env.namespaced()
+    }
+
+    fn slices(&self) -> Api<EndpointSlice> {
+        self.env.namespaced()
+    }
+
+    /// Waits until the slices of Service `name` list exactly `addresses`.
+    async fn wait_endpoints(&self, name: &str, addresses: &[IpAddr]) -> Vec<EndpointSlice> {
+        let wanted: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+        let what = format!("the slices of {name} to list {wanted:?}");
+        let name = name.to_owned();
+        common::wait_for_all(&self.slices(), &what, |slices: &[EndpointSlice]| {
+            let ours: Vec<&EndpointSlice> = slices
+                .iter()
+                .filter(|s| s.labels().get("kubernetes.io/service-name") == Some(&name))
+                .collect();
+            !ours.is_empty() && ready_addresses(&ours) == wanted
+        })
+        .await;
+        self.slices()
+            .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+            .await
+            .unwrap()
+            .items
+    }
+
+    fn service_writes(&self) -> u64 {
+        let text = self.controller.ctx.metrics.encode();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("egressproxy_service_writes_total "))
+            .unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    async fn get_instance_calls(&self) -> u64 {
+        let mut control = ControlServiceClient::connect(self.provider.endpoint().to_owned())
+            .await
+            .unwrap();
+        let counts = control
+            .get_call_counts(control::GetCallCountsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .counts;
+        counts.get("GetInstance").copied().unwrap_or(0)
+    }
+
+    /// Waits until the provider has answered `calls` more GetInstance calls: as many
+    /// polls of a steady Proxy have run.
+    async fn wait_polls(&self, calls: u64) {
+        let target = self.get_instance_calls().await + calls;
+        let deadline = std::time::Instant::now() + WAIT;
+        while self.get_instance_calls().await < target {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fewer than {calls} more polls"
+            );
+            // The provider's counter can only be read, not watched.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn start_provider(listen: &str, address: IpAddr) -> ReferenceProvider {
+    let address = address.to_string();
+    ReferenceProvider::start_at(
+        listen,
+        &[
+            "--provisioning-delay",
+            "300ms",
+            "--instance-address",
+            &address,
+        ],
+    )
+    .unwrap()
+}
+
+/// The ready addresses the slices list.
+fn ready_addresses(slices: &[&EndpointSlice]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .flat_map(|e| e.addresses.clone())
+        .collect()
+}
+
+fn first_address() -> IpAddr {
+    *host_addresses()
+        .first()
+        .expect("this host has no non-loopback address for the EndpointSlice")
+}
+
+#[tokio::test]
+async fn the_slice_lists_the_checked_address_while_the_proxy_is_ready() {
+    let address = first_address();
+    let h = Harness::start("svc-ready", address).await;
+    let port = ProxyStandIn::port().await;
+    let stand_in = ProxyStandIn::listen(port).await;
+    h.create("egress", port, serde_json::json!({})).await;
+
+    let slices = h.wait_endpoints("egress", &[address]).await;
+    let proxy = common::wait_ready(&h.proxies(), "egress").await;
+    let status = proxy.status.clone().unwrap();
+    assert_eq!(status.service_name.as_deref(), Some("egress"));
+    assert_eq!(
+        status.addresses[0].address,
+        address.to_string(),
+        "the slice lists the address the Address column shows"
+    );
+    let family = if address.is_ipv6() { "IPv6" } else { "IPv4" };
+    assert_eq!(slices.len(), 1);
+    let slice = &slices[0];
+    assert_eq!(slice.address_type, family);
+    assert_eq!(
+        slice
+            .labels()
+            .get("endpointslice.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("egressproxy-operator.egressproxy.dev")
+    );
+    let slice_port = &slice.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (slice_port.name.as_deref(), slice_port.port),
+        (Some("proxy"), Some(i32::from(port)))
+    );
+
+    let service = h.services().get("egress").await.unwrap();
+    let spec = service.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert!(spec.selector.is_none(), "a VM is no Pod: no selector");
+    let service_port = &spec.ports.unwrap()[0];
+    assert_eq!(
+        (service_port.name.as_deref(), service_port.port),
+        (Some("proxy"), i32::from(port))
+    );
+    // No garbage collector runs beside this apiserver: the owner references are what
+    // makes Kubernetes delete both with the Proxy.
+    for owners in [service.owner_references(), slice.owner_references()] {
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Proxy");
+        assert_eq!(Some(&owners[0].uid), proxy.metadata.uid.as_ref());
+        assert_eq!(owners[0].controller, Some(true));
+    }
+
+    // The proxy stops answering: once the Proxy is not Ready, the slice lists nothing.
+    drop(stand_in);
+    h.wait_endpoints("egress", &[]).await;
+    let degraded = h.proxies().get("egress").await.unwrap();
+    assert!(
+        !degraded
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    );
+    // It answers again: Ready, and back in the slice.
+    let _stand_in = ProxyStandIn::listen(port).await;
+    h.wait_endpoints("egress", &[address]).await;
+}
+
+#[tokio::test]
+async fn a_replacement_vm_s_address_takes_the_old_one_s_place() {
+    let addresses = host_addresses();
+    assert!(
+        addresses.len() >= 2,
+        "this test needs two non-loopback addresses on the host (for the old and the new VM), found {addresses:?}"
+    );
+    let (old, new) = (addresses[0], addresses[1]);
+    let mut h = Harness::start("svc-replace", old).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen(port).await;
+    h.create("egress", port, serde_json::json!({})).await;
+    h.wait_endpoints("egress", &[old]).await;
+
+    // The provider loses its VM and comes back on the same endpoint, making VMs with
+    // another address: the operator replaces the vanished VM.
+    let listen = h.provider.address().to_owned();
+    h.provider.kill();
+    h.provider = start_provider(&listen, new);
+    let slices = h.wait_endpoints("egress", &[new]).await;
+    assert_eq!(
+        slices.len(),
+        1,
+        "the old family's slice is gone: {slices:?}"
+    );
+    let proxy = common::wait_ready(&h.proxies(), "egress").await;
+    assert_eq!(proxy.status.unwrap().addresses[0].address, new.to_string());
+}
+
+#[tokio::test]
+async fn a_service_changed_by_hand_is_restored_and_a_steady_proxy_writes_nothing() {
+    let address = first_address();
+    let h = Harness::start("svc-drift", address).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen(port).await;
+    let spec = serde_json::json!({"service": {"annotations": {"team": "net"}}});
+    h.create("egress", port, spec).await;
+    h.wait_endpoints("egress", &[address]).await;
+    common::wait_ready(&h.proxies(), "egress").await;
+
+    // A steady Proxy: several polls, no write, the objects untouched.
+    h.wait_polls(1).await;
+    let service = h.services().get("egress").await.unwrap();
+    let writes = h.service_writes();
+    h.wait_polls(3).await;
+    assert_eq!(
+        h.service_writes(),
+        writes,
+        "a steady Proxy's Service is not rewritten"
+    );
+    let after = h.services().get("egress").await.unwrap();
+    assert_eq!(after.resource_version(), service.resource_version());
+
+    // The rest is on a Proxy polled once in ten minutes: what repairs its Service
+    // within the wait is the watch of the operator's objects, not a poll.
+    let quiet_port = ProxyStandIn::port().await;
+    let _quiet_stand_in = ProxyStandIn::listen(quiet_port).await;
+    let spec = serde_json::json!({
+        "service": {"annotations": {"team": "net"}},
+        "healthCheck": {"periodSeconds": 600, "timeoutSeconds": 1},
+    });
+    h.create("quiet", quiet_port, spec).await;
+    common::wait_ready(&h.proxies(), "quiet").await;
+    h.wait_endpoints("quiet", &[address]).await;
+
+    // By hand: another port, another annotation value. Both come back.
+    let edit = serde_json::json!({
+        "metadata": {"annotations": {"team": "someone-else"}},
+        "spec": {"ports": [{"name": "proxy", "port": 9999, "targetPort": 9999, "protocol": "TCP"}]},
+    });
+    h.services()
+        .patch("quiet", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let wanted_port = i32::from(quiet_port);
+    wait_until(
+        &h.services(),
+        "quiet",
+        "the Service restored",
+        |s: Option<&Service>| {
+            s.is_some_and(|s| {
+                let ports = s
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.ports.clone())
+                    .unwrap_or_default();
+                s.annotations().get("team").map(String::as_str) == Some("net")
+                    && ports.len() == 1
+                    && ports[0].port == wanted_port
+            })
+        },
+    )
+    .await;
+
+    // A slice emptied by hand comes back too.
+    let slice_name = format!("quiet-{}", if address.is_ipv6() { "ipv6" } else { "ipv4" });
+    let emptied = serde_json::json!({"endpoints": []});
+    h.slices()
+        .patch(
+            &slice_name,
+            &PatchParams::default(),
+            &Patch::Merge(&emptied),
+        )
+        .await
+        .unwrap();
+    h.wait_endpoints("quiet", &[address]).await;
+
+    // And a Service deleted by hand.
+    let deleted = h.services().get("quiet").await.unwrap().uid();
+    h.services()
+        .delete("quiet", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until(
+        &h.services(),
+        "quiet",
+        "the Service recreated",
+        |s: Option<&Service>| s.is_some_and(|s| s.uid() != deleted),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
+    let address = first_address();
+    let h = Harness::start("svc-off", address).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen(port).await;
+    h.create(
+        "egress",
+        port,
+        serde_json::json!({"service": {"type": "NodePort"}}),
+    )
+    .await;
+    h.wait_endpoints("egress", &[address]).await;
+    let service = h.services().get("egress").await.unwrap();
+    assert_eq!(service.spec.unwrap().type_.as_deref(), Some("NodePort"));
+
+    let off = serde_json::json!({"spec": {"service": {"enabled": false}}});
+    h.proxies()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&off))
+        .await
+        .unwrap();
+    wait_until(
+        &h.services(),
+        "egress",
+        "the Service deleted",
+        |s: Option<&Service>| s.is_none(),
+    )
+    .await;
+    common::wait_for_all(&h.slices(), "no slices", |slices: &[EndpointSlice]| {
+        slices.is_empty()
+    })
+    .await;
+    let proxy = h.proxies().get("egress").await.unwrap();
+    assert_eq!(proxy.status.unwrap().service_name, None);
+
+    // On again, then the Proxy is deleted: its Service goes with it (the operator
+    // deletes it before the VM; no garbage collector runs here).
+    let on = serde_json::json!({"spec": {"service": {"enabled": true}}});
+    h.proxies()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&on))
+        .await
+        .unwrap();
+    h.wait_endpoints("egress", &[address]).await;
+    h.proxies()
+        .delete("egress", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until(
+        &h.proxies(),
+        "egress",
+        "the Proxy deleted",
+        |p: Option<&Proxy>| p.is_none(),
+    )
+    .await;
+    assert!(h.services().get_opt("egress").await.unwrap().is_none());
+    let left = h.slices().list(&ListParams::default()).await.unwrap().items;
+    assert!(left.is_empty(), "{left:?}");
+}
