@@ -206,13 +206,15 @@ async fn scenario(stack: &Stack) {
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "PROVIDER", "ADDRESS", "READY", "AGE"],
+        [
+            "NAME", "PHASE", "PROVIDER", "ADDRESS", "SERVICE", "READY", "AGE"
+        ],
         "{table}"
     );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
-        &row[..5],
-        [PROXY, "Ready", PROVIDER, &address, "True"],
+        &row[..6],
+        [PROXY, "Ready", PROVIDER, &address, PROXY, "True"],
         "{table}"
     );
     let proxy_yaml = stack
