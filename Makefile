@@ -66,7 +66,7 @@ dockerfile-lint:
 breaking:
 	integration/tools/buf-breaking.sh "$(BUF)"
 
-CRD := charts/egressproxy/files/proxies.egressproxy.dev.yaml
+CRD := charts/egressproxy/files/crds.yaml
 ## generate: regenerate checked-in generated files (the CRD from the operator's types,
 ## the chart README's values table); generate-check fails on drift. The build is the one
 ## `make test` does (same feature set, so nothing builds twice), and files are replaced

@@ -181,6 +181,11 @@ impl KubeApiserver {
         })
     }
 
+    /// Whether this is an external cluster's apiserver, not one this process started.
+    pub fn is_external(&self) -> bool {
+        self.dir.is_none()
+    }
+
     /// The admin kubeconfig (client certificate in group `system:masters`).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig

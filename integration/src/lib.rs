@@ -11,6 +11,8 @@
 //! - [`http_server`]: an image server on loopback that answers as a test needs.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
+//! - [`garbage_collector`]: Kubernetes' garbage collector beside that apiserver, for
+//!   the tests that assert a cascade.
 //! - [`libvirtd`]: a private libvirtd in its own mount namespace.
 //! - [`sshd`]: a private sshd on loopback with generated host and client keys.
 //! - [`reference_provider`]: the reference provider binary as a separate process.
@@ -28,6 +30,7 @@ pub mod chaos;
 pub mod chart_pod;
 pub mod cluster;
 pub mod e2e;
+pub mod garbage_collector;
 pub mod helm;
 pub mod http_server;
 pub mod kube_apiserver;

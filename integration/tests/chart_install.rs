@@ -88,12 +88,24 @@ async fn install_reconcile_upgrade_and_uninstall() {
         "-n",
         release_ns
     ]));
-    assert!(
-        !can(&["delete", proxies, "-n", proxies_ns]),
-        "Proxies belong to their users"
-    );
-    assert!(!can(&["create", proxies, "-n", proxies_ns]));
+    // It creates and deletes the members of ProxyPools; it never updates a Proxy.
+    assert!(can(&["create", proxies, "-n", proxies_ns]));
+    assert!(can(&["delete", proxies, "-n", proxies_ns]));
     assert!(!can(&["update", proxies, "-n", proxies_ns]));
+    let pools = "proxypools.egressproxy.dev";
+    assert!(can(&["watch", pools, "-A"]));
+    assert!(can(&[
+        "patch",
+        pools,
+        "--subresource=status",
+        "-n",
+        proxies_ns
+    ]));
+    assert!(
+        !can(&["patch", pools, "-n", proxies_ns]),
+        "pools belong to their users"
+    );
+    assert!(!can(&["delete", pools, "-n", proxies_ns]));
     // It watches Secrets' metadata, so that a cloud-init Secret created later is used
     // at once: RBAC cannot grant metadata alone.
     assert!(can(&["watch", "secrets", "-n", proxies_ns]));
@@ -162,9 +174,11 @@ async fn install_reconcile_upgrade_and_uninstall() {
         ]));
         assert!(can(&["get", "secrets", "-n", watched]));
         assert!(can(&["create", "events.events.k8s.io", "-n", watched]));
-        assert!(!can(&["delete", proxies, "-n", watched]));
+        assert!(can(&["delete", proxies, "-n", watched]), "a pool's members");
+        assert!(can(&["watch", "proxypools.egressproxy.dev", "-n", watched]));
         assert_service_verbs(&can, watched);
     }
+    assert!(!can(&["delete", proxies, "-n", other_ns]));
     assert!(!can(&["list", "services", "-n", other_ns]));
     assert!(!can(&[
         "patch",

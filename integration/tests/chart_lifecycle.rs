@@ -165,7 +165,7 @@ async fn upgrades_restart_what_they_must_and_uninstall_refuses_while_proxies_exi
         !refused.status.success(),
         "the hook let the uninstall go on: {said}"
     );
-    let delete = format!("kubectl delete proxies --all -n {ns} --wait");
+    let delete = format!("kubectl delete proxypools,proxies --all -n {ns} --wait");
     for expected in [
         &format!("{ns}/in-use"),
         delete.as_str(),

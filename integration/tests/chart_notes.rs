@@ -44,8 +44,7 @@ fn values_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 #[tokio::test]
 async fn notes_give_a_sample_that_proxies_for_the_cluster_and_commands_that_run() {
     let env = KubeTestEnv::new("chart-notes").await.unwrap();
-    let crd = std::fs::read_to_string(helm::chart_dir().join("files/proxies.egressproxy.dev.yaml"))
-        .unwrap();
+    let crd = std::fs::read_to_string(helm::chart_dir().join("files/crds.yaml")).unwrap();
     for crd in [
         &crd,
         CERT_MANAGER_CERTIFICATE_CRD,

@@ -129,7 +129,7 @@ fn the_files_the_guide_names_exist() {
     for path in [
         "integration/tools/install-system-packages.sh",
         "integration/guest-image/build.sh",
-        "charts/egressproxy/files/proxies.egressproxy.dev.yaml",
+        "charts/egressproxy/files/crds.yaml",
         "docs/examples/proxy-squid.yaml",
     ] {
         assert!(DOC.contains(path), "the guide names {path}");

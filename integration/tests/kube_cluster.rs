@@ -24,7 +24,7 @@ use kube::api::Api;
 use kube::runtime::wait::{await_condition, conditions};
 
 const WITHIN: Duration = Duration::from_secs(120);
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/crds.yaml");
 
 /// A web server pod and its Service; `body` is what it serves.
 fn web_manifest(image: &str, body: &str) -> String {

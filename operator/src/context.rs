@@ -132,6 +132,18 @@ impl Context {
         self
     }
 
+    /// Publishes an Event about any object (a pool, for example); a failure to publish
+    /// is logged, not fatal.
+    pub async fn publish_about(
+        &self,
+        regarding: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        self.events.publish(regarding, type_, reason, note).await;
+    }
+
     /// Publishes an Event about `proxy`; a failure to publish is logged, not fatal.
     pub async fn publish(&self, proxy: &Proxy, type_: EventType, reason: &str, note: &str) {
         self.events

@@ -1,6 +1,8 @@
 //! The egressproxy operator: reconciles `Proxy` resources through `Provider` services.
 //!
-//! - [`crd`]: the `Proxy` resource.
+//! - [`crd`]: the `Proxy` and `ProxyPool` resources.
+//! - [`pool`]: ProxyPools: members made from a template, scaled, rolled and spread,
+//!   behind one Service.
 //! - [`providers`]: the configured providers, their clients and handshake, and the
 //!   reload of their config file.
 //! - [`controller`]: the watch loop; [`reconcile`]: one Proxy's reconcile;
@@ -49,6 +51,7 @@ pub mod memory_sweep;
 pub mod merged_watch;
 pub mod metrics;
 pub mod owned_watch;
+pub mod pool;
 pub mod providers;
 pub mod proxy_cache;
 pub mod proxy_service;

@@ -3,7 +3,7 @@
 //! 1. Start-up: check every flag (durations within [`limits`]), load the provider
 //!    config (fail fast on a bad file), serve `/metrics`, `/healthz` and `/readyz`.
 //! 2. Wait for the leader lease.
-//! 3. As leader: run the controller, the garbage collector and the provider config
+//! 3. As leader: run the Proxy and ProxyPool controllers, the garbage collector and the provider config
 //!    reload until SIGTERM or until leadership is lost.
 //! 4. On SIGTERM: let running reconciles finish, then release the lease so another
 //!    replica takes over at once, and exit 0. On lost leadership: exit non-zero so the
@@ -24,7 +24,7 @@ use egressproxy_operator::providers::{Providers, ProvidersConfig};
 use egressproxy_operator::proxy_cache::ProxyCache;
 use egressproxy_operator::watch_scope::WatchScope;
 use egressproxy_operator::{
-    cluster_name, controller, gc, http, kube_client, limits, uninstall_check,
+    cluster_name, controller, gc, http, kube_client, limits, pool, uninstall_check,
 };
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
@@ -188,8 +188,15 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(SHUTDOWN_GRACE).await;
         tracing::warn!(grace = ?SHUTDOWN_GRACE, "reconciles did not finish in time: cancelling them");
     };
+    // Both controllers stop on SIGTERM once their running reconciles finish.
+    let controllers = async {
+        tokio::join!(
+            controller::run_with_cache(ctx.clone(), cache.clone(), cache_writer, stopping()),
+            pool::run(ctx.clone(), scope.clone(), stopping()),
+        );
+    };
     let lost = tokio::select! {
-        () = controller::run_with_cache(ctx.clone(), cache.clone(), cache_writer, stopping()) => false,
+        () = controllers => false,
         () = stopped_in_time => false,
         () = collector => false,
         () = reloader => false,

@@ -53,11 +53,16 @@ pub fn triggers(
         |proxy, slice, gone| {
             let wanted = desired(proxy, &proxy.status.clone().unwrap_or_default());
             match wanted {
-                Some(wanted) if wanted.slice.name_any() == slice.name_any() => {
-                    gone || !slice_matches(&wanted.slice, slice)
-                }
-                // A slice of a family no longer wanted, or of no Service at all.
-                _ => !gone,
+                Some(wanted) => match wanted
+                    .slices
+                    .iter()
+                    .find(|w| w.name_any() == slice.name_any())
+                {
+                    Some(wanted) => gone || !slice_matches(wanted, slice),
+                    None => !gone,
+                },
+                // A slice of no Service at all.
+                None => !gone,
             }
         },
     );

@@ -26,7 +26,9 @@
 //!    Kubernetes' garbage collector deletes them with it; cleanup deletes them first
 //!    anyway ([`withdraw`]), so that no traffic goes to a VM being deleted.
 //!
-//! [`crate::owned_watch`] reconciles a Proxy whose objects someone changed.
+//! [`crate::owned_watch`] reconciles a Proxy whose objects someone changed. A pool's
+//! Service is built and written by the same [`build`] and [`apply`], from a
+//! [`ServiceFor`] listing every Ready member's address (one slice per family).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -39,7 +41,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use crate::context::Context;
-use crate::crd::{Proxy, ProxyStatus, condition};
+use crate::crd::{Proxy, ProxyService, ProxyStatus, condition};
 use crate::error::Result;
 use crate::status::{FIELD_MANAGER, is_true};
 
@@ -60,13 +62,35 @@ pub const PORT_NAME: &str = "proxy";
 /// The longest Service name (an RFC 1035 label).
 const MAX_SERVICE_NAME: usize = 63;
 
-/// A Proxy's Service and EndpointSlice as the operator wants them.
+/// A Service and its EndpointSlices as the operator wants them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     /// The Service.
     pub service: Service,
-    /// The EndpointSlice.
-    pub slice: EndpointSlice,
+    /// Its EndpointSlices: one per address family in use, or one empty slice.
+    pub slices: Vec<EndpointSlice>,
+}
+
+/// What a Service the operator keeps is made from, whichever object owns it (a Proxy
+/// or a pool).
+#[derive(Debug, Clone)]
+pub struct ServiceFor {
+    /// The controller reference to the owner.
+    pub owner: OwnerReference,
+    /// The owner's namespace, which the Service shares.
+    pub namespace: Option<String>,
+    /// The Service's name.
+    pub name: String,
+    /// The label that names the owner, set to `name`.
+    pub owner_label: &'static str,
+    /// Type and annotations.
+    pub settings: ProxyService,
+    /// The port served and sent to.
+    pub port: i32,
+    /// The endpoints: addresses of proxies that proxy now.
+    pub addresses: Vec<IpAddr>,
+    /// The family of the one empty slice kept when there are no addresses.
+    pub empty_family: &'static str,
 }
 
 /// The Service name of `proxy`, if it is to have a Service (see [`desired`]).
@@ -80,28 +104,61 @@ pub fn service_name(proxy: &Proxy) -> Option<String> {
 /// What `proxy` with `status` wants (module doc, step 1); `None`: no Service at all.
 pub fn desired(proxy: &Proxy, status: &ProxyStatus) -> Option<Desired> {
     let name = service_name(proxy)?;
-    let settings = proxy.spec.service.clone().unwrap_or_default();
-    let port = i32::from(proxy.spec.proxy_port);
-    let owner = owner_reference(proxy)?;
+    let chosen = checked_address(status);
+    let ready = is_true(&status.conditions, condition::READY);
+    Some(build(ServiceFor {
+        owner: owner_reference(proxy)?,
+        namespace: proxy.namespace(),
+        name,
+        owner_label: PROXY_LABEL,
+        settings: proxy.spec.service.clone().unwrap_or_default(),
+        port: i32::from(proxy.spec.proxy_port),
+        addresses: chosen
+            .filter(|ip| ready && can_be_an_endpoint(*ip))
+            .into_iter()
+            .collect(),
+        empty_family: family(chosen),
+    }))
+}
+
+/// The address the health check probes and the `Address` column shows.
+pub fn checked_address(status: &ProxyStatus) -> Option<IpAddr> {
+    status
+        .addresses
+        .first()
+        .and_then(|a| a.address.parse::<IpAddr>().ok())
+}
+
+/// The EndpointSlice `addressType` of `ip` (`IPv4` when there is none).
+fn family(ip: Option<IpAddr>) -> &'static str {
+    match ip {
+        Some(IpAddr::V6(_)) => "IPv6",
+        _ => "IPv4",
+    }
+}
+
+/// The Service and slices `wanted` describes.
+pub fn build(wanted: ServiceFor) -> Desired {
     let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {
         name: Some(name),
-        namespace: proxy.namespace(),
+        namespace: wanted.namespace.clone(),
         labels: Some(labels),
-        owner_references: Some(vec![owner.clone()]),
+        owner_references: Some(vec![wanted.owner.clone()]),
         ..ObjectMeta::default()
     };
-    let mut service_labels = BTreeMap::from([
+    let name = wanted.name.clone();
+    let service_labels = BTreeMap::from([
         (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-        (PROXY_LABEL.to_owned(), name.clone()),
+        (wanted.owner_label.to_owned(), name.clone()),
     ]);
     let mut service = Service {
-        metadata: meta(name.clone(), std::mem::take(&mut service_labels)),
+        metadata: meta(name.clone(), service_labels),
         spec: Some(ServiceSpec {
-            type_: Some(settings.kind.as_str().to_owned()),
+            type_: Some(wanted.settings.kind.as_str().to_owned()),
             ports: Some(vec![ServicePort {
                 name: Some(PORT_NAME.to_owned()),
-                port,
-                target_port: Some(IntOrString::Int(port)),
+                port: wanted.port,
+                target_port: Some(IntOrString::Int(wanted.port)),
                 protocol: Some("TCP".to_owned()),
                 ..ServicePort::default()
             }]),
@@ -109,50 +166,52 @@ pub fn desired(proxy: &Proxy, status: &ProxyStatus) -> Option<Desired> {
         }),
         status: None,
     };
-    service.metadata.annotations = Some(settings.annotations);
+    service.metadata.annotations = Some(wanted.settings.annotations.clone());
 
-    let chosen = status
-        .addresses
-        .first()
-        .and_then(|a| a.address.parse::<IpAddr>().ok());
-    let family = match chosen {
-        Some(IpAddr::V6(_)) => "IPv6",
-        _ => "IPv4",
-    };
-    let ready = is_true(&status.conditions, condition::READY);
-    let endpoints = chosen
-        .filter(|ip| ready && can_be_an_endpoint(*ip))
-        .map(|ip| Endpoint {
-            addresses: vec![ip.to_string()],
-            conditions: Some(EndpointConditions {
-                ready: Some(true),
-                serving: Some(true),
-                terminating: Some(false),
-            }),
-            ..Endpoint::default()
-        })
+    let mut by_family: BTreeMap<&'static str, Vec<IpAddr>> = BTreeMap::new();
+    for ip in &wanted.addresses {
+        by_family.entry(family(Some(*ip))).or_default().push(*ip);
+    }
+    if by_family.is_empty() {
+        by_family.insert(wanted.empty_family, Vec::new());
+    }
+    let slices = by_family
         .into_iter()
+        .map(|(family, addresses)| {
+            let labels = BTreeMap::from([
+                (SERVICE_NAME_LABEL.to_owned(), name.clone()),
+                (
+                    SLICE_MANAGED_BY_LABEL.to_owned(),
+                    SLICE_MANAGED_BY.to_owned(),
+                ),
+                (wanted.owner_label.to_owned(), name.clone()),
+            ]);
+            let endpoints = addresses
+                .into_iter()
+                .map(|ip| Endpoint {
+                    addresses: vec![ip.to_string()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        serving: Some(true),
+                        terminating: Some(false),
+                    }),
+                    ..Endpoint::default()
+                })
+                .collect();
+            EndpointSlice {
+                metadata: meta(slice_name(&name, family), labels),
+                address_type: family.to_owned(),
+                endpoints: Some(endpoints),
+                ports: Some(vec![EndpointPort {
+                    name: Some(PORT_NAME.to_owned()),
+                    port: Some(wanted.port),
+                    protocol: Some("TCP".to_owned()),
+                    app_protocol: None,
+                }]),
+            }
+        })
         .collect();
-    let slice_labels = BTreeMap::from([
-        (SERVICE_NAME_LABEL.to_owned(), name.clone()),
-        (
-            SLICE_MANAGED_BY_LABEL.to_owned(),
-            SLICE_MANAGED_BY.to_owned(),
-        ),
-        (PROXY_LABEL.to_owned(), name.clone()),
-    ]);
-    let slice = EndpointSlice {
-        metadata: meta(slice_name(&name, family), slice_labels),
-        address_type: family.to_owned(),
-        endpoints: Some(endpoints),
-        ports: Some(vec![EndpointPort {
-            name: Some(PORT_NAME.to_owned()),
-            port: Some(port),
-            protocol: Some("TCP".to_owned()),
-            app_protocol: None,
-        }]),
-    };
-    Some(Desired { service, slice })
+    Desired { service, slices }
 }
 
 /// The slice of family `IPv4` or `IPv6` of Service `service`.
@@ -162,7 +221,7 @@ fn slice_name(service: &str, family: &str) -> String {
 
 /// Whether `name` may name a Service: an RFC 1035 label. A Proxy's name may be longer
 /// or hold dots (it is a DNS subdomain); such a Proxy gets no Service.
-fn is_service_name(name: &str) -> bool {
+pub fn is_service_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= MAX_SERVICE_NAME
@@ -175,7 +234,7 @@ fn is_service_name(name: &str) -> bool {
 
 /// Whether the apiserver accepts `ip` in an EndpointSlice: never a loopback,
 /// link-local or unspecified address (no other Pod could reach it anyway).
-fn can_be_an_endpoint(ip: IpAddr) -> bool {
+pub fn can_be_an_endpoint(ip: IpAddr) -> bool {
     let link_local = match ip {
         IpAddr::V4(v4) => v4.is_link_local(),
         IpAddr::V6(v6) => v6.is_unicast_link_local(),
@@ -301,22 +360,30 @@ fn slices_of(name: &str) -> ListParams {
 /// what differs (module doc, step 3); with nothing wanted, deletes what it owns.
 /// Returns how many objects it wrote or deleted.
 pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<u32> {
-    let Some(wanted) = desired(proxy, status) else {
-        return withdraw(ctx, proxy).await;
-    };
-    let namespace = proxy.namespace().unwrap_or_default();
+    match desired(proxy, status) {
+        Some(wanted) => apply(ctx, &wanted).await,
+        None => withdraw(ctx, proxy).await,
+    }
+}
+
+/// Makes the objects of `wanted` exist as described, writing only what differs.
+/// A Service of that name that another owner controls is left alone (and logged).
+/// Returns how many objects it wrote or deleted.
+pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<u32> {
+    let namespace = wanted.service.namespace().unwrap_or_default();
+    let owner = controller_uid(&wanted.service.metadata).unwrap_or_default();
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
-    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
     let name = wanted.service.name_any();
     let mut writes = 0;
 
     let current = services.get_opt(&name).await?;
     if let Some(current) = &current
-        && !is_ours(proxy, &current.metadata)
+        && !is_owned_by(&owner, &current.metadata)
     {
-        tracing::warn!(proxy = %proxy.name_any(), service = %name,
-            "a Service of the Proxy's name exists and is not the operator's: leaving it alone");
+        tracing::warn!(%namespace, service = %name,
+            "a Service of this name exists and is not the operator's: leaving it alone");
         return Ok(0);
     }
     if current
@@ -327,32 +394,36 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
             && port_view(current) != port_view(&wanted.service)
         {
             let ports = serde_json::json!({"spec": {"ports": wanted.service.spec.as_ref().and_then(|s| s.ports.clone())}});
-            let params = PatchParams {
+            let merge = PatchParams {
                 field_manager: Some(FIELD_MANAGER.to_owned()),
                 ..PatchParams::default()
             };
-            services
-                .patch(&name, &params, &Patch::Merge(&ports))
-                .await?;
+            services.patch(&name, &merge, &Patch::Merge(&ports)).await?;
             writes += 1;
         }
         services
-            .patch(&name, &apply, &Patch::Apply(&typed(&wanted.service)))
+            .patch(&name, &params, &Patch::Apply(&typed(&wanted.service)))
             .await?;
         writes += 1;
     }
 
     let listed = slices.list(&slices_of(&name)).await?;
-    let wanted_name = wanted.slice.name_any();
-    let existing = listed.items.iter().find(|s| s.name_any() == wanted_name);
-    if existing.is_none_or(|existing| !slice_matches(&wanted.slice, existing)) {
-        slices
-            .patch(&wanted_name, &apply, &Patch::Apply(&typed(&wanted.slice)))
-            .await?;
-        writes += 1;
+    for slice in &wanted.slices {
+        let slice_name = slice.name_any();
+        let existing = listed.items.iter().find(|s| s.name_any() == slice_name);
+        if existing.is_none_or(|existing| !slice_matches(slice, existing)) {
+            slices
+                .patch(&slice_name, &params, &Patch::Apply(&typed(slice)))
+                .await?;
+            writes += 1;
+        }
     }
-    for stale in listed.items.iter().filter(|s| s.name_any() != wanted_name) {
-        if is_ours(proxy, &stale.metadata) {
+    for stale in listed
+        .items
+        .iter()
+        .filter(|s| !wanted.slices.iter().any(|w| w.name_any() == s.name_any()))
+    {
+        if is_owned_by(&owner, &stale.metadata) {
             delete(&slices, &stale.name_any()).await?;
             writes += 1;
         }
@@ -364,33 +435,49 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
 /// Deletes the Service and EndpointSlices `proxy` owns. Returns how many it deleted.
 pub async fn withdraw(ctx: &Context, proxy: &Proxy) -> Result<u32> {
     let namespace = proxy.namespace().unwrap_or_default();
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
-    let name = proxy.name_any();
+    let owner = proxy.uid().unwrap_or_default();
+    withdraw_owned(ctx, &namespace, &proxy.name_any(), &owner).await
+}
+
+/// Deletes Service `name` in `namespace` and its slices, those that `owner` (a UID)
+/// controls. Returns how many it deleted.
+pub async fn withdraw_owned(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    owner: &str,
+) -> Result<u32> {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
     let mut writes = 0;
-    for slice in slices.list(&slices_of(&name)).await?.items {
-        if is_ours(proxy, &slice.metadata) {
+    for slice in slices.list(&slices_of(name)).await?.items {
+        if is_owned_by(owner, &slice.metadata) {
             delete(&slices, &slice.name_any()).await?;
             writes += 1;
         }
     }
-    if let Some(service) = services.get_opt(&name).await?
-        && is_ours(proxy, &service.metadata)
+    if let Some(service) = services.get_opt(name).await?
+        && is_owned_by(owner, &service.metadata)
     {
-        delete(&services, &name).await?;
+        delete(&services, name).await?;
         writes += 1;
     }
     ctx.metrics.service_writes(writes);
     Ok(writes)
 }
 
-/// Whether `meta` carries a controller reference to `proxy`.
-fn is_ours(proxy: &Proxy, meta: &ObjectMeta) -> bool {
-    let uid = proxy.uid();
+/// The UID of the controller `meta` names.
+fn controller_uid(meta: &ObjectMeta) -> Option<String> {
     meta.owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+/// Whether `meta` carries a controller reference to the object with UID `owner`.
+fn is_owned_by(owner: &str, meta: &ObjectMeta) -> bool {
+    controller_uid(meta).is_some_and(|uid| uid == owner)
 }
 
 async fn delete<K>(api: &Api<K>, name: &str) -> Result<()>
@@ -457,10 +544,9 @@ mod tests {
 
     fn endpoints(desired: &Desired) -> Vec<String> {
         desired
-            .slice
-            .endpoints
+            .slices
             .iter()
-            .flatten()
+            .flat_map(|s| s.endpoints.iter().flatten())
             .flat_map(|e| e.addresses.clone())
             .collect()
     }
@@ -520,7 +606,7 @@ mod tests {
         ];
         for (i, (name, service, status, expected)) in cases.into_iter().enumerate() {
             let got = desired(&proxy(name, service), &status);
-            let got = got.as_ref().map(|d| (d.slice.name_any(), endpoints(d)));
+            let got = got.as_ref().map(|d| (d.slices[0].name_any(), endpoints(d)));
             let expected =
                 expected.map(|(n, e)| (n.to_owned(), e.into_iter().map(str::to_owned).collect()));
             assert_eq!(got, expected, "case {i}");

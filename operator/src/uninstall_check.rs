@@ -44,11 +44,13 @@ pub async fn check(
     found.sort();
     let delete = match scope {
         WatchScope::AllNamespaces => {
-            "kubectl delete proxies --all --all-namespaces --wait".to_owned()
+            "kubectl delete proxypools,proxies --all --all-namespaces --wait".to_owned()
         }
         WatchScope::Namespaces(namespaces) => namespaces
             .iter()
-            .map(|namespace| format!("kubectl delete proxies --all -n {namespace} --wait"))
+            .map(|namespace| {
+                format!("kubectl delete proxypools,proxies --all -n {namespace} --wait")
+            })
             .collect::<Vec<_>>()
             .join("; "),
     };

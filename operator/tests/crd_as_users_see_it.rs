@@ -1,42 +1,126 @@
-//! The Proxy CRD as a `kubectl` user meets it, against a real kube-apiserver: applying
+//! The CRDs as a `kubectl` user meets them, against a real kube-apiserver: applying
 //! it draws no warnings, `kubectl explain` has a real description to show, and the
 //! cloud-init size is checked in bytes at admission, as providers count it.
 
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
-use egressproxy_operator::crd::Proxy;
+use egressproxy_operator::crd::{Proxy, ProxyPool};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/crds.yaml");
+
+/// Every CRD of the chart's file (Proxy, ProxyPool).
+fn crds() -> Vec<CustomResourceDefinition> {
+    use serde::Deserialize;
+    serde_norway::Deserializer::from_str(CRD)
+        .map(|document| CustomResourceDefinition::deserialize(document).unwrap())
+        .collect()
+}
 
 #[tokio::test]
-async fn applying_the_crd_draws_no_warnings() {
+async fn applying_the_crds_draws_no_warnings() {
     let env = KubeTestEnv::new("crd-warnings").await.unwrap();
-    let crd: CustomResourceDefinition = serde_norway::from_str(CRD).unwrap();
-    let name = crd.metadata.name.clone().unwrap();
-    // A dry-run apply validates the schema as a real apply does, and the apiserver
-    // reports what it dislikes in Warning headers (what kubectl prints).
-    let request =
-        kube::core::Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
-            .patch(
-                &name,
-                &PatchParams::apply("crd-warnings-test").force().dry_run(),
-                &Patch::Apply(&crd),
-            )
+    let crds = crds();
+    assert_eq!(crds.len(), 2, "the Proxy and ProxyPool CRDs");
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap();
+        // A dry-run apply validates the schema as a real apply does, and the apiserver
+        // reports what it dislikes in Warning headers (what kubectl prints).
+        let request =
+            kube::core::Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+                .patch(
+                    &name,
+                    &PatchParams::apply("crd-warnings-test").force().dry_run(),
+                    &Patch::Apply(&crd),
+                )
+                .unwrap();
+        let response = env
+            .client
+            .send(request.map(kube::client::Body::from))
+            .await
             .unwrap();
-    let response = env
-        .client
-        .send(request.map(kube::client::Body::from))
+        assert!(
+            response.status().is_success(),
+            "{name}: {:?}",
+            response.status()
+        );
+        let warnings: Vec<String> = response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|value| value.to_str().unwrap_or_default().to_owned())
+            .collect();
+        assert!(
+            warnings.is_empty(),
+            "the apiserver warned about {name}: {warnings:#?}"
+        );
+    }
+}
+
+/// A pool's template may change where a Proxy's spec may not (that is how members are
+/// replaced), and a pool that could never roll, or a spread entry naming both a host and
+/// a zone, is refused at admission with a message that says what to set.
+#[tokio::test]
+async fn a_pool_s_template_may_change_and_its_mistakes_are_refused_at_admission() {
+    let env = KubeTestEnv::new("crd-pool").await.unwrap();
+    apply_crds_yaml(&env.client, CRD).await.unwrap();
+    let pools: kube::Api<ProxyPool> = env.namespaced();
+    let pool = |name: &str, extra: serde_json::Value| -> ProxyPool {
+        let mut spec = serde_json::json!({
+            "replicas": 2,
+            "template": {"spec": {
+                "provider": "reference",
+                "placement": {"machineType": "small", "image": "debian-12"},
+            }},
+        });
+        for (key, value) in extra.as_object().cloned().unwrap_or_default() {
+            spec[key] = value;
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "egressproxy.dev/v1alpha1",
+            "kind": "ProxyPool",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    pools
+        .create(&PostParams::default(), &pool("ok", serde_json::json!({})))
         .await
         .unwrap();
-    assert!(response.status().is_success(), "{:?}", response.status());
-    let warnings: Vec<String> = response
-        .headers()
-        .get_all("warning")
-        .iter()
-        .map(|value| value.to_str().unwrap_or_default().to_owned())
-        .collect();
-    assert!(warnings.is_empty(), "the apiserver warned: {warnings:#?}");
+    let placement = serde_json::json!({"spec": {"template": {"spec": {
+        "provider": "other",
+        "placement": {"machineType": "medium", "image": "debian-12"},
+    }}}});
+    pools
+        .patch("ok", &PatchParams::default(), &Patch::Merge(&placement))
+        .await
+        .expect("a template's provider and placement may change");
+
+    for (name, extra, message) in [
+        (
+            "no-room",
+            serde_json::json!({"maxSurge": 0, "maxUnavailable": 0}),
+            "set spec.maxSurge or spec.maxUnavailable above 0",
+        ),
+        (
+            "both",
+            serde_json::json!({"spread": [{"host": "a", "zone": "b"}]}),
+            "exactly one of host and zone",
+        ),
+        (
+            "too-many",
+            serde_json::json!({"replicas": 101}),
+            "spec.replicas",
+        ),
+    ] {
+        let refused = pools
+            .create(&PostParams::default(), &pool(name, extra))
+            .await
+            .expect_err(name);
+        let text = refused.to_string();
+        assert!(text.contains(message), "{name}: {text}");
+    }
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod common;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use common::stand_in::{ProxyStandIn, host_addresses};
 use common::{Controller, WAIT, reference_config, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -19,62 +20,6 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-
-/// This host's addresses that an EndpointSlice accepts (neither loopback nor
-/// link-local), IPv4 first, as `ip -o addr` lists them.
-fn host_addresses() -> Vec<IpAddr> {
-    let output = std::process::Command::new("ip")
-        .args(["-o", "addr", "show"])
-        .output()
-        .expect("run `ip -o addr show` (iproute2)");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut addresses: Vec<IpAddr> = text
-        .lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.find(|w| *w == "inet" || *w == "inet6")?;
-            let ip: IpAddr = words.next()?.split('/').next()?.parse().ok()?;
-            let link_local = match ip {
-                IpAddr::V4(v4) => v4.is_link_local(),
-                IpAddr::V6(v6) => v6.is_unicast_link_local(),
-            };
-            (!ip.is_loopback() && !link_local).then_some(ip)
-        })
-        .collect();
-    addresses.sort_by_key(IpAddr::is_ipv6);
-    addresses.dedup();
-    addresses
-}
-
-/// A stand-in for the VM's proxy on every address of this host (one dual-stack
-/// socket), closed when dropped.
-struct ProxyStandIn {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ProxyStandIn {
-    async fn listen(port: u16) -> ProxyStandIn {
-        let listener = tokio::net::TcpListener::bind(("::", port)).await.unwrap();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                drop(stream);
-            }
-        });
-        ProxyStandIn { task }
-    }
-
-    /// A free port to listen on.
-    async fn port() -> u16 {
-        let probe = tokio::net::TcpListener::bind(("::", 0)).await.unwrap();
-        probe.local_addr().unwrap().port()
-    }
-}
-
-impl Drop for ProxyStandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 struct Harness {
     env: KubeTestEnv,

@@ -20,7 +20,7 @@ use egressproxy_provider::pb::reference::v1::{
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-const CRD: &str = include_str!("../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../charts/egressproxy/files/crds.yaml");
 const WAIT: Duration = Duration::from_secs(40);
 
 struct Harness {

@@ -28,7 +28,7 @@ use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
-const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
 /// Proxies measured.
 const SAMPLES: usize = 10;
 /// Create → RUNNING at the reference provider.

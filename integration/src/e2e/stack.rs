@@ -82,7 +82,7 @@ pub const MACHINE_TYPE: &str = "small";
 /// The agent's host name.
 pub const HOST: &str = "hv1";
 
-const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
 const KVM_AGENT_DOC: &str = include_str!("../../../docs/kvm-agent.md");
 /// The file in [`Stack::dir`] with every span received, one JSON object a line.
 pub const SPANS_FILE: &str = "spans.jsonl";

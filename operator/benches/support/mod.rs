@@ -10,7 +10,7 @@ use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
 use egressproxy_operator::crd::Proxy;
 
-const CRD: &str = include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
 
 /// The apiserver, the reference provider (zero provisioning delay) and the operator.
 pub(crate) struct Stack {

@@ -1,12 +1,11 @@
-//! Prints the Proxy CRD as YAML. Its output is checked in at
-//! `charts/egressproxy/files/proxies.egressproxy.dev.yaml`; `make generate-check` fails on drift.
+//! Prints the CRDs (Proxy, then ProxyPool) as one YAML stream. Its output is checked in
+//! at `charts/egressproxy/files/crds.yaml`; `make generate-check` fails on drift.
 
+use egressproxy_operator::crd::{Proxy, ProxyPool};
 use kube::CustomResourceExt;
 
 fn main() -> anyhow::Result<()> {
-    print!(
-        "{}",
-        serde_norway::to_string(&egressproxy_operator::crd::Proxy::crd())?
-    );
+    print!("{}", serde_norway::to_string(&Proxy::crd())?);
+    print!("---\n{}", serde_norway::to_string(&ProxyPool::crd())?);
     Ok(())
 }

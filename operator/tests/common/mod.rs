@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod freezing_relay;
+pub mod stand_in;
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -24,8 +25,7 @@ use kube::runtime::wait::{Condition, await_condition};
 use tokio::process::{Child, Command};
 
 /// The CRD as the chart ships it.
-pub const CRD: &str =
-    include_str!("../../../charts/egressproxy/files/proxies.egressproxy.dev.yaml");
+pub const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
 /// The longest any wait for a change takes before the test fails.
 pub const WAIT: Duration = Duration::from_secs(60);
 /// Debian's libfaketime, which shifts a process's wall clock.
@@ -47,6 +47,7 @@ pub struct Controller {
     /// Its cache of Proxies.
     pub cache: ProxyCache,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop_pools: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Controller {
@@ -100,13 +101,33 @@ impl Controller {
             ctx,
             cache,
             stop: Some(stop),
+            stop_pools: None,
         }
+    }
+
+    /// Also runs the ProxyPool controller, on the pools of `env`'s namespace, with the
+    /// same context.
+    pub fn with_pools(mut self, env: &KubeTestEnv) -> Controller {
+        let scope = WatchScope::Namespaces(vec![env.namespace.clone()]);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(egressproxy_operator::pool::run(
+            self.ctx.clone(),
+            scope,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        self.stop_pools = Some(stop);
+        self
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
+        for stop in [self.stop.take(), self.stop_pools.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = stop.send(());
         }
     }

@@ -42,6 +42,10 @@ struct Args {
     /// Address every running instance created without an address identity reports.
     #[arg(long, default_value = "127.0.0.1")]
     instance_address: IpAddr,
+    /// The address instances on a host report instead of --instance-address, as
+    /// HOST=ADDRESS (comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = host_setting::<IpAddr>)]
+    host_address: Vec<(String, IpAddr)>,
     /// Offer no address identities: declare neither capability, and refuse
     /// `address_identity` and `requested_address` as INVALID_ARGUMENT.
     #[arg(long)]
@@ -121,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         provisioning_delay: args.provisioning_delay,
         deleting_delay: args.deleting_delay,
         address: args.instance_address,
+        host_addresses: args.host_address.into_iter().collect(),
         address_identities: !args.no_address_identities,
         identity_addresses: AddressRange {
             first: args.identity_range_first,

@@ -57,6 +57,9 @@ pub struct ReferenceConfig {
     pub deleting_delay: Duration,
     /// The address every running instance created without an address identity reports.
     pub address: IpAddr,
+    /// The address such an instance reports instead on some hosts: a host with its
+    /// own network, as a real provider's hosts have.
+    pub host_addresses: BTreeMap<String, IpAddr>,
     /// Whether address identities and requested addresses are offered (declared and
     /// honoured); without them, Create refuses both fields as INVALID_ARGUMENT, as a
     /// provider that does not declare their capabilities must.
@@ -91,6 +94,7 @@ impl Default for ReferenceConfig {
             provisioning_delay: Duration::from_secs(2),
             deleting_delay: Duration::ZERO,
             address: IpAddr::from([127, 0, 0, 1]),
+            host_addresses: BTreeMap::new(),
             address_identities: true,
             identity_addresses: AddressRange::DEFAULT,
             hosts: vec!["local".into()],
@@ -314,7 +318,13 @@ impl MemoryProvider {
         };
         instance.set_state(state);
         if state == InstanceState::Running && !self.breaks(Misbehaviour::RunningWithoutAddress) {
-            let address = record.address.map_or(self.config.address, IpAddr::V4);
+            let host_address = record
+                .host
+                .as_ref()
+                .and_then(|host| self.config.host_addresses.get(host))
+                .copied()
+                .unwrap_or(self.config.address);
+            let address = record.address.map_or(host_address, IpAddr::V4);
             instance.addresses.push(pb::Address {
                 address: if self.breaks(Misbehaviour::AddressNotAnIp) {
                     "not-an-ip".into()

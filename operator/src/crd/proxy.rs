@@ -1,4 +1,4 @@
-//! The `Proxy` custom resource (`egressproxy.dev/v1alpha1`).
+//! The `Proxy` custom resource.
 //!
 //! The schema validates what it can at admission, so users see mistakes from
 //! `kubectl apply`, not from a condition minutes later: required fields, port and

@@ -1,0 +1,184 @@
+//! A pool's members: the Proxies it makes from its template, and how it tells them
+//! apart.
+//!
+//! A member is named `POOL-N` (the lowest free N), so a create retried after a lost
+//! answer finds the member it made instead of adding another. It carries the pool's
+//! label (what the pool lists), the hash of the template it was made from (what tells
+//! an outdated member), the template's labels and annotations, and a controller owner
+//! reference to the pool, through which Kubernetes deletes it with the pool. Its spec
+//! is the template's, with the spread target's host or zone in its placement.
+
+use std::net::IpAddr;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use super::plan::Member;
+use crate::crd::{Proxy, ProxyPool, SpreadTarget, condition};
+use crate::proxy_service::checked_address;
+use crate::status::is_true;
+
+/// The label naming the pool a member (or the pool's Service) belongs to.
+pub const POOL_LABEL: &str = "egressproxy.dev/pool";
+/// The label holding the hash of the template a member was made from.
+pub const TEMPLATE_HASH_LABEL: &str = "egressproxy.dev/template-hash";
+
+/// The hash of `pool`'s template: 10 hex digits of its SHA-256.
+pub fn template_hash(pool: &ProxyPool) -> String {
+    let text = serde_json::to_string(&pool.spec.template).unwrap_or_default();
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..5].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The label selector of `pool`'s members.
+pub fn selector(pool: &ProxyPool) -> String {
+    format!("{POOL_LABEL}={}", pool.name_any())
+}
+
+/// The name of member `index` of `pool`.
+pub fn member_name(pool: &ProxyPool, index: u32) -> String {
+    format!("{}-{index}", pool.name_any())
+}
+
+/// The controller reference to `pool` that its members and Service carry.
+pub fn owner_reference(pool: &ProxyPool) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: ProxyPool::api_version(&()).into_owned(),
+        kind: ProxyPool::kind(&()).into_owned(),
+        name: pool.name_any(),
+        uid: pool.uid()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+/// Whether `proxy` is a member of `pool` (the pool controls it).
+pub fn is_member(pool: &ProxyPool, proxy: &Proxy) -> bool {
+    let uid = pool.uid();
+    proxy
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+}
+
+/// Member `index` of `pool`, at spread target `target`.
+pub fn new_member(pool: &ProxyPool, index: u32, target: Option<usize>) -> Option<Proxy> {
+    let template = &pool.spec.template;
+    let mut labels = template.metadata.labels.clone();
+    labels.insert(POOL_LABEL.to_owned(), pool.name_any());
+    labels.insert(TEMPLATE_HASH_LABEL.to_owned(), template_hash(pool));
+    let mut spec = template.spec.clone();
+    if let Some(to) = target.and_then(|t| pool.spec.spread.get(t)) {
+        spec.placement.host = to.host.clone();
+        spec.placement.zone = to.zone.clone();
+    }
+    let mut proxy = Proxy::new(&member_name(pool, index), spec);
+    proxy.metadata = ObjectMeta {
+        name: Some(member_name(pool, index)),
+        namespace: pool.namespace(),
+        labels: Some(labels),
+        annotations: Some(template.metadata.annotations.clone()).filter(|a| !a.is_empty()),
+        owner_references: Some(vec![owner_reference(pool)?]),
+        ..ObjectMeta::default()
+    };
+    Some(proxy)
+}
+
+/// Which of `targets` `proxy`'s placement is at.
+fn target_of(targets: &[SpreadTarget], proxy: &Proxy) -> Option<usize> {
+    let placement = &proxy.spec.placement;
+    targets.iter().position(|t| match (&t.host, &t.zone) {
+        (Some(host), _) => placement.host.as_ref() == Some(host),
+        (None, Some(zone)) => placement.zone.as_ref() == Some(zone),
+        (None, None) => false,
+    })
+}
+
+/// `proxy` as the plan sees it, given `pool`'s current template hash `hash`.
+pub fn view(pool: &ProxyPool, hash: &str, proxy: &Proxy) -> Member {
+    let name = proxy.name_any();
+    let prefix = format!("{}-", pool.name_any());
+    let index = name
+        .strip_prefix(&prefix)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u32::MAX);
+    let target = target_of(&pool.spec.spread, proxy);
+    let made_from_this_template =
+        proxy.labels().get(TEMPLATE_HASH_LABEL).map(String::as_str) == Some(hash);
+    Member {
+        name,
+        index,
+        updated: made_from_this_template && (pool.spec.spread.is_empty() || target.is_some()),
+        ready: is_ready(proxy),
+        deleting: proxy.metadata.deletion_timestamp.is_some(),
+        target,
+    }
+}
+
+/// Whether `proxy` is Ready (it proxies now).
+pub fn is_ready(proxy: &Proxy) -> bool {
+    proxy
+        .status
+        .as_ref()
+        .is_some_and(|s| is_true(&s.conditions, condition::READY))
+}
+
+/// The address traffic goes to while `proxy` is Ready.
+pub fn serving_address(proxy: &Proxy) -> Option<IpAddr> {
+    if !is_ready(proxy) || proxy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    proxy.status.as_ref().and_then(checked_address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(spread: serde_json::Value) -> ProxyPool {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "egressproxy.dev/v1alpha1",
+            "kind": "ProxyPool",
+            "metadata": {"name": "egress", "namespace": "team", "uid": "pool-uid"},
+            "spec": {
+                "replicas": 2,
+                "spread": spread,
+                "template": {
+                    "metadata": {"labels": {"team": "a"}},
+                    "spec": {
+                        "provider": "reference",
+                        "placement": {"machineType": "small", "image": "debian-12", "zone": "z0"},
+                    },
+                },
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_member_takes_the_template_the_pool_s_labels_and_its_spread_target() {
+        let pool = pool(serde_json::json!([{"host": "h1"}, {"zone": "z2"}]));
+        let member = new_member(&pool, 3, Some(1)).unwrap();
+        assert_eq!(member.name_any(), "egress-3");
+        assert_eq!(member.spec.placement.zone.as_deref(), Some("z2"));
+        assert_eq!(member.spec.placement.host, None);
+        assert_eq!(member.labels()["team"], "a");
+        assert_eq!(member.labels()[POOL_LABEL], "egress");
+        assert!(is_member(&pool, &member));
+
+        let hash = template_hash(&pool);
+        let seen = view(&pool, &hash, &member);
+        assert_eq!((seen.index, seen.target, seen.updated), (3, Some(1), true));
+
+        let mut changed = pool.clone();
+        changed.spec.template.spec.proxy_port = 8080;
+        assert_ne!(template_hash(&changed), hash);
+        assert!(!view(&changed, &template_hash(&changed), &member).updated);
+
+        // A spread target removed from the list makes its members outdated.
+        let mut narrowed = pool.clone();
+        narrowed.spec.spread.truncate(1);
+        assert!(!view(&narrowed, &hash, &member).updated);
+    }
+}

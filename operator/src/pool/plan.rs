@@ -1,0 +1,342 @@
+//! What a pool does next, decided from what it has: pure, so every rule is a row of a
+//! table test (the same table as in `docs/operator.md`, "ProxyPool").
+//!
+//! Members are *updated* (made from the current template, at one of the listed spread
+//! targets) or *outdated*. A member being deleted counts for nothing but its name.
+//! 1. **Surplus**: updated members above `replicas` go, not-Ready ones first, then from
+//!    the most crowded spread target, then the newest (highest index).
+//! 2. **Outdated, not Ready**: they go at once; they serve nothing.
+//! 3. **Outdated, Ready**: they go only while the Ready members left stay at or above
+//!    `replicas - maxUnavailable`, the newest first. With `maxUnavailable: 0` an old
+//!    member goes only once a new one is Ready: surge first.
+//! 4. **Create** updated members until there are `replicas`, while all live members
+//!    stay within `replicas + maxSurge`; each goes to the spread target with the
+//!    fewest members (ties: the first listed) and takes the lowest free index.
+//!
+//! A member that is merely not Ready and updated stays: its Proxy replaces its VM by
+//! itself, and the pool's Service lists it again once it is Ready.
+
+use std::collections::BTreeSet;
+
+/// One member as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The member Proxy's name.
+    pub name: String,
+    /// The number in its name (`POOL-N`).
+    pub index: u32,
+    /// Made from the current template, at a listed spread target.
+    pub updated: bool,
+    /// Its Proxy is Ready.
+    pub ready: bool,
+    /// Its Proxy is being deleted.
+    pub deleting: bool,
+    /// Which spread target (index into `spec.spread`) it is at, if any.
+    pub target: Option<usize>,
+}
+
+/// The pool's wishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `spec.maxSurge`.
+    pub max_surge: u32,
+    /// `spec.maxUnavailable`.
+    pub max_unavailable: u32,
+    /// How many spread targets are listed (0: none).
+    pub targets: usize,
+}
+
+/// Why a member is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// More updated members than `replicas`.
+    Surplus,
+    /// Made from an older template or spread.
+    Outdated,
+}
+
+/// A member to create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewMember {
+    /// The number in its name.
+    pub index: u32,
+    /// The spread target it goes to, if targets are listed.
+    pub target: Option<usize>,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Members to delete, by name, and why.
+    pub delete: Vec<(String, Removal)>,
+    /// Members to create.
+    pub create: Vec<NewMember>,
+}
+
+/// The plan for `members` under `bounds` (module doc).
+pub fn plan(bounds: Bounds, members: &[Member]) -> Plan {
+    let live: Vec<&Member> = members.iter().filter(|m| !m.deleting).collect();
+    let mut going: BTreeSet<&str> = BTreeSet::new();
+    let mut delete = Vec::new();
+    let replicas = bounds.replicas as usize;
+
+    // 1. Surplus updated members.
+    let mut updated: Vec<&Member> = live.iter().copied().filter(|m| m.updated).collect();
+    while updated.len() > replicas {
+        let crowd = |m: &Member| {
+            m.target
+                .map(|t| updated.iter().filter(|o| o.target == Some(t)).count())
+                .unwrap_or(0)
+        };
+        let Some(position) = (0..updated.len()).max_by_key(|&i| {
+            let m = updated[i];
+            (!m.ready, crowd(m), m.index)
+        }) else {
+            break;
+        };
+        let member = updated.remove(position);
+        going.insert(&member.name);
+        delete.push((member.name.clone(), Removal::Surplus));
+    }
+
+    // 2. Outdated members that are not Ready.
+    let outdated: Vec<&Member> = live.iter().copied().filter(|m| !m.updated).collect();
+    for member in outdated.iter().filter(|m| !m.ready) {
+        going.insert(&member.name);
+        delete.push((member.name.clone(), Removal::Outdated));
+    }
+
+    // 3. Outdated Ready members, within maxUnavailable.
+    let min_ready = bounds.replicas.saturating_sub(bounds.max_unavailable) as usize;
+    let mut ready_left = live
+        .iter()
+        .filter(|m| m.ready && !going.contains(m.name.as_str()))
+        .count();
+    let mut old_ready: Vec<&Member> = outdated.iter().copied().filter(|m| m.ready).collect();
+    old_ready.sort_by_key(|m| std::cmp::Reverse(m.index));
+    for member in old_ready {
+        if ready_left <= min_ready {
+            break;
+        }
+        ready_left -= 1;
+        going.insert(&member.name);
+        delete.push((member.name.clone(), Removal::Outdated));
+    }
+
+    // 4. New members, within maxSurge.
+    let staying: Vec<&Member> = live
+        .iter()
+        .copied()
+        .filter(|m| !going.contains(m.name.as_str()))
+        .collect();
+    let updated_staying = staying.iter().filter(|m| m.updated).count();
+    let need = replicas.saturating_sub(updated_staying);
+    let room = (replicas + bounds.max_surge as usize).saturating_sub(staying.len());
+    let mut taken: BTreeSet<u32> = members.iter().map(|m| m.index).collect();
+    let mut per_target: Vec<usize> = (0..bounds.targets)
+        .map(|t| staying.iter().filter(|m| m.target == Some(t)).count())
+        .collect();
+    let mut create = Vec::new();
+    for _ in 0..need.min(room) {
+        let index = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
+        taken.insert(index);
+        let target = (0..per_target.len()).min_by_key(|&t| (per_target[t], t));
+        if let Some(t) = target {
+            per_target[t] += 1;
+        }
+        create.push(NewMember { index, target });
+    }
+    Plan { delete, create }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member from a short code: `u`/`o` (updated or outdated), `r`/`n` (Ready or
+    /// not), optionally `d` (being deleted), then `@T` for spread target T.
+    fn member(index: u32, code: &str) -> Member {
+        let (flags, target) = match code.split_once('@') {
+            Some((flags, target)) => (flags, Some(target.parse().unwrap())),
+            None => (code, None),
+        };
+        Member {
+            name: format!("pool-{index}"),
+            index,
+            updated: flags.contains('u'),
+            ready: flags.contains('r'),
+            deleting: flags.contains('d'),
+            target,
+        }
+    }
+
+    fn members(codes: &[&str]) -> Vec<Member> {
+        codes
+            .iter()
+            .enumerate()
+            .map(|(i, code)| member(i as u32, code))
+            .collect()
+    }
+
+    fn bounds(replicas: u32, max_surge: u32, max_unavailable: u32, targets: usize) -> Bounds {
+        Bounds {
+            replicas,
+            max_surge,
+            max_unavailable,
+            targets,
+        }
+    }
+
+    /// Members (by position = index), bounds, then the names deleted and the indices
+    /// (with targets) created.
+    type Row = (
+        &'static str,
+        Vec<&'static str>,
+        Bounds,
+        Vec<&'static str>,
+        Vec<(u32, Option<usize>)>,
+    );
+
+    #[test]
+    fn the_pool_plan_follows_its_table() {
+        let rows: Vec<Row> = vec![
+            (
+                "a new pool creates every member at once",
+                vec![],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![(0, None), (1, None), (2, None)],
+            ),
+            (
+                "a full, Ready pool does nothing",
+                vec!["ur", "ur", "ur"],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![],
+            ),
+            (
+                "an updated member that is not Ready stays: its Proxy heals it",
+                vec!["ur", "un", "ur"],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![],
+            ),
+            (
+                "scaling up fills the lowest free indices",
+                vec!["ur", "dur", "ur"],
+                bounds(4, 1, 0, 0),
+                vec![],
+                vec![(3, None), (4, None)],
+            ),
+            (
+                "scaling down drops not-Ready members first, then the newest",
+                vec!["ur", "un", "ur", "ur"],
+                bounds(2, 1, 0, 0),
+                vec!["pool-1", "pool-3"],
+                vec![],
+            ),
+            (
+                "a template change surges one new member first",
+                vec!["or", "or", "or"],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![(3, None)],
+            ),
+            (
+                "an old member goes once a new one is Ready, and the next is created",
+                vec!["or", "or", "or", "ur"],
+                bounds(3, 1, 0, 0),
+                vec!["pool-2"],
+                vec![(4, None)],
+            ),
+            (
+                "no old member goes while the new one is not Ready",
+                vec!["or", "or", "or", "un"],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![],
+            ),
+            (
+                "maxUnavailable lets old members go before new ones are Ready",
+                vec!["or", "or", "or"],
+                bounds(3, 0, 1, 0),
+                vec!["pool-2"],
+                vec![(3, None)],
+            ),
+            (
+                "outdated members that are not Ready go at once",
+                vec!["on", "on", "or"],
+                bounds(3, 1, 0, 0),
+                vec!["pool-0", "pool-1"],
+                vec![(3, None), (4, None), (5, None)],
+            ),
+            (
+                "the last old member goes when the new ones are Ready",
+                vec!["ur", "or", "ur", "ur"],
+                bounds(3, 1, 0, 0),
+                vec!["pool-1"],
+                vec![],
+            ),
+            (
+                "scaling to zero deletes everyone",
+                vec!["ur", "or"],
+                bounds(0, 1, 0, 0),
+                vec!["pool-0", "pool-1"],
+                vec![],
+            ),
+            (
+                "new members go to the least used spread target",
+                vec!["ur@0", "ur@0", "ur@1"],
+                bounds(6, 1, 0, 3),
+                vec![],
+                vec![(3, Some(2)), (4, Some(1)), (5, Some(2))],
+            ),
+            (
+                "scaling down takes from the most crowded target",
+                vec!["ur@0", "ur@0", "ur@1"],
+                bounds(2, 1, 0, 2),
+                vec!["pool-1"],
+                vec![],
+            ),
+        ];
+        for (what, codes, bounds, deleted, created) in rows {
+            let got = plan(bounds, &members(&codes));
+            let got_deleted: Vec<&str> = got.delete.iter().map(|(n, _)| n.as_str()).collect();
+            let mut got_deleted = got_deleted;
+            got_deleted.sort();
+            let got_created: Vec<(u32, Option<usize>)> =
+                got.create.iter().map(|c| (c.index, c.target)).collect();
+            assert_eq!((got_deleted, got_created), (deleted, created), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_rollout_never_drops_below_replicas_minus_max_unavailable() {
+        // Simulate a rollout of 3 members, surge 1: created members become Ready one
+        // step later, deleted ones vanish at once.
+        let mut pool: Vec<Member> = members(&["or", "or", "or"]);
+        let b = bounds(3, 1, 0, 0);
+        for _ in 0..20 {
+            for m in &mut pool {
+                m.ready = true;
+            }
+            let p = plan(b, &pool);
+            let ready_before = pool.iter().filter(|m| m.ready).count();
+            pool.retain(|m| !p.delete.iter().any(|(n, _)| *n == m.name));
+            let ready_after = pool.iter().filter(|m| m.ready).count();
+            assert!(ready_after >= 3, "{ready_before} -> {ready_after}: {p:?}");
+            assert!(pool.len() + p.create.len() <= 4, "{p:?}");
+            for c in p.create {
+                pool.push(Member {
+                    updated: true,
+                    ready: false,
+                    ..member(c.index, "u")
+                });
+            }
+        }
+        assert_eq!(pool.len(), 3);
+        assert!(pool.iter().all(|m| m.updated && m.ready));
+    }
+}
