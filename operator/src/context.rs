@@ -1,6 +1,6 @@
 //! What every reconcile shares: clients, configured providers, and the per-Proxy state
-//! kept in memory (backoff attempts, health-check failures, a pending replacement's
-//! cause, cached Events, the phase gauge).
+//! kept in memory (backoff attempts, health-check failures, cached Events, the phase
+//! gauge). What must survive a restart (the instance being replaced) is in status.
 //!
 //! Every per-Proxy entry is keyed by the Proxy's UID and dropped by
 //! [`Context::forget`] when the Proxy goes (its cleanup finished, or the watch saw it
@@ -30,16 +30,6 @@ pub const DEFAULT_PERMANENT_RETRY: Duration = Duration::from_secs(300);
 /// once.
 pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 
-/// Why an instance is being replaced, kept until its successor exists so the
-/// `Replaced` Event can name both.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingReplacement {
-    /// The replaced instance's provider id.
-    pub old_id: String,
-    /// Why, for example `stopped (shut off)`.
-    pub cause: String,
-}
-
 /// Shared state of the controller.
 pub struct Context {
     /// Kubernetes client.
@@ -68,8 +58,6 @@ pub struct Context {
     pub liveness: Arc<Liveness>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
-    /// Replacements whose successor is not created yet, per Proxy UID.
-    pub pending_replacements: Mutex<HashMap<String, PendingReplacement>>,
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.
     triggers: Mutex<HashMap<String, u64>>,
@@ -109,7 +97,6 @@ impl Context {
             replace_backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
             permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
-            pending_replacements: Mutex::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             liveness: Arc::default(),
@@ -186,7 +173,6 @@ impl Context {
         self.poll_backoff.reset(uid);
         self.replace_backoff.reset(uid);
         lock(&self.health_failures).remove(uid);
-        lock(&self.pending_replacements).remove(uid);
         self.events.forget(uid);
         self.metrics.set_phase(uid, None);
         self.report_memory();
@@ -218,7 +204,6 @@ impl Context {
             known.extend(backoff.keys());
         }
         known.extend(lock(&self.health_failures).keys().cloned());
-        known.extend(lock(&self.pending_replacements).keys().cloned());
         known.extend(self.events.tracked_uids());
         known
     }
@@ -231,10 +216,6 @@ impl Context {
             ("poll_backoff", self.poll_backoff.len()),
             ("replace_backoff", self.replace_backoff.len()),
             ("health_failures", lock(&self.health_failures).len()),
-            (
-                "pending_replacements",
-                lock(&self.pending_replacements).len(),
-            ),
             ("events", self.events.tracked()),
         ];
         for (map, size) in sizes {

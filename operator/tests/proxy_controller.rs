@@ -479,6 +479,56 @@ async fn a_stopped_instance_is_replaced() {
     assert_ne!(instances[0].id, first);
 }
 
+/// The replaced instance is kept in status, not in the operator's memory: an operator
+/// restarted while a replacement waits out its backoff still names the old instance in
+/// the `Replaced` Event.
+#[tokio::test]
+async fn a_replaced_event_names_the_old_instance_after_an_operator_restart() {
+    let mut h = Harness::start("replaced-restart").await;
+    let config = reference_config(h.provider.endpoint(), "5s");
+    let scope = WatchScope::Namespaces(vec![h.env.namespace.clone()]);
+    let slow = Controller::start_configured(&h.env, scope.clone(), &config, &h.cluster, |ctx| {
+        let hour = Duration::from_secs(3600);
+        ctx.replace_backoff = egressproxy_operator::backoff::Backoff::new(hour, hour);
+    });
+    h._controller = slow;
+    let port = proxy_port().await;
+    h.create("egress", port, serde_json::json!({})).await;
+    let first = h
+        .wait_ready("egress")
+        .await
+        .status
+        .unwrap()
+        .provider_id
+        .unwrap();
+    h.control()
+        .await
+        .set_instance_state(control::SetInstanceStateRequest {
+            id: first.clone(),
+            state: pb::InstanceState::Stopped.into(),
+        })
+        .await
+        .unwrap();
+    h.wait_for("egress", "the stopped instance to be forgotten", |p| {
+        p.status
+            .as_ref()
+            .is_some_and(|s| s.provider_id.is_none() && s.replacements == 1)
+    })
+    .await;
+
+    // A new operator, with no memory of the old one, creates the replacement.
+    h._controller = Controller::start_in(&h.env, scope, &config, &h.cluster);
+    let events: Api<Event> = h.env.namespaced();
+    let replaced = common::fixtures::wait_event(&events, "egress", "Replaced").await;
+    let note = replaced.note.unwrap_or_default();
+    assert!(
+        note.contains(&first) && note.contains("stopped"),
+        "the Replaced Event names the old instance and why: {note:?}"
+    );
+    let proxy = h.wait_ready("egress").await;
+    assert_eq!(proxy.status.unwrap().replacing, None, "cleared once replaced");
+}
+
 #[tokio::test]
 async fn a_changed_placement_replaces_the_instance() {
     let h = Harness::start("placement").await;

@@ -306,6 +306,10 @@ pub struct ProxyStatus {
     /// here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_create_time: Option<Time>,
+    /// The VM being replaced and why, until its successor is created (so the `Replaced`
+    /// Event names both, after an operator restart too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacing: Option<ReplacedInstance>,
     /// Number of times the VM was replaced.
     #[serde(default)]
     #[schemars(range(max = 2147483647), extend("format" = "int32"))]
@@ -328,6 +332,16 @@ pub struct ProxyStatus {
     /// The last error, for humans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// A VM being replaced.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplacedInstance {
+    /// Its provider id.
+    pub provider_id: String,
+    /// Why it is replaced, for example `stopped (shut off)`.
+    pub cause: String,
 }
 
 /// Summary of a Proxy's state.

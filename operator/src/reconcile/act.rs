@@ -14,8 +14,7 @@ use super::observe::{self, probe_address};
 use super::plan::{Cause, Step};
 use super::tags;
 use super::{Pass, egress_address, no_room};
-use crate::context::PendingReplacement;
-use crate::crd::{Placement, ProxyAddress, condition};
+use crate::crd::{Placement, ProxyAddress, ReplacedInstance, condition};
 use crate::error::{Error, Result};
 use crate::events::EventType;
 
@@ -126,18 +125,13 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
             return Err(no_room::explained(provider, &asked, error).await);
         }
     };
-    let replaced = pass
-        .ctx
-        .pending_replacements
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&pass.key.uid);
+    let replaced = pass.status.replacing.take();
     let (reason, note) = match replaced {
         Some(old) => (
             "Replaced",
             format!(
                 "instance {} \u{2192} {} ({}); replacement {}",
-                old.old_id, instance.id, old.cause, pass.status.replacements
+                old.provider_id, instance.id, old.cause, pass.status.replacements
             ),
         ),
         None if pass.status.replacements > 0 => (
@@ -287,17 +281,10 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(uid);
-    pass.ctx
-        .pending_replacements
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(
-            uid.clone(),
-            PendingReplacement {
-                old_id: old_id.to_owned(),
-                cause,
-            },
-        );
+    pass.status.replacing = Some(ReplacedInstance {
+        provider_id: old_id.to_owned(),
+        cause,
+    });
 }
 
 fn placement(placement: &Placement) -> pb::Placement {
