@@ -1,0 +1,171 @@
+//! One test's kube-provider on the shared real kube-apiserver: its own namespace for
+//! the pods, its own egress Nodes (objects only: no kubelet runs them), and the
+//! provider served over gRPC with the shared scaffold, as the binary serves it.
+//!
+//! Nodes are cluster-scoped, so each test's nodes carry a label whose value is the
+//! test's namespace, and its provider selects only those: tests run in parallel
+//! without seeing each other's nodes.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+
+use egressproxy_integration::kube_env::KubeTestEnv;
+use egressproxy_provider::client::{Client, ClientOptions, connect_lazy};
+use egressproxy_provider::server::ProviderServer;
+use egressproxy_provider::{ProviderError, pb};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube_provider::{Config, KubeProvider};
+use tokio::sync::oneshot;
+
+/// The node label a test's provider selects its egress nodes by.
+pub const EGRESS_LABEL: &str = "egressproxy.dev/test-egress";
+/// The zone label of the tests' nodes (the configuration's default).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// A test's environment: the apiserver slice, its nodes, and how to serve a provider.
+pub struct Harness {
+    pub env: KubeTestEnv,
+    /// Node names by the short name the test gave them.
+    pub nodes: BTreeMap<String, String>,
+}
+
+/// A provider being served; dropping it stops the server (a provider restart), so a
+/// test keeps it in a variable for as long as it calls the provider.
+pub struct Served {
+    pub client: Client,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Harness {
+    /// A namespace and egress nodes `(short name, zone)`.
+    pub async fn new(test: &str, nodes: &[(&str, &str)]) -> Harness {
+        let env = KubeTestEnv::new(test).await.unwrap();
+        let api: Api<Node> = Api::all(env.client.clone());
+        let mut names = BTreeMap::new();
+        for (short, zone) in nodes {
+            let name = format!("{}-{short}", env.namespace);
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(BTreeMap::from([
+                        (EGRESS_LABEL.to_owned(), env.namespace.clone()),
+                        (ZONE_LABEL.to_owned(), (*zone).to_owned()),
+                    ])),
+                    ..ObjectMeta::default()
+                },
+                ..Node::default()
+            };
+            api.create(&PostParams::default(), &node).await.unwrap();
+            names.insert((*short).to_owned(), name);
+        }
+        Harness { env, nodes: names }
+    }
+
+    /// The configuration: this test's namespace and nodes, machine type `small`, image
+    /// `squid`.
+    pub fn config(&self) -> Config {
+        Config::parse(&format!(
+            "namespace: {ns}\n\
+             node_selector: {{{EGRESS_LABEL}: {ns}}}\n\
+             machine_types:\n  small: {{requests: {{cpu: 100m, memory: 64Mi}}, limits: {{memory: 128Mi}}}}\n\
+             images:\n  squid: {{image: 'localhost/squid:6', pull_policy: Never}}\n",
+            ns = self.env.namespace
+        ))
+        .unwrap()
+    }
+
+    /// Serves a new provider (no state but the cluster's) and connects a client to it.
+    pub async fn serve(&self) -> Served {
+        let provider = KubeProvider::new(self.env.client.clone(), self.config());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            ProviderServer::new(provider)
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        let client = connect_lazy(&ClientOptions::new(format!("http://{address}"))).unwrap();
+        Served {
+            client,
+            _stop: stop,
+        }
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        self.env.namespaced()
+    }
+
+    /// Removes a terminating pod as the kubelet would once its containers stopped.
+    pub async fn finish_termination(&self, name: &str) {
+        self.pods()
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+
+    /// Reports the pod Running and Ready on a node at `ip`, as its kubelet would.
+    pub async fn report_running(&self, name: &str, ip: &str) {
+        let status = serde_json::json!({"status": {
+            "phase": "Running",
+            "hostIP": ip,
+            "hostIPs": [{"ip": ip}],
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }});
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+}
+
+/// A Create request for `key` with placement `location`, machine type `small`, image
+/// `squid`, port 3128, and `tags`.
+pub fn create_request(
+    key: &str,
+    location: Option<pb::placement::Location>,
+    tags: &[(&str, &str)],
+) -> pb::CreateInstanceRequest {
+    pb::CreateInstanceRequest {
+        key: key.into(),
+        name: format!("ns/{key}"),
+        placement: Some(pb::Placement {
+            location,
+            machine_type: "small".into(),
+            image: "squid".into(),
+        }),
+        proxy_port: 3128,
+        tags: tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..pb::CreateInstanceRequest::default()
+    }
+}
+
+/// Creates and returns the instance, failing the test on an error.
+pub async fn create(client: &mut Client, request: pb::CreateInstanceRequest) -> pb::Instance {
+    client
+        .create_instance(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap()
+}
+
+/// Gets the instance, or the error as the contract's.
+pub async fn get(client: &mut Client, id: &str) -> Result<pb::Instance, ProviderError> {
+    client
+        .get_instance(pb::GetInstanceRequest { id: id.into() })
+        .await
+        .map(|r| r.into_inner().instance.unwrap())
+        .map_err(|status| ProviderError::from_status(&status))
+}
