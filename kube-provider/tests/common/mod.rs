@@ -35,6 +35,8 @@ pub struct Harness {
 /// test keeps it in a variable for as long as it calls the provider.
 pub struct Served {
     pub client: Client,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
     _stop: oneshot::Sender<()>,
 }
 
@@ -90,9 +92,11 @@ impl Harness {
                 .await
                 .unwrap();
         });
-        let client = connect_lazy(&ClientOptions::new(format!("http://{address}"))).unwrap();
+        let endpoint = format!("http://{address}");
+        let client = connect_lazy(&ClientOptions::new(endpoint.clone())).unwrap();
         Served {
             client,
+            endpoint,
             _stop: stop,
         }
     }
@@ -111,16 +115,12 @@ impl Harness {
 
     /// Reports the pod Running and Ready on a node at `ip`, as its kubelet would.
     pub async fn report_running(&self, name: &str, ip: &str) {
-        let status = serde_json::json!({"status": {
-            "phase": "Running",
-            "hostIP": ip,
-            "hostIPs": [{"ip": ip}],
-            "podIP": ip,
-            "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "Ready", "status": "True"}],
-        }});
         self.pods()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&running_status(ip)),
+            )
             .await
             .unwrap();
     }
@@ -168,4 +168,73 @@ pub async fn get(client: &mut Client, id: &str) -> Result<pb::Instance, Provider
         .await
         .map(|r| r.into_inner().instance.unwrap())
         .map_err(|status| ProviderError::from_status(&status))
+}
+
+/// Stands in for the kubelet of the test's egress nodes, driven by a watch of the
+/// namespace's pods: it reports every new pod Running and Ready on a node at
+/// 127.0.0.1, and removes every terminating pod at once. The apiserver-only harness has
+/// no kubelet; this lets the contract's checks that need RUNNING (and a deleted
+/// instance that goes) run, while proving nothing about pods really running.
+pub struct StandInKubelet {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for StandInKubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Harness {
+    /// Starts the stand-in kubelet for this test's namespace.
+    pub fn stand_in_kubelet(&self) -> StandInKubelet {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+
+        let pods = self.pods();
+        let task = tokio::spawn(async move {
+            let events = watcher(pods.clone(), watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let Ok(pod) = event else { continue };
+                let Some(name) = pod.metadata.name.clone() else {
+                    continue;
+                };
+                if pod.metadata.deletion_timestamp.is_some() {
+                    let gone = pods
+                        .delete(&name, &DeleteParams::default().grace_period(0))
+                        .await;
+                    if let Err(kube::Error::Api(status)) = &gone
+                        && status.code != 404
+                    {
+                        panic!("stand-in kubelet: remove {name}: {status}");
+                    }
+                    continue;
+                }
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                if phase != Some("Running") {
+                    let status = running_status("127.0.0.1");
+                    // The pod may be deleted meanwhile: its next event handles that.
+                    let _ = pods
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await;
+                }
+            }
+        });
+        StandInKubelet { task }
+    }
+}
+
+/// A pod status Running and Ready on a host-network node at `ip`.
+fn running_status(ip: &str) -> serde_json::Value {
+    serde_json::json!({"status": {
+        "phase": "Running",
+        "hostIP": ip,
+        "hostIPs": [{"ip": ip}],
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }})
 }
