@@ -78,9 +78,27 @@ impl Harness {
         .unwrap()
     }
 
+    /// Makes an existing node (a kubelet's) one of this test's egress nodes, in `zone`,
+    /// as a user labels the nodes partners allow-list.
+    pub async fn label_egress_node(&self, node: &str, zone: &str) {
+        let labels = serde_json::json!({"metadata": {"labels": {
+            EGRESS_LABEL: self.env.namespace,
+            ZONE_LABEL: zone,
+        }}});
+        Api::<Node>::all(self.env.client.clone())
+            .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+            .await
+            .unwrap();
+    }
+
     /// Serves a new provider (no state but the cluster's) and connects a client to it.
     pub async fn serve(&self) -> Served {
-        let provider = KubeProvider::new(self.env.client.clone(), self.config());
+        self.serve_with(self.config()).await
+    }
+
+    /// As [`Harness::serve`], with `config`.
+    pub async fn serve_with(&self, config: Config) -> Served {
+        let provider = KubeProvider::new(self.env.client.clone(), config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
