@@ -157,6 +157,14 @@ images:
     }
 
     #[test]
+    fn the_deployed_example_parses() {
+        let text = include_str!("../../deploy/kube-provider/config.yaml");
+        let config = Config::parse(text).unwrap();
+        assert_eq!(config.node_selector["egressproxy.dev/egress"], "true");
+        assert_eq!(config.tolerations.len(), 1);
+    }
+
+    #[test]
     fn an_unknown_field_is_an_error() {
         let text = format!("{EXAMPLE}zone_lable: x\n");
         let error = Config::parse(&text).unwrap_err().to_string();

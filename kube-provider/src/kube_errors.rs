@@ -25,7 +25,13 @@ pub fn classify(op: &str, error: kube::Error) -> ProviderError {
         },
         _ => (ErrorClass::Transient, "KUBE_UNREACHABLE"),
     };
-    ProviderError::new(class, format!("{op}: {error}")).with_reason(reason)
+    // The apiserver's own message says what was refused and why; kube's Display of an
+    // API error repeats it with the whole Status in debug form.
+    let message = match &error {
+        kube::Error::Api(status) => format!("{op}: {} ({})", status.message, status.code),
+        other => format!("{op}: {other}"),
+    };
+    ProviderError::new(class, message).with_reason(reason)
 }
 
 /// Whether `error` is the apiserver's 404.

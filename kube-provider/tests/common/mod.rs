@@ -98,7 +98,13 @@ impl Harness {
 
     /// As [`Harness::serve`], with `config`.
     pub async fn serve_with(&self, config: Config) -> Served {
-        let provider = KubeProvider::new(self.env.client.clone(), config);
+        self.serve_as(self.env.client.clone(), config).await
+    }
+
+    /// As [`Harness::serve`], reaching the apiserver through `client` (for example as
+    /// a ServiceAccount, so that RBAC applies).
+    pub async fn serve_as(&self, client: kube::Client, config: Config) -> Served {
+        let provider = KubeProvider::new(client, config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
