@@ -13,6 +13,7 @@ const MODULES: &[(&str, Option<&[&str]>)] = &[
     ("layer_rule", None),
     ("service", None),
     ("provider", None),
+    ("pod_watch", Some(&["instance", "record"])),
     ("request", Some(&["config"])),
     ("placement", Some(&["record"])),
     ("pod_spec", Some(&["config", "record"])),

@@ -25,6 +25,7 @@ pub mod kube_errors;
 mod layer_rule;
 pub mod placement;
 pub mod pod_spec;
+pub mod pod_watch;
 pub mod provider;
 pub mod record;
 pub mod request;

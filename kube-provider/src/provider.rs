@@ -13,6 +13,7 @@
 //!   proxy), NOT_FOUND once the apiserver has removed it. Missing is success.
 //! - **List**: one list of our pods, filtered by tags, sorted by id and paged with the
 //!   shared paging: all of them or an error.
+//! - **Watch**: the streams of a watch of our pods (`pod_watch`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::instance::{self, Unreadable};
 use crate::kube_errors::{classify, is_already_exists, is_not_found};
 use crate::placement::{self, Candidate};
 use crate::pod_spec::proxy_pod;
+use crate::pod_watch::PodWatch;
 use crate::record::{
     MANAGED_BY, MANAGED_BY_LABEL, Recorded, RequestedPlacement, is_instance_id, pod_name,
 };
@@ -40,6 +42,7 @@ const KEY_BEING_DELETED_RETRY: Duration = Duration::from_secs(2);
 pub struct KubeProvider {
     client: kube::Client,
     config: Arc<Config>,
+    watch: Arc<PodWatch>,
 }
 
 impl std::fmt::Debug for KubeProvider {
@@ -51,17 +54,29 @@ impl std::fmt::Debug for KubeProvider {
 }
 
 impl KubeProvider {
-    /// A provider that keeps its pods in `config.namespace` through `client`.
+    /// A provider that keeps its pods in `config.namespace` through `client`, and starts
+    /// the watch of them that serves WatchInstances (so it needs a Tokio runtime; the
+    /// watch stops when the last clone is dropped).
     pub fn new(client: kube::Client, config: Config) -> Self {
+        let pods = Api::namespaced(client.clone(), &config.namespace);
         KubeProvider {
             client,
             config: Arc::new(config),
+            watch: Arc::new(PodWatch::start(pods)),
         }
     }
 
     /// The configuration it runs with.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// WatchInstances' work.
+    pub async fn watch(
+        &self,
+        request: &pb::WatchInstancesRequest,
+    ) -> Result<egressproxy_provider::watch::WatchStream, ProviderError> {
+        self.watch.stream(request).await
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -101,6 +116,7 @@ impl KubeProvider {
         match self.pods().create(&PostParams::default(), &pod).await {
             Ok(created) => {
                 tracing::info!(instance.id = %name, node = %node, "created proxy pod");
+                self.watch.wrote(&created);
                 instance::instance(&created).map_err(unreadable)
             }
             Err(error) if is_already_exists(&error) => {
@@ -152,8 +168,18 @@ impl KubeProvider {
             ..DeleteParams::default()
         };
         match self.pods().delete(id, &params).await {
-            Ok(_) => {
-                tracing::info!(instance.id = %id, "deleting proxy pod");
+            // The pod as it terminates, or (gone at once) the apiserver's status.
+            Ok(outcome) => {
+                match outcome.left() {
+                    Some(terminating) => {
+                        tracing::info!(instance.id = %id, "deleting proxy pod");
+                        self.watch.wrote(&terminating);
+                    }
+                    None => {
+                        tracing::info!(instance.id = %id, "deleted proxy pod");
+                        self.watch.gone(id);
+                    }
+                }
                 Ok(())
             }
             Err(error) if is_not_found(&error) => Ok(()),

@@ -2,8 +2,8 @@
 //! error becomes a gRPC status here, through the shared
 //! [`ProviderError::to_status`](egressproxy_provider::ProviderError::to_status) only.
 //!
-//! ValidatePlacement, ListLocations and WatchInstances are left to the generated
-//! defaults (UNIMPLEMENTED), as their capabilities are not declared.
+//! ValidatePlacement and ListLocations are left to the generated defaults
+//! (UNIMPLEMENTED), as their capabilities are not declared.
 
 use egressproxy_provider::{CONTRACT_VERSION, pb};
 use tonic::{Request, Response, Status};
@@ -33,10 +33,12 @@ impl pb::provider_server::Provider for KubeProvider {
         &self,
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        // None: no vendor-data (no cloud-init at all), node addresses are IPv4 and
-        // internal, and an instance's address is its node's, which is stable only as
+        // Only the watch: no vendor-data (no cloud-init at all), node addresses are IPv4
+        // and internal, and an instance's address is its node's, which is stable only as
         // long as the node is: no address identities.
-        Ok(Response::new(pb::GetCapabilitiesResponse::default()))
+        Ok(Response::new(pb::GetCapabilitiesResponse {
+            capabilities: vec![pb::Capability::WatchInstances.into()],
+        }))
     }
 
     async fn create_instance(
@@ -84,5 +86,16 @@ impl pb::provider_server::Provider for KubeProvider {
             .await
             .map_err(|e| e.to_status())?;
         Ok(Response::new(page))
+    }
+
+    async fn watch_instances(
+        &self,
+        request: Request<pb::WatchInstancesRequest>,
+    ) -> Result<Response<egressproxy_provider::watch::WatchStream>, Status> {
+        let stream = self
+            .watch(&request.into_inner())
+            .await
+            .map_err(|e| e.to_status())?;
+        Ok(Response::new(stream))
     }
 }

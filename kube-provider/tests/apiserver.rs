@@ -397,3 +397,39 @@ async fn a_ready_pod_is_running_at_its_node_address() {
     assert_eq!(running.addresses[0].address, "192.0.2.10");
     assert_eq!(running.addresses[0].scope(), pb::AddressScope::Internal);
 }
+
+#[tokio::test]
+async fn a_watch_resumed_after_a_restart_starts_from_a_new_snapshot() {
+    use pb::WatchEventType::{Restarted, Synced, Updated};
+    let harness = Harness::new("kube-provider-watch", &[("a", "z1")]).await;
+    let first = harness.serve().await;
+    let mut client = first.client.clone();
+    let instance = create(&mut client, create_request("watched", None, &[])).await;
+    let mut stream = client
+        .watch_instances(pb::WatchInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let updated = stream.message().await.unwrap().unwrap();
+    assert_eq!(updated.r#type(), Updated);
+    assert_eq!(updated.instance.unwrap().id, instance.id);
+    let synced = stream.message().await.unwrap().unwrap();
+    assert_eq!(synced.r#type(), Synced);
+    drop((stream, client, first));
+
+    let second = harness.serve().await;
+    let mut client = second.client.clone();
+    let mut stream = client
+        .watch_instances(pb::WatchInstancesRequest {
+            resume_token: synced.resume_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut types = Vec::new();
+    for _ in 0..3 {
+        types.push(stream.message().await.unwrap().unwrap().r#type());
+    }
+    assert_eq!(types, [Restarted, Updated, Synced]);
+}

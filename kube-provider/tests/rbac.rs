@@ -1,8 +1,11 @@
 //! `deploy/kube-provider/rbac.yaml` is enough: a provider that reaches the apiserver as
-//! its ServiceAccount, with only those rules, creates, reads, lists and deletes
-//! instances (a missing rule would answer FAILED_PRECONDITION, `KUBE_FORBIDDEN`).
+//! its ServiceAccount, with only those rules, watches, creates, reads, lists and deletes
+//! instances (a missing rule would answer FAILED_PRECONDITION, `KUBE_FORBIDDEN`, or for
+//! the watch UNAVAILABLE).
 
 mod common;
+
+use std::time::Duration;
 
 use common::{Harness, create, create_request, get};
 use egressproxy_integration::helm::Kubectl;
@@ -34,7 +37,24 @@ async fn the_documented_rbac_is_all_the_provider_needs() {
     let provider = harness.serve_as(account, harness.config()).await;
     let mut client = provider.client.clone();
 
+    // WatchInstances: a new stream of no instances is just SYNCED.
+    let mut stream = client
+        .watch_instances(pb::WatchInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type(), pb::WatchEventType::Synced);
+
     let instance = create(&mut client, create_request("rbac", None, &[("t", "1")])).await;
+    // The watch follows the change (listing alone is not watching).
+    let followed = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
+    let event = followed
+        .expect("the watch told no change within 20 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.r#type(), pb::WatchEventType::Updated);
+    assert_eq!(event.instance.unwrap().id, instance.id);
     let again = create(&mut client, create_request("rbac", None, &[])).await;
     assert_eq!(again.id, instance.id);
     assert_eq!(
