@@ -7,12 +7,16 @@
 //! | placement | eligible nodes | answer |
 //! |---|---|---|
 //! | host H | H is not an egress node | INVALID_ARGUMENT on `placement.host` |
-//! | host H | H is cordoned | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//! | host H | H is cordoned or not Ready | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
 //! | host H | H is schedulable | H |
 //! | zone Z | no egress node carries Z | INVALID_ARGUMENT on `placement.zone` |
-//! | zone Z | every node in Z is cordoned | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
-//! | zone Z or none | some schedulable | the one with fewest of our pods, then by name |
-//! | none | no schedulable egress node | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//! | zone Z | every node in Z is cordoned or not Ready | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//! | zone Z or none | some schedulable and Ready | the one with fewest of our pods, then by name |
+//! | none | no schedulable, Ready egress node | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//!
+//! A node that is not Ready (its kubelet is down or unreachable) would leave the pod
+//! PROVISIONING until the caller gives up; the caller retries instead, and a node that
+//! comes back is chosen again.
 //!
 //! Resource fit is the kubelet's: a pod that does not fit fails admission, its instance
 //! is STOPPED, and the operator replaces it.
@@ -34,7 +38,7 @@ pub struct Candidate {
     pub name: String,
     /// Its zone label's value.
     pub zone: Option<String>,
-    /// False when cordoned.
+    /// False when cordoned, or when its Ready condition is not True.
     pub schedulable: bool,
     /// This provider's pods on it now.
     pub instances: usize,
@@ -50,14 +54,27 @@ impl Candidate {
                 .labels
                 .as_ref()
                 .and_then(|labels| labels.get(zone_label).cloned()),
-            schedulable: !node
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.unschedulable)
-                .unwrap_or(false),
+            schedulable: is_ready(node)
+                && !node
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.unschedulable)
+                    .unwrap_or(false),
             instances,
         }
     }
+}
+
+/// Whether the node's Ready condition is True (none: its kubelet never reported).
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
 }
 
 /// The node for `requested` among the egress nodes, as the module's table says.
@@ -176,6 +193,33 @@ mod tests {
             });
             assert_eq!(got, expected.map(str::to_owned), "{requested:?}");
         }
+    }
+
+    #[test]
+    fn a_node_is_schedulable_only_ready_and_uncordoned() {
+        use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+        let node = |ready: Option<&str>, cordoned: bool| Node {
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: ready.map(|status| {
+                    vec![NodeCondition {
+                        type_: "Ready".into(),
+                        status: status.into(),
+                        ..NodeCondition::default()
+                    }]
+                }),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        };
+        let schedulable = |n: &Node| Candidate::from_node(n, "zone", 0).schedulable;
+        assert!(schedulable(&node(Some("True"), false)));
+        assert!(!schedulable(&node(Some("True"), true)));
+        assert!(!schedulable(&node(Some("Unknown"), false)));
+        assert!(!schedulable(&node(None, false)));
     }
 
     #[test]

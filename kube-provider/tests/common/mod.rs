@@ -60,6 +60,13 @@ impl Harness {
                 ..Node::default()
             };
             api.create(&PostParams::default(), &node).await.unwrap();
+            // Ready, as its kubelet would report it: only Ready nodes get proxies.
+            let ready = serde_json::json!({"status": {"conditions": [
+                {"type": "Ready", "status": "True"},
+            ]}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
+                .await
+                .unwrap();
             names.insert((*short).to_owned(), name);
         }
         Harness { env, nodes: names }
