@@ -411,3 +411,35 @@ impl pb::provider_server::Provider for Flaky {
         self.inner.watch_instances(request).await
     }
 }
+
+/// Told that the provider has no cloud-init, the suite fails one that accepts
+/// user-data (the reference provider runs the instance with it), rather than letting a
+/// provider ignore user-data silently; and it sends none where it checks other rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cloud_init_accepted_user_data_fails_limits_at_boundary() {
+    let (address, _provider) = start(fast()).await;
+    let selection = Selection {
+        run: vec!["limits-at-boundary".into(), "create-conflict".into()],
+        skip: Vec::new(),
+    };
+    let mut target = target();
+    target.cloud_init = false;
+    let ledger = Ledger::new(connect_lazy(&options(address)).unwrap());
+    let report = conformance::run_with(&options(address), &target, &selection, &ledger).await;
+    let outcome = |name: &str| {
+        report
+            .checks
+            .iter()
+            .find(|c| c.check.name == name)
+            .map(|c| c.outcome.clone())
+            .unwrap()
+    };
+    let Outcome::Fail { expected, .. } = outcome("limits-at-boundary") else {
+        panic!("limits-at-boundary passed:\n{report}");
+    };
+    assert!(expected.contains("without cloud-init"), "{expected}");
+    assert!(
+        matches!(outcome("create-conflict"), Outcome::Pass),
+        "{report}"
+    );
+}

@@ -49,6 +49,10 @@ struct Args {
     /// Image of the test instances.
     #[arg(long, required_unless_present = "list")]
     image: Option<String>,
+    /// The provider's platform has no cloud-init (docs/contract.md, "Cloud-init on
+    /// platforms without it"): send no user-data, and check that it is refused.
+    #[arg(long)]
+    without_cloud_init: bool,
     /// How long an instance may take to become RUNNING, and a deleted one to go.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     running_timeout: Duration,
@@ -117,6 +121,10 @@ async fn main() -> anyhow::Result<()> {
         image: args.image.expect("clap requires --image"),
     });
     target.running_timeout = args.running_timeout;
+    if args.without_cloud_init {
+        target.cloud_init = false;
+        target.user_data.clear();
+    }
     target.check_timeout = args.check_timeout;
     target.concurrent_creates = args.concurrent_creates;
 

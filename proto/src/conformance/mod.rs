@@ -42,6 +42,11 @@ pub struct Target {
     pub placement: pb::Placement,
     /// User-data for the instances (a minimal `#cloud-config` by default).
     pub user_data: Vec<u8>,
+    /// Whether the provider's platform runs cloud-init (true by default). False for a
+    /// provider without it (`docs/contract.md`, "Cloud-init on platforms without it"):
+    /// the suite then sends no user-data where it checks something else, and checks
+    /// that user-data is refused as the contract says.
+    pub cloud_init: bool,
     /// How long an instance may take to become RUNNING with an address, and a
     /// deleted one to be gone.
     pub running_timeout: Duration,
@@ -57,6 +62,7 @@ impl Target {
         Target {
             placement,
             user_data: b"#cloud-config\n{}\n".to_vec(),
+            cloud_init: true,
             running_timeout: Duration::from_secs(120),
             check_timeout: Duration::from_secs(300),
             concurrent_creates: 10,

@@ -43,12 +43,47 @@ impl Suite<'_> {
                 .tags
                 .insert(format!("egressproxy.dev/limit-{n}"), "x".into());
         }
+        let user_data = if self.target.cloud_init {
+            user_data_of(MAX_USER_DATA_BYTES)
+        } else {
+            Vec::new()
+        };
         request.cloud_init = Some(pb::CloudInit {
-            user_data: user_data_of(MAX_USER_DATA_BYTES),
+            user_data,
             vendor_data: vendor_data.then(|| user_data_of(MAX_USER_DATA_BYTES)),
         });
         request.proxy_port = 65535;
         request
+    }
+
+    /// Without cloud-init: user-data is INVALID_ARGUMENT naming `cloud_init.user_data`,
+    /// reason `CLOUD_INIT_UNSUPPORTED`, never accepted and ignored.
+    async fn user_data_refused(&mut self) -> Checked {
+        let mut request = self.request("user-data-refused");
+        request.cloud_init = Some(pb::CloudInit {
+            user_data: user_data_of(MAX_USER_DATA_BYTES),
+            vendor_data: None,
+        });
+        let what = "Create with user-data on a provider without cloud-init";
+        let status = expect_code(self.create_raw(request).await, Code::InvalidArgument, what)?;
+        let details = status.get_error_details();
+        let named = details.bad_request().is_some_and(|bad| {
+            bad.field_violations
+                .iter()
+                .any(|v| v.field == "cloud_init.user_data")
+        });
+        let reason = details
+            .error_info()
+            .is_some_and(|info| info.reason == "CLOUD_INIT_UNSUPPORTED");
+        if !named || !reason {
+            return Err(Outcome::fail(
+                format!(
+                    "{what}: BadRequest naming cloud_init.user_data, reason CLOUD_INIT_UNSUPPORTED"
+                ),
+                describe::status(&status),
+            ));
+        }
+        Ok(())
     }
 
     async fn takes_vendor_data(&mut self) -> Result<bool, Outcome> {
@@ -64,7 +99,12 @@ impl Suite<'_> {
         let created = self.create_raw(request).await.map_err(|status| {
             Outcome::fail(
                 format!(
-                    "a Create with a {MAX_KEY_LEN}-character key, a {MAX_NAME_BYTES}-byte name, {MAX_TAGS} tags, a {MAX_TAG_BYTES}-byte tag key and value, {MAX_USER_DATA_BYTES} bytes of user_data{} and proxy_port 65535 succeeds",
+                    "a Create with a {MAX_KEY_LEN}-character key, a {MAX_NAME_BYTES}-byte name, {MAX_TAGS} tags, a {MAX_TAG_BYTES}-byte tag key and value, {}{} and proxy_port 65535 succeeds",
+                    if self.target.cloud_init {
+                        format!("{MAX_USER_DATA_BYTES} bytes of user_data")
+                    } else {
+                        "no user_data (no cloud-init)".to_owned()
+                    },
                     if vendor_data { " and of vendor_data" } else { "" }
                 ),
                 describe::status(&status),
@@ -75,6 +115,9 @@ impl Suite<'_> {
                 format!("all {MAX_TAGS} tags stored"),
                 format!("{} tags", created.tags.len()),
             ));
+        }
+        if !self.target.cloud_init {
+            self.user_data_refused().await?;
         }
         Ok(())
     }

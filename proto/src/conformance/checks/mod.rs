@@ -368,7 +368,11 @@ impl<'a> Suite<'a> {
             tags: HashMap::from([(TAG.to_string(), self.run_id().to_owned())]),
             placement: Some(self.target.placement.clone()),
             cloud_init: Some(pb::CloudInit {
-                user_data: self.target.user_data.clone(),
+                user_data: if self.target.cloud_init {
+                    self.target.user_data.clone()
+                } else {
+                    Vec::new()
+                },
                 vendor_data: None,
             }),
             proxy_port: 3128,

@@ -1,0 +1,321 @@
+//! The contract's calls as apiserver calls on proxy pods. Nothing is kept in memory:
+//! every answer is read from the cluster, so a restarted provider (or a second replica)
+//! answers exactly as the first would.
+//!
+//! - **Create**: check the request; read the key's pod (its name is a digest of the
+//!   key): if it exists, answer it (same spec), ALREADY_EXISTS (another spec) or
+//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). Otherwise choose a node and create
+//!   the pod; a racing Create that won makes the apiserver answer AlreadyExists, and the
+//!   winner's pod is answered as above, so one key never makes two pods.
+//! - **Get**: the pod, read as an instance; no pod (or not ours) is NOT_FOUND.
+//! - **Delete**: delete the pod (with its UID as a precondition, so a newer pod of the
+//!   same key is never hit); DELETING while it terminates (the kubelet stops the
+//!   proxy), NOT_FOUND once the apiserver has removed it. Missing is success.
+//! - **List**: one list of our pods, filtered by tags, sorted by id and paged with the
+//!   shared paging: all of them or an error.
+//! - **Watch**: the streams of a watch of our pods (`pod_watch`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egressproxy_provider::{ProviderError, paging, pb, validation};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+
+use crate::config::Config;
+use crate::instance::{self, Unreadable};
+use crate::kube_errors::{classify, is_already_exists, is_not_found};
+use crate::placement::{self, Candidate};
+use crate::pod_spec::proxy_pod;
+use crate::pod_watch::PodWatch;
+use crate::record::{
+    MANAGED_BY, MANAGED_BY_LABEL, Recorded, RequestedPlacement, is_instance_id, pod_name,
+};
+use crate::request;
+
+/// How soon a Create of a key whose pod is terminating should be retried.
+const KEY_BEING_DELETED_RETRY: Duration = Duration::from_secs(2);
+
+/// The provider: a client and the configuration. Cheap to clone.
+#[derive(Clone)]
+pub struct KubeProvider {
+    client: kube::Client,
+    config: Arc<Config>,
+    watch: Arc<PodWatch>,
+}
+
+impl std::fmt::Debug for KubeProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeProvider")
+            .field("namespace", &self.config.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeProvider {
+    /// A provider that keeps its pods in `config.namespace` through `client`, and starts
+    /// the watch of them that serves WatchInstances (so it needs a Tokio runtime; the
+    /// watch stops when the last clone is dropped).
+    pub fn new(client: kube::Client, config: Config) -> Self {
+        let pods = Api::namespaced(client.clone(), &config.namespace);
+        KubeProvider {
+            client,
+            config: Arc::new(config),
+            watch: Arc::new(PodWatch::start(pods)),
+        }
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// WatchInstances' work.
+    pub async fn watch(
+        &self,
+        request: &pb::WatchInstancesRequest,
+    ) -> Result<egressproxy_provider::watch::WatchStream, ProviderError> {
+        self.watch.stream(request).await
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    /// CreateInstance's work.
+    #[tracing::instrument(skip_all, fields(instance.key = %request.key))]
+    pub async fn create(
+        &self,
+        request: pb::CreateInstanceRequest,
+    ) -> Result<pb::Instance, ProviderError> {
+        request::check_create(&self.config, &request)?;
+        let placement = request
+            .placement
+            .as_ref()
+            .expect("checked: placement is set");
+        let recorded = Recorded {
+            key: request.key.clone(),
+            name: request.name.clone(),
+            tags: request.tags.clone().into_iter().collect(),
+            requested: RequestedPlacement::from_pb(placement),
+            proxy_port: request.proxy_port,
+        };
+        let name = pod_name(&recorded.key);
+        if let Some(pod) = self.read_pod(&name).await? {
+            return answer_existing(&pod, &recorded);
+        }
+        let node = self.choose_node(&recorded.requested).await?;
+        let pod = proxy_pod(
+            &self.config,
+            &recorded,
+            &node,
+            &self.config.images[&placement.image],
+            &self.config.machine_types[&placement.machine_type],
+        );
+        match self.pods().create(&PostParams::default(), &pod).await {
+            Ok(created) => {
+                tracing::info!(instance.id = %name, node = %node, "created proxy pod");
+                self.watch.wrote(&created);
+                instance::instance(&created).map_err(unreadable)
+            }
+            Err(error) if is_already_exists(&error) => {
+                let pod = self.read_pod(&name).await?.ok_or_else(|| {
+                    ProviderError::transient(format!(
+                        "pod {name} existed a moment ago and is gone: retry"
+                    ))
+                })?;
+                answer_existing(&pod, &recorded)
+            }
+            Err(error) => Err(classify(&format!("create pod {name}"), error)),
+        }
+    }
+
+    /// GetInstance's work.
+    #[tracing::instrument(skip(self))]
+    pub async fn get(&self, id: &str) -> Result<pb::Instance, ProviderError> {
+        validation::check_id(id)?;
+        let missing = || ProviderError::not_found(format!("instance {id} does not exist"));
+        if !is_instance_id(id) {
+            return Err(missing());
+        }
+        let pod = self
+            .read_pod(id)
+            .await?
+            .filter(is_ours)
+            .ok_or_else(missing)?;
+        instance::instance(&pod).map_err(unreadable)
+    }
+
+    /// DeleteInstance's work.
+    #[tracing::instrument(skip(self))]
+    pub async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        validation::check_id(id)?;
+        if !is_instance_id(id) {
+            return Ok(());
+        }
+        let Some(pod) = self.read_pod(id).await?.filter(is_ours) else {
+            return Ok(());
+        };
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.pods().delete(id, &params).await {
+            // The pod as it terminates, or (gone at once) the apiserver's status.
+            Ok(outcome) => {
+                match outcome.left() {
+                    Some(terminating) => {
+                        tracing::info!(instance.id = %id, "deleting proxy pod");
+                        self.watch.wrote(&terminating);
+                    }
+                    None => {
+                        tracing::info!(instance.id = %id, "deleted proxy pod");
+                        self.watch.gone(id);
+                    }
+                }
+                Ok(())
+            }
+            Err(error) if is_not_found(&error) => Ok(()),
+            // The UID precondition failed: the pod was replaced by a newer one of the same
+            // key, which this id no longer names as the caller knew it; ours is gone.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(error) => Err(classify(&format!("delete pod {id}"), error)),
+        }
+    }
+
+    /// ListInstances' work.
+    #[tracing::instrument(skip_all)]
+    pub async fn list(
+        &self,
+        request: &pb::ListInstancesRequest,
+    ) -> Result<pb::ListInstancesResponse, ProviderError> {
+        validation::check_list_request(request)?;
+        paging::decode_token(&request.page_token)?;
+        let size = paging::page_size(request.page_size, paging::DEFAULT_PAGE_SIZE);
+        let mut instances: Vec<pb::Instance> = self
+            .our_pods()
+            .await?
+            .iter()
+            .filter_map(|pod| match instance::instance(pod) {
+                Ok(instance) => Some(instance),
+                Err(error) => {
+                    // Never list (and so never let a collector delete) what cannot be read.
+                    tracing::warn!(%error, "skipping a pod that is not a readable instance");
+                    None
+                }
+            })
+            .filter(|instance| {
+                request
+                    .tag_selector
+                    .iter()
+                    .all(|(key, value)| instance.tags.get(key) == Some(value))
+            })
+            .collect();
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        paging::page(instances, &request.page_token, size)
+    }
+
+    async fn read_pod(&self, name: &str) -> Result<Option<Pod>, ProviderError> {
+        self.pods()
+            .get_opt(name)
+            .await
+            .map_err(|error| classify(&format!("read pod {name}"), error))
+    }
+
+    async fn our_pods(&self) -> Result<Vec<Pod>, ProviderError> {
+        let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let list = self
+            .pods()
+            .list(&params)
+            .await
+            .map_err(|error| classify("list proxy pods", error))?;
+        Ok(list.items)
+    }
+
+    /// The node for a new pod: the egress nodes, each with our pods on it counted.
+    async fn choose_node(&self, requested: &RequestedPlacement) -> Result<String, ProviderError> {
+        let selector: Vec<String> = self
+            .config
+            .node_selector
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().labels(&selector.join(",")))
+            .await
+            .map_err(|error| classify("list egress nodes", error))?;
+        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in self.our_pods().await? {
+            if pod.metadata.deletion_timestamp.is_none()
+                && let Some(node) = pod.spec.and_then(|spec| spec.node_name)
+            {
+                *per_node.entry(node).or_default() += 1;
+            }
+        }
+        let candidates: Vec<Candidate> = nodes
+            .items
+            .iter()
+            .map(|node| {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                let count = per_node.get(name).copied().unwrap_or_default();
+                Candidate::from_node(node, &self.config.zone_label, count)
+            })
+            .collect();
+        placement::choose(requested, &candidates)
+    }
+}
+
+/// The key's pod exists: answer it, or say why not.
+fn answer_existing(pod: &Pod, wanted: &Recorded) -> Result<pb::Instance, ProviderError> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    if !is_ours(pod) {
+        return Err(ProviderError::permanent(format!(
+            "pod {name} in the provider's namespace was not made by this provider: \
+             remove it, or give the provider a namespace of its own"
+        ))
+        .with_reason("POD_NAME_TAKEN"));
+    }
+    let existing = instance::recorded(pod).map_err(unreadable)?;
+    if existing.key != wanted.key {
+        return Err(ProviderError::permanent(format!(
+            "pod {name} belongs to another key: two keys share a digest"
+        ))
+        .with_reason("POD_NAME_TAKEN"));
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Err(ProviderError::transient(format!(
+            "key {} belongs to instance {name}, which is being deleted: retry once it is gone",
+            wanted.key
+        ))
+        .with_reason("KEY_BEING_DELETED")
+        .with_retry_after(Some(KEY_BEING_DELETED_RETRY)));
+    }
+    if existing.requested != wanted.requested || existing.proxy_port != wanted.proxy_port {
+        return Err(ProviderError::already_exists(format!(
+            "key {} belongs to instance {name}, created with a different placement or proxy \
+             port: delete it first or use another key",
+            wanted.key
+        )));
+    }
+    instance::instance(pod).map_err(unreadable)
+}
+
+fn is_ours(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(MANAGED_BY_LABEL))
+        .is_some_and(|value| value == MANAGED_BY)
+}
+
+/// A pod of ours whose record was changed by hand: retrying will not fix it.
+fn unreadable(error: Unreadable) -> ProviderError {
+    ProviderError::permanent(error.to_string()).with_reason("POD_RECORD_UNREADABLE")
+}
