@@ -95,10 +95,17 @@ pub struct ServiceFor {
 
 /// The Service name of `proxy`, if it is to have a Service (see [`desired`]).
 pub fn service_name(proxy: &Proxy) -> Option<String> {
-    let enabled = proxy.spec.service.as_ref().is_none_or(|s| s.enabled);
-    let name = proxy.name_any();
-    (enabled && proxy.metadata.deletion_timestamp.is_none() && is_service_name(&name))
-        .then_some(name)
+    if proxy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    service_name_for(&proxy.name_any(), proxy.spec.service.as_ref())
+}
+
+/// The name of the Service an object named `name` keeps with `settings`: its own
+/// name, unless `settings` turn the Service off or the name cannot be a Service's.
+pub fn service_name_for(name: &str, settings: Option<&ProxyService>) -> Option<String> {
+    let enabled = settings.is_none_or(|s| s.enabled);
+    (enabled && is_service_name(name)).then(|| name.to_owned())
 }
 
 /// What `proxy` with `status` wants (module doc, step 1); `None`: no Service at all.
@@ -107,7 +114,7 @@ pub fn desired(proxy: &Proxy, status: &ProxyStatus) -> Option<Desired> {
     let chosen = checked_address(status);
     let ready = is_true(&status.conditions, condition::READY);
     Some(build(ServiceFor {
-        owner: owner_reference(proxy)?,
+        owner: controller_reference(proxy)?,
         namespace: proxy.namespace(),
         name,
         owner_label: PROXY_LABEL,
@@ -242,15 +249,15 @@ pub fn can_be_an_endpoint(ip: IpAddr) -> bool {
     !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || link_local)
 }
 
-/// The controller reference to `proxy`. `blockOwnerDeletion` stays unset: it would need
-/// `update` on `proxies/finalizers` where that admission check runs, and nothing waits
-/// on these objects' deletion.
-fn owner_reference(proxy: &Proxy) -> Option<OwnerReference> {
+/// The controller reference to `owner` (a Proxy or a pool). `blockOwnerDeletion` stays
+/// unset: it would need `update` on the owner's `finalizers` subresource where that
+/// admission check runs, and nothing waits on the owned objects' deletion.
+pub fn controller_reference<K: Resource<DynamicType = ()>>(owner: &K) -> Option<OwnerReference> {
     Some(OwnerReference {
-        api_version: Proxy::api_version(&()).into_owned(),
-        kind: Proxy::kind(&()).into_owned(),
-        name: proxy.name_any(),
-        uid: proxy.uid()?,
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: owner.meta().name.clone()?,
+        uid: owner.meta().uid.clone()?,
         controller: Some(true),
         block_owner_deletion: None,
     })
@@ -361,15 +368,15 @@ fn slices_of(name: &str) -> ListParams {
 /// Returns how many objects it wrote or deleted.
 pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<u32> {
     match desired(proxy, status) {
-        Some(wanted) => apply(ctx, &wanted).await,
+        Some(wanted) => Ok(apply(ctx, &wanted).await?.unwrap_or(0)),
         None => withdraw(ctx, proxy).await,
     }
 }
 
 /// Makes the objects of `wanted` exist as described, writing only what differs.
-/// A Service of that name that another owner controls is left alone (and logged).
-/// Returns how many objects it wrote or deleted.
-pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<u32> {
+/// Returns how many objects it wrote or deleted; `None` when a Service of that name
+/// exists that another owner controls, which is left alone (and logged).
+pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<Option<u32>> {
     let namespace = wanted.service.namespace().unwrap_or_default();
     let owner = controller_uid(&wanted.service.metadata).unwrap_or_default();
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -384,7 +391,7 @@ pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<u32> {
     {
         tracing::warn!(%namespace, service = %name,
             "a Service of this name exists and is not the operator's: leaving it alone");
-        return Ok(0);
+        return Ok(None);
     }
     if current
         .as_ref()
@@ -429,7 +436,7 @@ pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<u32> {
         }
     }
     ctx.metrics.service_writes(writes);
-    Ok(writes)
+    Ok(Some(writes))
 }
 
 /// Deletes the Service and EndpointSlices `proxy` owns. Returns how many it deleted.

@@ -109,6 +109,15 @@ async fn a_pool_s_template_may_change_and_its_mistakes_are_refused_at_admission(
             "exactly one of host and zone",
         ),
         (
+            "one-address",
+            serde_json::json!({"template": {"spec": {
+                "provider": "reference",
+                "placement": {"machineType": "small", "image": "debian-12"},
+                "egress": {"address": "192.0.2.50"},
+            }}}),
+            "remove spec.template.spec.egress.address",
+        ),
+        (
             "too-many",
             serde_json::json!({"replicas": 101}),
             "spec.replicas",

@@ -182,6 +182,21 @@ impl Harness {
         members_of(&all, pool).into_iter().cloned().collect()
     }
 
+    /// Waits until the pool's live members are exactly `names`, all Ready.
+    async fn wait_members_named(&self, pool: &str, names: &[&str]) -> Vec<Proxy> {
+        let what = format!("members {names:?} of {pool}, Ready");
+        let pool = pool.to_owned();
+        wait_for_all(&self.proxies(), &what, |proxies: &[Proxy]| {
+            let members = members_of(proxies, &pool);
+            let mut have: Vec<String> = members.iter().map(|p| p.name_any()).collect();
+            have.sort();
+            have == names && members.iter().all(|p| is_ready(p))
+        })
+        .await;
+        let all = self.proxies().list(&Default::default()).await.unwrap().items;
+        members_of(&all, &pool).into_iter().cloned().collect()
+    }
+
     async fn instances(&self) -> usize {
         let mut client =
             pb::provider_client::ProviderClient::connect(self.provider.endpoint().to_owned())
@@ -404,4 +419,44 @@ async fn a_deleted_pool_takes_its_members_their_vms_and_its_service_along() {
     // A member's finalizer goes only once its VM is gone: nothing is left behind.
     assert_eq!(h.instances().await, 0, "VMs outlived their members");
     collector.ensure_running().unwrap();
+}
+
+/// A Proxy that is not a member holding a member's name, and a Service that is not the
+/// pool's holding the pool's Service name: the pool steps over the first (its member
+/// takes the next free name) and leaves the second alone, with a Warning each.
+#[tokio::test]
+async fn names_held_by_others_are_stepped_over_and_left_alone() {
+    let address = host_addresses()[0];
+    let h = Harness::start("pool-names", &[address]).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen_on(address, port).await;
+    let stranger = common::fixtures::proxy("egress-0", port, serde_json::json!({}));
+    h.proxies()
+        .create(&PostParams::default(), &stranger)
+        .await
+        .unwrap();
+    let services: Api<Service> = h.env.namespaced();
+    let theirs: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "egress"},
+        "spec": {"ports": [{"name": "http", "port": 80}]},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &theirs).await.unwrap();
+
+    h.create_pool("egress", port, serde_json::json!({"replicas": 2})).await;
+    let members = h.wait_members_named("egress", &["egress-1", "egress-2"]).await;
+    assert!(members.iter().all(|m| m.spec.service.as_ref().is_some_and(|s| !s.enabled)));
+    let events: Api<k8s_openapi::api::events::v1::Event> = h.env.namespaced();
+    let taken = common::fixtures::wait_event(&events, "egress", "MemberNameTaken").await;
+    assert!(taken.note.unwrap_or_default().contains("egress-0"));
+    common::fixtures::wait_event(&events, "egress", "ServiceNameTaken").await;
+
+    let pool = h.pools().get("egress").await.unwrap();
+    assert_eq!(pool.status.unwrap().service_name, None, "the Service is not the pool's");
+    let service = services.get("egress").await.unwrap();
+    assert!(service.owner_references().is_empty(), "their Service is left alone");
+    let proxy = h.proxies().get("egress-0").await.unwrap();
+    assert!(proxy.owner_references().is_empty(), "their Proxy is left alone");
 }

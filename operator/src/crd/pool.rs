@@ -43,6 +43,7 @@ pub const MAX_POOL_REPLICAS: u32 = 100;
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.maxSurge > 0 || self.maxUnavailable > 0", "message": "set spec.maxSurge or spec.maxUnavailable above 0: a template change needs room to replace a member"},
+    {"rule": "!has(self.template.spec.egress) || !has(self.template.spec.egress.address)", "message": "remove spec.template.spec.egress.address: every member would ask for the same address (each member keeps an address of its own where the provider offers address identities)"},
 ]))]
 pub struct ProxyPoolSpec {
     /// How many members the pool keeps. `kubectl scale proxypool NAME --replicas=N`

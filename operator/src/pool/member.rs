@@ -10,13 +10,13 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use super::plan::Member;
-use crate::crd::{Proxy, ProxyPool, SpreadTarget, condition};
-use crate::proxy_service::checked_address;
+use crate::crd::{Proxy, ProxyPool, ProxyService, SpreadTarget, condition};
+use crate::proxy_service::{checked_address, controller_reference};
 use crate::status::is_true;
 
 /// The label naming the pool a member (or the pool's Service) belongs to.
@@ -41,18 +41,6 @@ pub fn member_name(pool: &ProxyPool, index: u32) -> String {
     format!("{}-{index}", pool.name_any())
 }
 
-/// The controller reference to `pool` that its members and Service carry.
-pub fn owner_reference(pool: &ProxyPool) -> Option<OwnerReference> {
-    Some(OwnerReference {
-        api_version: ProxyPool::api_version(&()).into_owned(),
-        kind: ProxyPool::kind(&()).into_owned(),
-        name: pool.name_any(),
-        uid: pool.uid()?,
-        controller: Some(true),
-        block_owner_deletion: None,
-    })
-}
-
 /// Whether `proxy` is a member of `pool` (the pool controls it).
 pub fn is_member(pool: &ProxyPool, proxy: &Proxy) -> bool {
     let uid = pool.uid();
@@ -69,6 +57,14 @@ pub fn new_member(pool: &ProxyPool, index: u32, target: Option<usize>) -> Option
     labels.insert(POOL_LABEL.to_owned(), pool.name_any());
     labels.insert(TEMPLATE_HASH_LABEL.to_owned(), template_hash(pool));
     let mut spec = template.spec.clone();
+    // Workloads use the pool's Service; a member keeps one of its own only when the
+    // template asks (its name could otherwise take the name another pool needs).
+    if spec.service.is_none() {
+        spec.service = Some(ProxyService {
+            enabled: false,
+            ..ProxyService::default()
+        });
+    }
     if let Some(to) = target.and_then(|t| pool.spec.spread.get(t)) {
         spec.placement.host = to.host.clone();
         spec.placement.zone = to.zone.clone();
@@ -79,7 +75,7 @@ pub fn new_member(pool: &ProxyPool, index: u32, target: Option<usize>) -> Option
         namespace: pool.namespace(),
         labels: Some(labels),
         annotations: Some(template.metadata.annotations.clone()).filter(|a| !a.is_empty()),
-        owner_references: Some(vec![owner_reference(pool)?]),
+        owner_references: Some(vec![controller_reference(pool)?]),
         ..ObjectMeta::default()
     };
     Some(proxy)
@@ -166,6 +162,11 @@ mod tests {
         assert_eq!(member.labels()["team"], "a");
         assert_eq!(member.labels()[POOL_LABEL], "egress");
         assert!(is_member(&pool, &member));
+        assert_eq!(
+            member.spec.service.as_ref().map(|s| s.enabled),
+            Some(false),
+            "a member has no Service of its own unless the template asks"
+        );
 
         let hash = template_hash(&pool);
         let seen = view(&pool, &hash, &member);
@@ -175,6 +176,10 @@ mod tests {
         changed.spec.template.spec.proxy_port = 8080;
         assert_ne!(template_hash(&changed), hash);
         assert!(!view(&changed, &template_hash(&changed), &member).updated);
+
+        // The hash of a template is fixed: a change in how templates serialise would
+        // roll every member of every pool, so it must be a deliberate one.
+        assert_eq!(hash, "HASH_PLACEHOLDER");
 
         // A spread target removed from the list makes its members outdated.
         let mut narrowed = pool.clone();

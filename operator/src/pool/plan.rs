@@ -314,29 +314,46 @@ mod tests {
 
     #[test]
     fn a_rollout_never_drops_below_replicas_minus_max_unavailable() {
-        // Simulate a rollout of 3 members, surge 1: created members become Ready one
-        // step later, deleted ones vanish at once.
-        let mut pool: Vec<Member> = members(&["or", "or", "or"]);
-        let b = bounds(3, 1, 0, 0);
-        for _ in 0..20 {
-            for m in &mut pool {
-                m.ready = true;
+        // A rollout of Ready outdated members under several bounds. A created member
+        // becomes Ready only two steps later (it boots), so plans also run while new
+        // members are not Ready; a deleted member vanishes at once.
+        for (replicas, max_surge, max_unavailable) in [(3, 1, 0), (3, 0, 1), (4, 2, 1), (5, 1, 2)] {
+            let b = bounds(replicas, max_surge, max_unavailable, 0);
+            let min_ready = (replicas - max_unavailable) as usize;
+            let most_live = (replicas + max_surge) as usize;
+            let mut pool: Vec<(Member, u32)> = (0..replicas)
+                .map(|i| (member(i, "or"), 0))
+                .collect();
+            for step in 0..50 {
+                for (m, booting) in &mut pool {
+                    if *booting > 0 {
+                        *booting -= 1;
+                        m.ready = *booting == 0;
+                    }
+                }
+                let members: Vec<Member> = pool.iter().map(|(m, _)| m.clone()).collect();
+                let p = plan(b, &members);
+                pool.retain(|(m, _)| !p.delete.iter().any(|(n, _)| *n == m.name));
+                let ready = pool.iter().filter(|(m, _)| m.ready).count();
+                assert!(
+                    ready >= min_ready,
+                    "{b:?}, step {step}: {ready} Ready after {p:?}"
+                );
+                assert!(
+                    pool.len() + p.create.len() <= most_live,
+                    "{b:?}, step {step}: over replicas + maxSurge with {p:?}"
+                );
+                for c in p.create {
+                    let mut new = member(c.index, "u");
+                    new.ready = false;
+                    pool.push((new, 2));
+                }
             }
-            let p = plan(b, &pool);
-            let ready_before = pool.iter().filter(|m| m.ready).count();
-            pool.retain(|m| !p.delete.iter().any(|(n, _)| *n == m.name));
-            let ready_after = pool.iter().filter(|m| m.ready).count();
-            assert!(ready_after >= 3, "{ready_before} -> {ready_after}: {p:?}");
-            assert!(pool.len() + p.create.len() <= 4, "{p:?}");
-            for c in p.create {
-                pool.push(Member {
-                    updated: true,
-                    ready: false,
-                    ..member(c.index, "u")
-                });
-            }
+            assert_eq!(pool.len(), replicas as usize, "{b:?}");
+            assert!(
+                pool.iter().all(|(m, _)| m.updated && m.ready),
+                "{b:?}: the rollout finished"
+            );
         }
-        assert_eq!(pool.len(), 3);
-        assert!(pool.iter().all(|m| m.updated && m.ready));
     }
 }

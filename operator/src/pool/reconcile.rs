@@ -5,37 +5,46 @@
 //!    the apiserver, not a cache, so a member created by the last pass is never
 //!    created twice.
 //! 2. **Plan** ([`super::plan`], pure).
-//! 3. **Act**: delete first, then create (an existing name means an earlier pass made
-//!    it: nothing to do); an Event for each.
-//! 4. **Service**: the pool's Service lists the serving address of every Ready member
-//!    ([`crate::proxy_service::build`]), so a member whose health check fails leaves it
-//!    at the pool's next pass, which its Proxy's status change starts.
+//! 3. **Service**: the pool's Service lists the serving address of every Ready member
+//!    that stays ([`crate::proxy_service::build`]): a member to be deleted leaves the
+//!    endpoints first, and a member whose health check fails leaves them at the pool's
+//!    next pass, which its Proxy's status change starts. A Service of that name that is
+//!    not the pool's is left alone, with a Warning, and no `serviceName`.
+//! 4. **Act**: delete (each member only while it is still the Proxy listed: its UID is
+//!    a precondition), then create. A name that exists already is an earlier pass's
+//!    member (nothing to do), or a stranger's Proxy: then the member takes the next
+//!    free name, with a Warning. An Event for each.
 //! 5. **Status**: counts, the members, `Ready` and `Available`, written only when it
 //!    changed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::member::{
-    POOL_LABEL, is_member, new_member, owner_reference, selector, serving_address, template_hash,
-    view,
+    POOL_LABEL, is_member, new_member, selector, serving_address, template_hash, view,
 };
-use super::plan::{Bounds, Member, Plan, Removal, plan};
+use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
 use crate::error::{Error, Result};
 use crate::events::EventType;
-use crate::proxy_service::{self, ServiceFor, can_be_an_endpoint, is_service_name};
+use crate::proxy_service::{
+    self, ServiceFor, can_be_an_endpoint, controller_reference, service_name_for,
+};
 use crate::status::{FIELD_MANAGER, set_condition};
 
 /// How long a pool waits for a change before it looks again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
 /// How long a pool waits after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
+/// How many rounds of names held by other Proxies one pass steps over before it
+/// leaves the rest to the next pass.
+const MAX_TAKEN_NAMES: usize = 8;
 
 /// Reconciles one pool (module doc).
 pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action> {
@@ -63,9 +72,16 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         targets: pool.spec.spread.len(),
     };
     let todo = plan(bounds, &views);
-    act(&ctx, &pool, &proxies, &todo).await?;
+    // The members that stay, in the Service before anything is deleted: a member on its
+    // way out leaves the endpoints before its VM does.
+    let staying: Vec<&Proxy> = members
+        .iter()
+        .filter(|p| !todo.delete.iter().any(|(name, _)| *name == p.name_any()))
+        .collect();
+    let service_name = sync_service(&ctx, &pool, &staying).await?;
+    delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
+    create_members(&ctx, &pool, &proxies, &views, todo.create.clone()).await?;
 
-    let service_name = sync_service(&ctx, &pool, &members).await?;
     let status = status(&pool, &members, &views, &todo, service_name);
     write_status(&ctx, &pool, status).await?;
     Ok(Action::requeue(RESYNC))
@@ -77,13 +93,32 @@ pub fn error_policy(pool: Arc<ProxyPool>, error: &Error, _ctx: Arc<Context>) -> 
     Action::requeue(RETRY)
 }
 
-/// Carries out `todo`: deletions first, then creations.
-async fn act(ctx: &Context, pool: &ProxyPool, proxies: &Api<Proxy>, todo: &Plan) -> Result<()> {
+/// Deletes the members `todo` names, each only while it is still the Proxy that was
+/// listed (its UID as a precondition): the operator deletes only its pools' members.
+async fn delete_members(
+    ctx: &Context,
+    pool: &ProxyPool,
+    proxies: &Api<Proxy>,
+    members: &[Proxy],
+    todo: &Plan,
+) -> Result<()> {
     let regarding = pool.object_ref(&());
     for (name, why) in &todo.delete {
-        match proxies.delete(name, &DeleteParams::default()).await {
+        let uid = members
+            .iter()
+            .find(|m| m.name_any() == *name)
+            .and_then(|m| m.uid());
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match proxies.delete(name, &params).await {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => continue,
+            // Gone, or another Proxy of that name now: not this member any more.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => continue,
             Err(error) => return Err(error.into()),
         }
         let note = match why {
@@ -95,59 +130,94 @@ async fn act(ctx: &Context, pool: &ProxyPool, proxies: &Api<Proxy>, todo: &Plan)
         ctx.publish_about(&regarding, EventType::Normal, "MemberDeleted", &note)
             .await;
     }
-    for new in &todo.create {
-        let Some(member) = new_member(pool, new.index, new.target) else {
-            continue;
-        };
-        match proxies.create(&PostParams::default(), &member).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(error) => return Err(error.into()),
+    Ok(())
+}
+
+/// Creates `creates`. A name held by a Proxy that is not a member (a user's, or a
+/// member of an earlier pool of this name) is skipped with a Warning, and that member
+/// is created under the next free name instead, so the pool still reaches `replicas`.
+async fn create_members(
+    ctx: &Context,
+    pool: &ProxyPool,
+    proxies: &Api<Proxy>,
+    views: &[Member],
+    mut creates: Vec<NewMember>,
+) -> Result<()> {
+    let regarding = pool.object_ref(&());
+    let mut used: BTreeSet<u32> = views
+        .iter()
+        .map(|m| m.index)
+        .chain(creates.iter().map(|c| c.index))
+        .collect();
+    for _ in 0..MAX_TAKEN_NAMES {
+        let mut blocked = Vec::new();
+        for new in &creates {
+            let Some(member) = new_member(pool, new.index, new.target) else {
+                continue;
+            };
+            let name = member.name_any();
+            match proxies.create(&PostParams::default(), &member).await {
+                Ok(_) => {
+                    let placement = &member.spec.placement;
+                    let at = placement
+                        .host
+                        .as_ref()
+                        .map(|h| format!(" on host {h}"))
+                        .or_else(|| placement.zone.as_ref().map(|z| format!(" in zone {z}")))
+                        .unwrap_or_default();
+                    let note = format!("created member {name}{at}");
+                    ctx.publish_about(&regarding, EventType::Normal, "MemberCreated", &note)
+                        .await;
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    let holder = proxies.get_opt(&name).await?;
+                    if holder.as_ref().is_none_or(|p| is_member(pool, p)) {
+                        // An earlier pass made it (its answer was lost), or it is gone
+                        // again: the next pass sees the truth.
+                        continue;
+                    }
+                    blocked.push(new.target);
+                    let note = format!(
+                        "Proxy {name} exists and is not a member of this pool: using another \
+                         name (rename or delete that Proxy to free this one)"
+                    );
+                    ctx.publish_about(&regarding, EventType::Warning, "MemberNameTaken", &note)
+                        .await;
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
-        let placement = &member.spec.placement;
-        let at = placement
-            .host
-            .as_ref()
-            .map(|h| format!(" on host {h}"))
-            .or_else(|| placement.zone.as_ref().map(|z| format!(" in zone {z}")))
-            .unwrap_or_default();
-        let note = format!("created member {}{at}", member.name_any());
-        ctx.publish_about(&regarding, EventType::Normal, "MemberCreated", &note)
-            .await;
+        if blocked.is_empty() {
+            return Ok(());
+        }
+        creates = blocked
+            .into_iter()
+            .map(|target| {
+                let index = (0..).find(|i| !used.contains(i)).unwrap_or(u32::MAX);
+                used.insert(index);
+                NewMember { index, target }
+            })
+            .collect();
     }
     Ok(())
 }
 
-/// The pool's Service name, if it is to have one.
-fn service_name(pool: &ProxyPool) -> Option<String> {
-    let enabled = pool.spec.service.as_ref().is_none_or(|s| s.enabled);
-    let name = pool.name_any();
-    (enabled && is_service_name(&name)).then_some(name)
-}
-
-/// Makes the pool's Service list its Ready members; returns the Service's name.
-async fn sync_service(
-    ctx: &Context,
-    pool: &ProxyPool,
-    members: &[Proxy],
-) -> Result<Option<String>> {
-    let Some(name) = service_name(pool) else {
-        let owner = pool.uid().unwrap_or_default();
-        proxy_service::withdraw_owned(
-            ctx,
-            &pool.namespace().unwrap_or_default(),
-            &pool.name_any(),
-            &owner,
-        )
-        .await?;
-        return Ok(None);
-    };
-    let Some(owner) = owner_reference(pool) else {
+/// Makes the pool's Service list the serving addresses of `members`; returns the
+/// Service's name, or `None` without one (turned off, or its name held by a Service
+/// that is not the pool's: then a Warning says so).
+async fn sync_service(ctx: &Context, pool: &ProxyPool, members: &[&Proxy]) -> Result<Option<String>> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let owner_uid = pool.uid().unwrap_or_default();
+    let (Some(name), Some(owner)) = (
+        service_name_for(&pool.name_any(), pool.spec.service.as_ref()),
+        controller_reference(pool),
+    ) else {
+        proxy_service::withdraw_owned(ctx, &namespace, &pool.name_any(), &owner_uid).await?;
         return Ok(None);
     };
     let mut addresses: Vec<_> = members
         .iter()
-        .filter_map(serving_address)
+        .filter_map(|m| serving_address(m))
         .filter(|ip| can_be_an_endpoint(*ip))
         .collect();
     addresses.sort();
@@ -162,7 +232,15 @@ async fn sync_service(
         addresses,
         empty_family: "IPv4",
     });
-    proxy_service::apply(ctx, &wanted).await?;
+    if proxy_service::apply(ctx, &wanted).await?.is_none() {
+        let note = format!(
+            "a Service named {name} exists and is not this pool's: the pool has no Service \
+             (rename or delete that Service, or set spec.service.enabled: false)"
+        );
+        ctx.publish_about(&pool.object_ref(&()), EventType::Warning, "ServiceNameTaken", &note)
+            .await;
+        return Ok(None);
+    }
     Ok(Some(name))
 }
 
@@ -231,14 +309,11 @@ fn status(
         generation,
     );
     let (reason, message) = if ready > 0 {
-        (
-            "MembersServing",
-            format!("the Service has {ready} endpoints"),
-        )
+        ("MembersServing", format!("{ready} members Ready"))
     } else {
         (
             "NoMemberReady",
-            "no member is Ready: the Service refuses connections".to_owned(),
+            "no member is Ready: the pool's Service, if any, refuses connections".to_owned(),
         )
     };
     set_condition(
