@@ -526,7 +526,11 @@ async fn a_replaced_event_names_the_old_instance_after_an_operator_restart() {
         "the Replaced Event names the old instance and why: {note:?}"
     );
     let proxy = h.wait_ready("egress").await;
-    assert_eq!(proxy.status.unwrap().replacing, None, "cleared once replaced");
+    assert_eq!(
+        proxy.status.unwrap().replacing,
+        None,
+        "cleared once replaced"
+    );
 }
 
 #[tokio::test]

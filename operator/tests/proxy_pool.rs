@@ -193,7 +193,12 @@ impl Harness {
             have == names && members.iter().all(|p| is_ready(p))
         })
         .await;
-        let all = self.proxies().list(&Default::default()).await.unwrap().items;
+        let all = self
+            .proxies()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
         members_of(&all, &pool).into_iter().cloned().collect()
     }
 
@@ -443,20 +448,40 @@ async fn names_held_by_others_are_stepped_over_and_left_alone() {
         "spec": {"ports": [{"name": "http", "port": 80}]},
     }))
     .unwrap();
-    services.create(&PostParams::default(), &theirs).await.unwrap();
+    services
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
 
-    h.create_pool("egress", port, serde_json::json!({"replicas": 2})).await;
-    let members = h.wait_members_named("egress", &["egress-1", "egress-2"]).await;
-    assert!(members.iter().all(|m| m.spec.service.as_ref().is_some_and(|s| !s.enabled)));
+    h.create_pool("egress", port, serde_json::json!({"replicas": 2}))
+        .await;
+    let members = h
+        .wait_members_named("egress", &["egress-1", "egress-2"])
+        .await;
+    assert!(
+        members
+            .iter()
+            .all(|m| m.spec.service.as_ref().is_some_and(|s| !s.enabled))
+    );
     let events: Api<k8s_openapi::api::events::v1::Event> = h.env.namespaced();
     let taken = common::fixtures::wait_event(&events, "egress", "MemberNameTaken").await;
     assert!(taken.note.unwrap_or_default().contains("egress-0"));
     common::fixtures::wait_event(&events, "egress", "ServiceNameTaken").await;
 
     let pool = h.pools().get("egress").await.unwrap();
-    assert_eq!(pool.status.unwrap().service_name, None, "the Service is not the pool's");
+    assert_eq!(
+        pool.status.unwrap().service_name,
+        None,
+        "the Service is not the pool's"
+    );
     let service = services.get("egress").await.unwrap();
-    assert!(service.owner_references().is_empty(), "their Service is left alone");
+    assert!(
+        service.owner_references().is_empty(),
+        "their Service is left alone"
+    );
     let proxy = h.proxies().get("egress-0").await.unwrap();
-    assert!(proxy.owner_references().is_empty(), "their Proxy is left alone");
+    assert!(
+        proxy.owner_references().is_empty(),
+        "their Proxy is left alone"
+    );
 }

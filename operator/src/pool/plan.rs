@@ -321,9 +321,8 @@ mod tests {
             let b = bounds(replicas, max_surge, max_unavailable, 0);
             let min_ready = (replicas - max_unavailable) as usize;
             let most_live = (replicas + max_surge) as usize;
-            let mut pool: Vec<(Member, u32)> = (0..replicas)
-                .map(|i| (member(i, "or"), 0))
-                .collect();
+            let mut pool: Vec<(Member, u32)> =
+                (0..replicas).map(|i| (member(i, "or"), 0)).collect();
             for step in 0..50 {
                 for (m, booting) in &mut pool {
                     if *booting > 0 {

@@ -205,7 +205,11 @@ async fn create_members(
 /// Makes the pool's Service list the serving addresses of `members`; returns the
 /// Service's name, or `None` without one (turned off, or its name held by a Service
 /// that is not the pool's: then a Warning says so).
-async fn sync_service(ctx: &Context, pool: &ProxyPool, members: &[&Proxy]) -> Result<Option<String>> {
+async fn sync_service(
+    ctx: &Context,
+    pool: &ProxyPool,
+    members: &[&Proxy],
+) -> Result<Option<String>> {
     let namespace = pool.namespace().unwrap_or_default();
     let owner_uid = pool.uid().unwrap_or_default();
     let (Some(name), Some(owner)) = (
@@ -237,8 +241,13 @@ async fn sync_service(ctx: &Context, pool: &ProxyPool, members: &[&Proxy]) -> Re
             "a Service named {name} exists and is not this pool's: the pool has no Service \
              (rename or delete that Service, or set spec.service.enabled: false)"
         );
-        ctx.publish_about(&pool.object_ref(&()), EventType::Warning, "ServiceNameTaken", &note)
-            .await;
+        ctx.publish_about(
+            &pool.object_ref(&()),
+            EventType::Warning,
+            "ServiceNameTaken",
+            &note,
+        )
+        .await;
         return Ok(None);
     }
     Ok(Some(name))
