@@ -13,6 +13,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
+# A one-off build gains nothing from the incremental cache, which would add gigabytes to
+# a disk that has to hold the build, the images and the tests' guests.
+export CARGO_INCREMENTAL=0
+
 times=$(mktemp)
 logs=$(mktemp -d)
 run_start=$SECONDS
@@ -27,6 +31,8 @@ report() {
       printf '  %-16s %8s  %s\n' "$name" "$seconds" "$([ "$status" = 0 ] && echo ok || echo "FAILED ($status)")"
     done <"$times"
     printf '  %-16s %8s\n' total $((SECONDS - run_start))
+    # A full disk fails a build or a test with a message far from its cause.
+    if [ "$rc" -ne 0 ]; then df -h . /tmp 2>/dev/null || true; fi
   } >&2
   if [ -n "${CI_STAGE_TIMES:-}" ]; then cp "$times" "$CI_STAGE_TIMES"; fi
   rm -rf "$times" "$logs"
