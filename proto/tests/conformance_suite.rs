@@ -231,6 +231,33 @@ fn every_check_has_a_misbehaviour_it_catches() {
     }
 }
 
+/// `docs/conformance.md` names every misbehaviour beside the check that catches it, so a
+/// provider author can read what each check is proven against.
+#[test]
+fn every_misbehaviour_is_listed_with_its_check_in_the_docs() {
+    use egressproxy_provider::reference::Misbehaviour;
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/conformance.md"
+    ))
+    .unwrap();
+    let unlisted: Vec<String> = Misbehaviour::all()
+        .iter()
+        .filter(|m| {
+            let name = format!("`{}`", m.name());
+            let check = format!("| `{}` |", m.caught_by());
+            !docs.lines().any(|line| {
+                line.starts_with("| `") && line.contains(&name) && line.ends_with(&check)
+            })
+        })
+        .map(|m| format!("{} ({})", m.name(), m.caught_by()))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "docs/conformance.md's misbehaviour table lacks: {unlisted:?}"
+    );
+}
+
 /// The two address checks alone, against `config`: their outcomes by name, and the
 /// instances left that are not DELETING.
 async fn address_checks(config: ReferenceConfig) -> (Vec<(&'static str, Outcome)>, usize) {

@@ -4,9 +4,10 @@
 //! one (`proto/tests/conformance_suite.rs` runs them all).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use prost::Message;
-use tonic::Status;
+use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::ProviderError;
@@ -52,6 +53,8 @@ pub enum Misbehaviour {
     UnsetCloudInitDiffers,
     /// The name is compared in an idempotent Create.
     NameCompared,
+    /// The tags are compared in an idempotent Create.
+    TagsCompared,
     /// The placement is compared as resolved (with the chosen host), not as requested.
     ResolvedPlacementCompared,
     /// cloud_init is not compared in an idempotent Create.
@@ -78,6 +81,8 @@ pub enum Misbehaviour {
     ListStateDisagrees,
     /// ListInstances leaves out create_time.
     NoCreateTimeInList,
+    /// GetInstance leaves out create_time.
+    NoCreateTimeInGet,
     /// ListInstances returns the same next_page_token for ever.
     CyclingPageToken,
     /// A page token the provider never issued reads as the first page.
@@ -86,9 +91,9 @@ pub enum Misbehaviour {
     IgnorePageSize,
     /// A page_size over 1000 is INVALID_ARGUMENT instead of clamped.
     RefusesLargePageSize,
-    /// A Create arriving within 50 ms of another's new instance returns that instance.
+    /// A Create arriving within a second of another's new instance returns that instance.
     MergesConcurrentCreates,
-    /// Concurrent Creates of one key each make an instance.
+    /// Creates of one key within a second of each other each make an instance.
     RacyCreate,
     /// A Create cut off by its deadline leaves an instance its key does not find.
     OrphansCancelledCreate,
@@ -114,10 +119,16 @@ pub enum Misbehaviour {
     KeyReuseRefused,
     /// Delete of a missing instance is NOT_FOUND.
     DeleteMissingNotFound,
-    /// Delete of a PROVISIONING instance does nothing.
+    /// Delete of a PROVISIONING instance does nothing (instances provision for 5 s).
     DeleteIgnoredWhileProvisioning,
     /// The google.rpc.Status in the details has another code than the gRPC status.
     StatusDetailsMismatch,
+    /// The google.rpc.Status in the details has another message than the gRPC status.
+    StatusMessageMismatch,
+    /// RESOURCE_EXHAUSTED carries no ErrorInfo.
+    ExhaustedWithoutErrorInfo,
+    /// ALREADY_EXISTS carries a RetryInfo, a code callers do not retry after a delay.
+    RetryInfoOnConflict,
     /// The first CreateInstance answers UNAVAILABLE with no details at all.
     TransientWithoutErrorInfo,
     /// DeleteInstance also deletes the oldest other instance.
@@ -184,13 +195,16 @@ impl Misbehaviour {
             M::UnboundedViolations => "violations-bounded",
             M::UnboundedEcho => "huge-input-bounded",
             M::CancelledAtDeadline => "server-deadline",
-            M::UnsetCloudInitDiffers | M::NameCompared => "create-idempotent",
+            M::UnsetCloudInitDiffers | M::NameCompared | M::TagsCompared => "create-idempotent",
             M::ResolvedPlacementCompared | M::CloudInitNotCompared => "create-conflict",
             M::MissingIsPermanent => "get-missing",
             M::EmptyIdNotFound => "empty-id",
             M::RunningWithoutAddress => "becomes-running",
             M::AddressNotAnIp => "addresses-parse",
-            M::PlacementNotEchoed | M::WrongProxyPort | M::ChosenLocationMissing => "echo",
+            M::PlacementNotEchoed
+            | M::WrongProxyPort
+            | M::ChosenLocationMissing
+            | M::NoCreateTimeInGet => "echo",
             M::SelectorIgnored => "list-by-tags",
             M::OrTagMatching => "tag-selector-and",
             M::ListStateDisagrees | M::NoCreateTimeInList => "list-get-agree",
@@ -207,7 +221,11 @@ impl Misbehaviour {
             M::WrongDeletingReason | M::KeyReuseRefused => "key-reuse-after-delete",
             M::DeleteMissingNotFound => "delete-missing",
             M::DeleteIgnoredWhileProvisioning => "delete-while-provisioning",
-            M::StatusDetailsMismatch | M::TransientWithoutErrorInfo => "errors-well-formed",
+            M::StatusDetailsMismatch
+            | M::StatusMessageMismatch
+            | M::TransientWithoutErrorInfo
+            | M::ExhaustedWithoutErrorInfo
+            | M::RetryInfoOnConflict => "errors-well-formed",
             M::DeletesForeign => "foreign-instance-survives",
             M::LocationsUndeclared => "capabilities-match-behaviour",
             M::DuplicateLocations | M::HostInUnlistedZone => "list-locations",
@@ -289,6 +307,20 @@ impl Misbehaviour {
                 let mut rpc = tonic_types::Status::decode(status.details()).unwrap_or_default();
                 rpc.code = tonic::Code::Unknown as i32;
                 Status::with_details(status.code(), status.message(), rpc.encode_to_vec().into())
+            }
+            Misbehaviour::StatusMessageMismatch => {
+                let mut rpc = tonic_types::Status::decode(status.details()).unwrap_or_default();
+                rpc.message = "an error".into();
+                Status::with_details(status.code(), status.message(), rpc.encode_to_vec().into())
+            }
+            Misbehaviour::ExhaustedWithoutErrorInfo if status.code() == Code::ResourceExhausted => {
+                Status::new(status.code(), status.message())
+            }
+            Misbehaviour::RetryInfoOnConflict if status.code() == Code::AlreadyExists => {
+                let mut rebuilt = ErrorDetails::new();
+                rebuilt.set_error_info(reason, ERROR_DOMAIN, HashMap::new());
+                rebuilt.set_retry_info(Some(Duration::from_secs(1)));
+                Status::with_error_details(status.code(), status.message(), rebuilt)
             }
             _ => status,
         }

@@ -47,6 +47,14 @@ use crate::{CONTRACT_VERSION, ProviderError, paging, validation};
 
 /// The provider name the reference provider reports.
 pub const PLUGIN_NAME: &str = "reference.egressproxy.dev";
+/// The least time an instance provisions for a provider that ignores Deletes meanwhile
+/// (see `MemoryProvider::provisioning_delay`).
+const SLOW_PROVISIONING: Duration = Duration::from_secs(5);
+/// How far apart concurrent Creates may arrive and still race, for the misbehaviours
+/// that break concurrent Creates. With 20 and 50 ms, the suite's concurrent Creates
+/// arrived further apart than that on a loaded machine, did not race, and the
+/// misbehaviour went unseen.
+const RACE_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the reference provider offers and how it behaves.
 #[derive(Debug, Clone)]
@@ -157,6 +165,7 @@ struct Spec {
     cloud_init: Option<pb::CloudInit>,
     proxy_port: u32,
     name: Option<String>,
+    tags: Option<HashMap<String, String>>,
     address_identity: Option<String>,
     requested_address: Option<String>,
 }
@@ -214,6 +223,19 @@ impl MemoryProvider {
 
     fn breaks(&self, misbehaviour: Misbehaviour) -> bool {
         self.config.misbehave == Some(misbehaviour)
+    }
+
+    /// How long a new instance is PROVISIONING. The provider that ignores a Delete while
+    /// an instance provisions does so for at least [`SLOW_PROVISIONING`]: with the
+    /// 100 ms a test configures, a loaded machine let more than that pass between the
+    /// suite's Create and its Delete, the Delete was honoured, and the misbehaviour went
+    /// unseen.
+    fn provisioning_delay(&self) -> Duration {
+        if self.breaks(Misbehaviour::DeleteIgnoredWhileProvisioning) {
+            self.config.provisioning_delay.max(SLOW_PROVISIONING)
+        } else {
+            self.config.provisioning_delay
+        }
     }
 
     /// An error as the contract says to send it, or as the configured misbehaviour
@@ -309,7 +331,7 @@ impl MemoryProvider {
 
     fn snapshot(&self, record: &Record) -> pb::Instance {
         let mut instance = record.instance.clone();
-        let provisioned = record.created.elapsed() >= self.config.provisioning_delay;
+        let provisioned = record.created.elapsed() >= self.provisioning_delay();
         let state = match (record.deleted, record.forced_state) {
             (Some(_), _) => InstanceState::Deleting,
             (None, Some(forced)) => forced,
@@ -444,6 +466,9 @@ impl MemoryProvider {
             name: self
                 .breaks(Misbehaviour::NameCompared)
                 .then(|| request.name.clone()),
+            tags: self
+                .breaks(Misbehaviour::TagsCompared)
+                .then(|| request.tags.clone()),
             address_identity: request
                 .address_identity
                 .clone()
@@ -568,7 +593,7 @@ impl MemoryProvider {
         }
         if self.breaks(Misbehaviour::MergesConcurrentCreates)
             && let Some((at, instance)) = &state.last_created
-            && at.elapsed() < Duration::from_millis(50)
+            && at.elapsed() < RACE_WINDOW
         {
             return Ok(instance.clone());
         }
@@ -632,7 +657,7 @@ impl MemoryProvider {
         state.ids_by_key.insert(request.key, id.clone());
         state.instances.insert(id.clone(), record);
         self.hub.updated(instance.clone());
-        self.refresh_after(&id, self.config.provisioning_delay);
+        self.refresh_after(&id, self.provisioning_delay());
         Ok(instance)
     }
 
@@ -659,6 +684,7 @@ impl MemoryProvider {
                 cloud_init: None,
                 proxy_port: 0,
                 name: None,
+                tags: None,
                 address_identity: None,
                 requested_address: None,
             },
@@ -685,7 +711,13 @@ impl MemoryProvider {
         let mut state = self.lock();
         self.purge(&mut state);
         match state.instances.get(id) {
-            Some(record) => Ok(self.snapshot(record)),
+            Some(record) => {
+                let mut instance = self.snapshot(record);
+                if self.breaks(Misbehaviour::NoCreateTimeInGet) {
+                    instance.create_time = None;
+                }
+                Ok(instance)
+            }
             None if self.breaks(Misbehaviour::MissingIsPermanent) => Err(ProviderError::permanent(
                 format!("instance {id} does not exist"),
             )),
@@ -711,7 +743,7 @@ impl MemoryProvider {
         };
         let provisioning = record.deleted.is_none()
             && record.forced_state.is_none()
-            && record.created.elapsed() < self.config.provisioning_delay;
+            && record.created.elapsed() < self.provisioning_delay();
         if provisioning && self.breaks(Misbehaviour::DeleteIgnoredWhileProvisioning) {
             return Ok(());
         }
@@ -853,7 +885,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         {
             // Check, wait, then create without checking again: racing Creates each
             // make an instance.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(RACE_WINDOW).await;
             self.lock().ids_by_key.remove(&request.key);
         }
         let instance = self.create(request).map_err(|e| self.encode(&e))?;
