@@ -15,10 +15,13 @@
 #   bases:   the base images the Dockerfiles name, made from bookworm's packages under
 #            local names (integration/images/bases/): debian-slim (debootstrap minbase)
 #            and distroless-cc (glibc, libgcc, OpenSSL, CA certificates; no shell).
-#   product: deploy/docker/operator.Dockerfile and kvm-agent.Dockerfile, the files users
-#            build, given the local bases through their build arguments and the binaries
-#            in BINDIR (egressproxy-operator, kvm-agent: what cargo built) through the
-#            `binaries` build context, tagged with the chart's default image names.
+#   product: deploy/docker/operator.Dockerfile, kvm-agent.Dockerfile and
+#            kube-provider.Dockerfile, the files users build, given the local bases
+#            through their build arguments and the binaries in BINDIR
+#            (egressproxy-operator, kvm-agent, kube-provider: what cargo built) through
+#            the `binaries` build context, tagged with the chart's default image names;
+#            and squid-proxy.Dockerfile, the proxy image kube-provider runs by default
+#            (Debian's squid, no binary of ours).
 #
 # Each image is keyed on a hash of its inputs (Containerfile or Dockerfile, files,
 # binaries, base): a warm run finds every archive at its key and builds nothing.
@@ -213,6 +216,26 @@ product_images() {
     "ghcr.io/egressproxy/egressproxy-operator:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
   product_image kvm-agent kvm-agent.Dockerfile kvm-agent \
     "ghcr.io/egressproxy/kvm-agent:$version" DEBIAN_IMAGE "$DEBIAN_BASE"
+  product_image kube-provider kube-provider.Dockerfile kube-provider \
+    "ghcr.io/egressproxy/kube-provider:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
+  proxy_image squid-proxy "ghcr.io/egressproxy/squid-proxy:$version" DEBIAN_IMAGE "$DEBIAN_BASE"
+}
+
+# proxy_image SHORT NAME BASE_ARG BASE: deploy/docker/SHORT.Dockerfile with the files of
+# deploy/docker/SHORT/ as its context (no binary of ours) and BASE as BASE_ARG.
+proxy_image() {
+  local short=$1 name=$2 base_arg=$3 base=$4
+  if ! buildah_ inspect --type image "$base" >/dev/null 2>&1; then
+    echo "build-images: the base $base is missing: run '$0 bases' (make setup does)" >&2
+    exit 1
+  fi
+  local context="$work/$short-context"
+  mkdir -p "$context"
+  cp -r "$here/../deploy/docker/$short/." "$context/"
+  cp "$here/../deploy/docker/$short.Dockerfile" "$context/Dockerfile"
+  build_image "$short" "$name" "$context" \
+    "$(buildah_ inspect --type image --format '{{.FromImageID}}' "$base")" \
+    -f "$context/Dockerfile" --build-arg "$base_arg=$base"
 }
 
 case "$set_name" in
