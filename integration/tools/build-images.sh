@@ -8,6 +8,7 @@
 # Usage: integration/tools/build-images.sh cluster          # make setup
 #        integration/tools/build-images.sh bases            # make setup
 #        integration/tools/build-images.sh product BINDIR   # make images
+#        integration/tools/build-images.sh product BINDIR SHORT...   # only these
 #
 #   cluster: pause (the pod sandbox, Kubernetes' pause.c compiled statically), coredns
 #            (the binary integration/tools/install-go-tools.sh builds) and toolbox
@@ -21,7 +22,8 @@
 #            (egressproxy-operator, kvm-agent, kube-provider: what cargo built) through
 #            the `binaries` build context, tagged with the chart's default image names;
 #            and squid-proxy.Dockerfile, the proxy image kube-provider runs by default
-#            (Debian's squid, no binary of ours).
+#            (Debian's squid, no binary of ours). SHORT names limit the set (operator,
+#            kvm-agent, kube-provider, squid-proxy), e.g. to skip a binary not built.
 #
 # Each image is keyed on a hash of its inputs (Containerfile or Dockerfile, files,
 # binaries, base): a warm run finds every archive at its key and builds nothing.
@@ -40,11 +42,11 @@ mkdir -p "$images" "$storage"
 set_name=${1:-}
 case "$set_name" in
   cluster | bases) [ $# -eq 1 ] || set_name="" ;;
-  product) [ $# -eq 2 ] || set_name="" ;;
+  product) [ $# -ge 2 ] || set_name="" ;;
   *) set_name="" ;;
 esac
 if [ -z "$set_name" ]; then
-  echo "usage: $0 cluster | bases | product BINDIR" >&2
+  echo "usage: $0 cluster | bases | product BINDIR [SHORT...]" >&2
   exit 2
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -209,16 +211,32 @@ product_image() {
     -f "$context/Dockerfile" --build-arg "$base_arg=$base" --build-context "binaries=$binaries"
 }
 
+# wanted SHORT: whether the product set includes SHORT (all without SHORT arguments).
+wanted() {
+  [ ${#only[@]} -eq 0 ] && return 0
+  local short
+  for short in "${only[@]}"; do [ "$short" = "$1" ] && return 0; done
+  return 1
+}
+
 product_images() {
-  local version
+  local version short
+  for short in "${only[@]}"; do
+    case "$short" in
+      operator | kvm-agent | kube-provider | squid-proxy) ;;
+      *) echo "build-images: no product image '$short' (operator, kvm-agent, kube-provider, squid-proxy)" >&2; exit 2 ;;
+    esac
+  done
   version="$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' "$here/../charts/egressproxy/Chart.yaml")"
-  product_image operator operator.Dockerfile egressproxy-operator \
+  wanted operator && product_image operator operator.Dockerfile egressproxy-operator \
     "ghcr.io/egressproxy/egressproxy-operator:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
-  product_image kvm-agent kvm-agent.Dockerfile kvm-agent \
+  wanted kvm-agent && product_image kvm-agent kvm-agent.Dockerfile kvm-agent \
     "ghcr.io/egressproxy/kvm-agent:$version" DEBIAN_IMAGE "$DEBIAN_BASE"
-  product_image kube-provider kube-provider.Dockerfile kube-provider \
+  wanted kube-provider && product_image kube-provider kube-provider.Dockerfile kube-provider \
     "ghcr.io/egressproxy/kube-provider:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
-  proxy_image squid-proxy "ghcr.io/egressproxy/squid-proxy:$version" DEBIAN_IMAGE "$DEBIAN_BASE"
+  wanted squid-proxy && proxy_image squid-proxy "ghcr.io/egressproxy/squid-proxy:$version" \
+    DEBIAN_IMAGE "$DEBIAN_BASE"
+  return 0
 }
 
 # proxy_image SHORT NAME BASE_ARG BASE: deploy/docker/SHORT.Dockerfile with the files of
@@ -243,6 +261,7 @@ case "$set_name" in
   bases) base_images ;;
   product)
     bindir="$(cd "$2" && pwd)"
+    only=("${@:3}")
     product_images
     ;;
 esac
