@@ -98,7 +98,11 @@ async fn a_kube_proxy_installed_by_the_chart_proxies_another_namespace() {
         .create(&PostParams::default(), &proxy(&url))
         .await
         .unwrap();
-    let ready = tokio::time::timeout(WITHIN, await_condition(proxies.clone(), "egress", is_proxy_ready)).await;
+    let ready = tokio::time::timeout(
+        WITHIN,
+        await_condition(proxies.clone(), "egress", is_proxy_ready),
+    )
+    .await;
     let proxy_pods: Api<Pod> = release.namespaced();
     let listed = proxy_pods
         .list(&ListParams::default().labels(PROXY_PODS))
@@ -147,7 +151,12 @@ async fn a_kube_proxy_installed_by_the_chart_proxies_another_namespace() {
         .await
         .unwrap();
     let output = cluster.pod_logs(&users.namespace, "client");
-    assert_eq!(phase, "Succeeded", "the client's output:\n{output}\n{}", report());
+    assert_eq!(
+        phase,
+        "Succeeded",
+        "the client's output:\n{output}\n{}",
+        report()
+    );
     assert!(output.contains("client-page"), "the client got: {output}");
     let access_log = cluster.pod_logs(&release.namespace, &proxy_pod);
     assert!(

@@ -248,7 +248,23 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "crds:\n  keep: yes please\n",
             "at '/crds/keep': got string, want boolean",
         ),
+        (
+            "providers:\n  - {name: kube, type: vm}\n",
+            "at '/providers/0/type': value must be 'kube'",
+        ),
+        (
+            "providers:\n  - {name: kube, type: kube, config: {namespace: other}}\n",
+            "at '/providers/0/config': additional properties 'namespace' not allowed",
+        ),
         // Checks the schema cannot express, made by the templates.
+        (
+            "providers:\n  - {name: kube, type: kube}\n  - {name: kube, type: kube}\n",
+            "providers[1].name: \"kube\" is already a provider name (in providers[0])",
+        ),
+        (
+            "operator:\n  providers:\n    kube: {endpoint: http://x:1}\nproviders:\n  - {name: kube, type: kube}\n",
+            "providers[0].name: \"kube\" is already a provider name (in operator.providers)",
+        ),
         (
             "kvmAgent:\n  enabled: true\n  config:\n    hosts:\n      - name: hv1\n        ssh: { address: hv1, user: u }\n",
             "kvmAgent.ssh.secretName: host \"hv1\" connects over SSH",
