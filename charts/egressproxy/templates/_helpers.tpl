@@ -226,7 +226,13 @@ kvmAgent.enabled, the in-cluster agent, plus each entry of `providers`. A dict o
 {{- end -}}
 {{- range .Values.providers -}}
 {{- $entry := include "egressproxy.provider.values" (list $ .) | fromJson -}}
-{{- $_ := set $providers $entry.name (dict "endpoint" (printf "http://%s:%v" (include "egressproxy.provider.host" (list $ $entry)) $entry.port) "callTimeout" $entry.callTimeout) -}}
+{{- $host := include "egressproxy.provider.host" (list $ $entry) -}}
+{{- if $entry.tls.enabled -}}
+{{- $fullname := include "egressproxy.provider.fullname" (list $ $entry) -}}
+{{- $_ := set $providers $entry.name (dict "endpoint" (printf "https://%s:%v" $host $entry.port) "callTimeout" $entry.callTimeout "tls" (dict "secretName" (printf "%s-tls" $fullname) "clientCertificate" true "clientSecretName" (printf "%s-client-tls" $fullname))) -}}
+{{- else -}}
+{{- $_ := set $providers $entry.name (dict "endpoint" (printf "http://%s:%v" $host $entry.port) "callTimeout" $entry.callTimeout) -}}
+{{- end -}}
 {{- end -}}
 {{- toJson $providers -}}
 {{- end -}}
@@ -299,8 +305,13 @@ deploy/kube-provider/config.yaml); the proxy pods' namespace is the release name
   "callTimeout" "30s"
   "verbosity" 0
   "networkPolicy" true
+  "tls" (dict "enabled" true "validityDays" 730 "renewDays" 90)
   "resources" (dict "requests" (dict "cpu" "50m" "memory" "64Mi") "limits" (dict "cpu" "500m" "memory" "256Mi")) -}}
 {{- $values := merge $entry $defaults -}}
+{{- /* merge takes a false from the user for unset: booleans are copied as written. */ -}}
+{{- $raw := index . 1 -}}
+{{- if hasKey $raw "networkPolicy" -}}{{- $_ := set $values "networkPolicy" $raw.networkPolicy -}}{{- end -}}
+{{- if and $raw.tls (hasKey $raw.tls "enabled") -}}{{- $_ := set $values.tls "enabled" $raw.tls.enabled -}}{{- end -}}
 {{- $_ := set $values "image" $image -}}
 {{- $_ := set $values "config" $config -}}
 {{- toJson $values -}}
