@@ -300,6 +300,36 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
     }
 }
 
+/// A `providers` entry gets mutual TLS and a NetworkPolicy by default, and a `false`
+/// written in the entry turns each off (Sprig's `merge` alone would take it for unset).
+#[test]
+fn a_kube_provider_entry_has_tls_and_a_network_policy_unless_turned_off() {
+    let helm = offline_helm();
+    let entry = ["providers[0].name=kube", "providers[0].type=kube"];
+    let defaults = helm.template("rel", "egress", &[], &entry).unwrap();
+    assert!(
+        defaults.contains("endpoint: \"https://rel-egressproxy-kube-provider.egress.svc:50051\"")
+            && defaults.contains("name: rel-egressproxy-kube-provider-tls\n")
+            && defaults.contains("name: rel-egressproxy-kube-provider-client-tls\n")
+            && defaults.contains("- --client-ca=/etc/kube-provider/tls/ca.crt")
+            && defaults.matches("kind: NetworkPolicy").count() == 1,
+        "{defaults}"
+    );
+    let mut off = entry.to_vec();
+    off.extend([
+        "providers[0].tls.enabled=false",
+        "providers[0].networkPolicy=false",
+    ]);
+    let plain = helm.template("rel", "egress", &[], &off).unwrap();
+    assert!(
+        plain.contains("endpoint: \"http://rel-egressproxy-kube-provider.egress.svc:50051\"")
+            && !plain.contains("rel-egressproxy-kube-provider-tls")
+            && !plain.contains("--tls-cert")
+            && !plain.contains("kind: NetworkPolicy"),
+        "{plain}"
+    );
+}
+
 #[test]
 fn the_values_table_in_the_chart_readme_is_up_to_date() {
     // The same generator `make generate` runs, on a copy: the committed README must
