@@ -89,12 +89,13 @@ test:
 	else echo "test: not root, skipping the images (buildah needs root): the in-cluster tests will fail"; fi
 	cargo test --workspace --locked --no-fail-fast
 
-## images: the operator's and the agent's images from deploy/docker/ with buildah (their
-## runtime stages, given the binaries cargo builds in PROFILE, debug or release), into the
-## tools cache, where the test cluster imports them; cached by their inputs
+## images: the operator's, the agent's, kube-provider's and the squid proxy's images from
+## deploy/docker/ with buildah (the runtime stages, given the binaries cargo builds in
+## PROFILE, debug or release), into the tools cache, where the test cluster imports them;
+## cached by their inputs
 PROFILE ?= debug
 images:
-	cargo build --locked -p egressproxy-operator -p kvm-agent --bins $(if $(filter release,$(PROFILE)),--release,)
+	cargo build --locked -p egressproxy-operator -p kvm-agent -p kube-provider --bins $(if $(filter release,$(PROFILE)),--release,)
 	integration/tools/build-images.sh product target/$(PROFILE)
 
 ## fuzz: the hostile-input property tests, run long (FUZZ_CASES cases each; `make test`

@@ -248,7 +248,23 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
             "crds:\n  keep: yes please\n",
             "at '/crds/keep': got string, want boolean",
         ),
+        (
+            "providers:\n  - {name: kube, type: vm}\n",
+            "at '/providers/0/type': value must be 'kube'",
+        ),
+        (
+            "providers:\n  - {name: kube, type: kube, config: {namespace: other}}\n",
+            "at '/providers/0/config': additional properties 'namespace' not allowed",
+        ),
         // Checks the schema cannot express, made by the templates.
+        (
+            "providers:\n  - {name: kube, type: kube}\n  - {name: kube, type: kube}\n",
+            "providers[1].name: \"kube\" is already a provider name (in providers[0])",
+        ),
+        (
+            "operator:\n  providers:\n    kube: {endpoint: http://x:1}\nproviders:\n  - {name: kube, type: kube}\n",
+            "providers[0].name: \"kube\" is already a provider name (in operator.providers)",
+        ),
         (
             "kvmAgent:\n  enabled: true\n  config:\n    hosts:\n      - name: hv1\n        ssh: { address: hv1, user: u }\n",
             "kvmAgent.ssh.secretName: host \"hv1\" connects over SSH",
@@ -282,6 +298,36 @@ fn values_the_chart_must_refuse_are_refused_naming_the_field() {
     for (values, expected) in cases {
         assert_rejected(&helm, values, expected);
     }
+}
+
+/// A `providers` entry gets mutual TLS and a NetworkPolicy by default, and a `false`
+/// written in the entry turns each off (Sprig's `merge` alone would take it for unset).
+#[test]
+fn a_kube_provider_entry_has_tls_and_a_network_policy_unless_turned_off() {
+    let helm = offline_helm();
+    let entry = ["providers[0].name=kube", "providers[0].type=kube"];
+    let defaults = helm.template("rel", "egress", &[], &entry).unwrap();
+    assert!(
+        defaults.contains("endpoint: \"https://rel-egressproxy-kube-provider.egress.svc:50051\"")
+            && defaults.contains("name: rel-egressproxy-kube-provider-tls\n")
+            && defaults.contains("name: rel-egressproxy-kube-provider-client-tls\n")
+            && defaults.contains("- --client-ca=/etc/kube-provider/tls/ca.crt")
+            && defaults.matches("kind: NetworkPolicy").count() == 1,
+        "{defaults}"
+    );
+    let mut off = entry.to_vec();
+    off.extend([
+        "providers[0].tls.enabled=false",
+        "providers[0].networkPolicy=false",
+    ]);
+    let plain = helm.template("rel", "egress", &[], &off).unwrap();
+    assert!(
+        plain.contains("endpoint: \"http://rel-egressproxy-kube-provider.egress.svc:50051\"")
+            && !plain.contains("rel-egressproxy-kube-provider-tls")
+            && !plain.contains("--tls-cert")
+            && !plain.contains("kind: NetworkPolicy"),
+        "{plain}"
+    );
 }
 
 #[test]

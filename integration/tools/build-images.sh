@@ -8,6 +8,7 @@
 # Usage: integration/tools/build-images.sh cluster          # make setup
 #        integration/tools/build-images.sh bases            # make setup
 #        integration/tools/build-images.sh product BINDIR   # make images
+#        integration/tools/build-images.sh product BINDIR SHORT...   # only these
 #
 #   cluster: pause (the pod sandbox, Kubernetes' pause.c compiled statically), coredns
 #            (the binary integration/tools/install-go-tools.sh builds) and toolbox
@@ -15,10 +16,14 @@
 #   bases:   the base images the Dockerfiles name, made from bookworm's packages under
 #            local names (integration/images/bases/): debian-slim (debootstrap minbase)
 #            and distroless-cc (glibc, libgcc, OpenSSL, CA certificates; no shell).
-#   product: deploy/docker/operator.Dockerfile and kvm-agent.Dockerfile, the files users
-#            build, given the local bases through their build arguments and the binaries
-#            in BINDIR (egressproxy-operator, kvm-agent: what cargo built) through the
-#            `binaries` build context, tagged with the chart's default image names.
+#   product: deploy/docker/operator.Dockerfile, kvm-agent.Dockerfile and
+#            kube-provider.Dockerfile, the files users build, given the local bases
+#            through their build arguments and the binaries in BINDIR
+#            (egressproxy-operator, kvm-agent, kube-provider: what cargo built) through
+#            the `binaries` build context, tagged with the chart's default image names;
+#            and squid-proxy.Dockerfile, the proxy image kube-provider runs by default
+#            (Debian's squid, no binary of ours). SHORT names limit the set (operator,
+#            kvm-agent, kube-provider, squid-proxy), e.g. to skip a binary not built.
 #
 # Each image is keyed on a hash of its inputs (Containerfile or Dockerfile, files,
 # binaries, base): a warm run finds every archive at its key and builds nothing.
@@ -37,11 +42,11 @@ mkdir -p "$images" "$storage"
 set_name=${1:-}
 case "$set_name" in
   cluster | bases) [ $# -eq 1 ] || set_name="" ;;
-  product) [ $# -eq 2 ] || set_name="" ;;
+  product) [ $# -ge 2 ] || set_name="" ;;
   *) set_name="" ;;
 esac
 if [ -z "$set_name" ]; then
-  echo "usage: $0 cluster | bases | product BINDIR" >&2
+  echo "usage: $0 cluster | bases | product BINDIR [SHORT...]" >&2
   exit 2
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -206,13 +211,49 @@ product_image() {
     -f "$context/Dockerfile" --build-arg "$base_arg=$base" --build-context "binaries=$binaries"
 }
 
+# wanted SHORT: whether the product set includes SHORT (all without SHORT arguments).
+wanted() {
+  [ ${#only[@]} -eq 0 ] && return 0
+  local short
+  for short in "${only[@]}"; do [ "$short" = "$1" ] && return 0; done
+  return 1
+}
+
 product_images() {
-  local version
+  local version short
+  for short in "${only[@]}"; do
+    case "$short" in
+      operator | kvm-agent | kube-provider | squid-proxy) ;;
+      *) echo "build-images: no product image '$short' (operator, kvm-agent, kube-provider, squid-proxy)" >&2; exit 2 ;;
+    esac
+  done
   version="$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' "$here/../charts/egressproxy/Chart.yaml")"
-  product_image operator operator.Dockerfile egressproxy-operator \
+  wanted operator && product_image operator operator.Dockerfile egressproxy-operator \
     "ghcr.io/egressproxy/egressproxy-operator:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
-  product_image kvm-agent kvm-agent.Dockerfile kvm-agent \
+  wanted kvm-agent && product_image kvm-agent kvm-agent.Dockerfile kvm-agent \
     "ghcr.io/egressproxy/kvm-agent:$version" DEBIAN_IMAGE "$DEBIAN_BASE"
+  wanted kube-provider && product_image kube-provider kube-provider.Dockerfile kube-provider \
+    "ghcr.io/egressproxy/kube-provider:$version" RUNTIME_IMAGE "$DISTROLESS_BASE"
+  wanted squid-proxy && proxy_image squid-proxy "ghcr.io/egressproxy/squid-proxy:$version" \
+    DEBIAN_IMAGE "$DEBIAN_BASE"
+  return 0
+}
+
+# proxy_image SHORT NAME BASE_ARG BASE: deploy/docker/SHORT.Dockerfile with the files of
+# deploy/docker/SHORT/ as its context (no binary of ours) and BASE as BASE_ARG.
+proxy_image() {
+  local short=$1 name=$2 base_arg=$3 base=$4
+  if ! buildah_ inspect --type image "$base" >/dev/null 2>&1; then
+    echo "build-images: the base $base is missing: run '$0 bases' (make setup does)" >&2
+    exit 1
+  fi
+  local context="$work/$short-context"
+  mkdir -p "$context"
+  cp -r "$here/../deploy/docker/$short/." "$context/"
+  cp "$here/../deploy/docker/$short.Dockerfile" "$context/Dockerfile"
+  build_image "$short" "$name" "$context" \
+    "$(buildah_ inspect --type image --format '{{.FromImageID}}' "$base")" \
+    -f "$context/Dockerfile" --build-arg "$base_arg=$base"
 }
 
 case "$set_name" in
@@ -220,6 +261,7 @@ case "$set_name" in
   bases) base_images ;;
   product)
     bindir="$(cd "$2" && pwd)"
+    only=("${@:3}")
     product_images
     ;;
 esac

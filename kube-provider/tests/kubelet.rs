@@ -6,7 +6,8 @@
 //!
 //! The "proxy" is busybox's httpd from the toolbox image, started on the port the
 //! provider passes in `PROXY_PORT`: the test is about the provider and the pod, not
-//! about a proxy image (none is built locally yet).
+//! about a proxy image (the project's squid image, installed by the chart, is
+//! `integration/tests/chart_kube_provider.rs`'s).
 //!
 //! Needs root, the packages of `integration/tools/install-system-packages.sh`, and what
 //! `make setup` builds (kube-harness, kube-node, the cluster's images). One test: the

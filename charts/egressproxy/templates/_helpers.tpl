@@ -210,7 +210,7 @@ mutual TLS it presents the operator's client certificate (mounted at probe-tls/)
 
 {{/*
 The providers the operator is configured with: operator.providers plus, with
-kvmAgent.enabled, the in-cluster agent. A dict of name -> values entry.
+kvmAgent.enabled, the in-cluster agent, plus each entry of `providers`. A dict of name -> values entry.
 */}}
 {{- define "egressproxy.operator.providerValues" -}}
 {{- $providers := deepCopy .Values.operator.providers -}}
@@ -223,6 +223,16 @@ kvmAgent.enabled, the in-cluster agent. A dict of name -> values entry.
 {{- $_ := set $agent "endpoint" (printf "http://%s:%v" (include "egressproxy.kvmAgent.host" .) .Values.kvmAgent.port) -}}
 {{- end -}}
 {{- $_ := set $providers .Values.kvmAgent.providerName $agent -}}
+{{- end -}}
+{{- range .Values.providers -}}
+{{- $entry := include "egressproxy.provider.values" (list $ .) | fromJson -}}
+{{- $host := include "egressproxy.provider.host" (list $ $entry) -}}
+{{- if $entry.tls.enabled -}}
+{{- $fullname := include "egressproxy.provider.fullname" (list $ $entry) -}}
+{{- $_ := set $providers $entry.name (dict "endpoint" (printf "https://%s:%v" $host $entry.port) "callTimeout" $entry.callTimeout "tls" (dict "secretName" (printf "%s-tls" $fullname) "clientCertificate" true "clientSecretName" (printf "%s-client-tls" $fullname))) -}}
+{{- else -}}
+{{- $_ := set $providers $entry.name (dict "endpoint" (printf "http://%s:%v" $host $entry.port) "callTimeout" $entry.callTimeout) -}}
+{{- end -}}
 {{- end -}}
 {{- toJson $providers -}}
 {{- end -}}
@@ -264,3 +274,67 @@ egress:
   {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* ---- providers (entries of the `providers` list) ---- */}}
+
+{{- /*
+An entry of `providers` with its defaults filled in, as JSON. Args: (list <root> <entry>).
+Each top-level key absent from the entry's config takes the default's (as in
+deploy/kube-provider/config.yaml); the proxy pods' namespace is the release namespace.
+*/ -}}
+{{- define "egressproxy.provider.values" -}}
+{{- $root := index . 0 -}}
+{{- $entry := deepCopy (index . 1) -}}
+{{- $image := merge (default dict $entry.image) (dict "repository" "ghcr.io/egressproxy/kube-provider" "tag" "" "digest" "" "pullPolicy" "IfNotPresent") -}}
+{{- $proxyImage := printf "ghcr.io/egressproxy/squid-proxy:%s" $root.Chart.AppVersion -}}
+{{- with $root.Values.global.imageRegistry -}}
+{{- $proxyImage = printf "%s/%s" (trimSuffix "/" .) $proxyImage -}}
+{{- end -}}
+{{- $defaultConfig := dict
+  "zone_label" "topology.kubernetes.io/zone"
+  "node_selector" (dict "egressproxy.dev/egress" "true")
+  "machine_types" (dict "small" (dict "requests" (dict "cpu" "50m" "memory" "64Mi") "limits" (dict "memory" "128Mi")))
+  "images" (dict "squid" (dict "image" $proxyImage "pull_policy" "IfNotPresent" "port_env" "PROXY_PORT")) -}}
+{{- $config := deepCopy (default dict $entry.config) -}}
+{{- range $key, $value := $defaultConfig -}}
+{{- if not (hasKey $config $key) -}}{{- $_ := set $config $key $value -}}{{- end -}}
+{{- end -}}
+{{- $_ := set $config "namespace" $root.Release.Namespace -}}
+{{- $defaults := dict
+  "port" 50051
+  "callTimeout" "30s"
+  "verbosity" 0
+  "networkPolicy" true
+  "tls" (dict "enabled" true "validityDays" 730 "renewDays" 90)
+  "resources" (dict "requests" (dict "cpu" "50m" "memory" "64Mi") "limits" (dict "cpu" "500m" "memory" "256Mi")) -}}
+{{- $values := merge $entry $defaults -}}
+{{- /* merge takes a false from the user for unset: booleans are copied as written. */ -}}
+{{- $raw := index . 1 -}}
+{{- if hasKey $raw "networkPolicy" -}}{{- $_ := set $values "networkPolicy" $raw.networkPolicy -}}{{- end -}}
+{{- if and $raw.tls (hasKey $raw.tls "enabled") -}}{{- $_ := set $values.tls "enabled" $raw.tls.enabled -}}{{- end -}}
+{{- $_ := set $values "image" $image -}}
+{{- $_ := set $values "config" $config -}}
+{{- toJson $values -}}
+{{- end -}}
+
+{{- /* `<fullname>-<name>-provider`. Args: (list <root> <entry>). */ -}}
+{{- define "egressproxy.provider.fullname" -}}
+{{- printf "%s-%s-provider" (include "egressproxy.fullname" (index . 0)) (index . 1).name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "egressproxy.provider.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "egressproxy.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: provider-{{ (index . 1).name }}
+{{- end -}}
+
+{{- define "egressproxy.provider.labels" -}}
+{{ include "egressproxy.labels" (index . 0) }}
+app.kubernetes.io/component: provider-{{ (index . 1).name }}
+{{- end -}}
+
+{{/* The in-cluster DNS name of the provider's Service. Args: (list <root> <entry>). */}}
+{{- define "egressproxy.provider.host" -}}
+{{- printf "%s.%s.svc" (include "egressproxy.provider.fullname" .) (index . 0).Release.Namespace -}}
+{{- end -}}
