@@ -31,8 +31,8 @@ pub struct ProvidersConfig {
     pub providers: BTreeMap<String, ProviderConfig>,
 }
 
-/// How to reach one provider.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// How to reach one provider. Its `Debug` shows `egressCheckUrl` redacted.
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProviderConfig {
     /// `http://host:port` or `https://host:port`.
@@ -49,6 +49,21 @@ pub struct ProviderConfig {
     /// shown in messages.
     #[serde(default)]
     pub egress_check_url: Option<String>,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let check_url = self
+            .egress_check_url
+            .as_deref()
+            .map(crate::egress_echo::redact_url);
+        f.debug_struct("ProviderConfig")
+            .field("endpoint", &self.endpoint)
+            .field("call_timeout", &self.call_timeout)
+            .field("tls", &self.tls)
+            .field("egress_check_url", &check_url)
+            .finish()
+    }
 }
 
 /// TLS files for one provider.
@@ -152,6 +167,19 @@ mod tests {
         assert_eq!(
             config.providers["cloud"].tls.as_ref().unwrap().cert,
             Some("/c.pem".into())
+        );
+    }
+
+    #[test]
+    fn the_check_url_s_secrets_never_show_in_debug_output() {
+        let config = ProvidersConfig::parse(
+            "providers:\n  a:\n    endpoint: http://x\n    egressCheckUrl: https://u:s3cret@echo.example/?key=s3cret\n",
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("https://echo.example/?…"),
+            "{shown}"
         );
     }
 

@@ -146,7 +146,7 @@ mod tests {
         status
     }
 
-    /// The same table as "Egress address" in `docs/operator.md`.
+    /// The same table as "When the check runs" in `docs/operator.md`.
     #[test]
     fn the_egress_check_runs_once_per_vm_and_generation_until_it_succeeds() {
         let url = || Some("http://echo.test/".to_owned());
