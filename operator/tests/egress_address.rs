@@ -187,6 +187,23 @@ async fn a_proxy_s_own_check_url_wins_and_its_failure_is_said_without_its_secret
     let _nat = NattingProxy::start(SocketAddr::new(ip("127.0.0.2"), port), ip("127.0.0.5")).await;
     // Nothing listens at the Proxy's own URL: had the provider's been used, the check
     // would pass.
+    let refused = h
+        .proxies()
+        .create(
+            &PostParams::default(),
+            &plain(
+                "ftp",
+                port,
+                serde_json::json!({"checkUrl": "ftp://echo.example/"}),
+            ),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("egress.checkUrl must start with http:// or https://"),
+        "{refused}"
+    );
     let closed = ProxyStandIn::port().await;
     let url = format!("http://me:{SECRET}@127.0.0.1:{closed}/?token={SECRET}");
     h.proxies()
