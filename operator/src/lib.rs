@@ -18,7 +18,8 @@
 //!   [`watch_report`]: the Events and gauge that say so.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events about Proxies, one per distinct note.
-//! - [`health_check`]: does the proxy really proxy?
+//! - [`health_check`]: does the proxy really proxy? [`egress_echo`]: which source
+//!   address does a destination see through it?
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //!   [`kube_client`]: the Kubernetes client, with a bounded connection pool;
 //!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
@@ -37,6 +38,7 @@ pub mod cluster_name;
 pub mod context;
 pub mod controller;
 pub mod crd;
+pub mod egress_echo;
 pub mod error;
 pub mod events;
 pub mod gc;

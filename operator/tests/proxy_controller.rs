@@ -1120,6 +1120,41 @@ async fn a_replacement_keeps_the_proxy_s_address() {
     );
 }
 
+/// The instance is deleted behind the operator's back: the Proxy waits while the
+/// provider deletes it, then creates a replacement with the same identity, which gets
+/// the same address.
+#[tokio::test]
+async fn a_replacement_of_a_deleted_instance_keeps_the_proxy_s_address() {
+    let h = Harness::keeping_addresses("deleted-keeps", &["--deleting-delay", "2s"]).await;
+    h.create("egress", 9, serde_json::json!({})).await;
+    let first = h
+        .wait_for("egress", "an address", |p| first_address(p).is_some())
+        .await;
+    let (first_id, address) = (provider_id(&first).unwrap(), first_address(&first).unwrap());
+    h.provider_client()
+        .await
+        .delete_instance(pb::DeleteInstanceRequest {
+            id: first_id.clone(),
+        })
+        .await
+        .unwrap();
+    let replaced = h
+        .wait_for("egress", "a replacement with an address", |p| {
+            provider_id(p).is_some_and(|id| id != first_id) && first_address(p).is_some()
+        })
+        .await;
+    assert_eq!(
+        first_address(&replaced).as_deref(),
+        Some(address.as_str()),
+        "the replacement got the address back"
+    );
+    assert!(
+        address.starts_with("192.0.2."),
+        "{address} is the identity's, from the provider's range"
+    );
+    h.wait_event("egress", "InstanceVanished").await;
+}
+
 #[tokio::test]
 async fn a_proxy_gets_the_address_it_asks_for_and_a_taken_one_is_reported() {
     let h = Harness::keeping_addresses("ask-address", &[]).await;

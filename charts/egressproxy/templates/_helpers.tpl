@@ -216,6 +216,9 @@ kvmAgent.enabled, the in-cluster agent, plus each entry of `providers`. A dict o
 {{- $providers := deepCopy .Values.operator.providers -}}
 {{- if .Values.kvmAgent.enabled -}}
 {{- $agent := dict "callTimeout" .Values.kvmAgent.callTimeout -}}
+{{- with .Values.kvmAgent.egressCheckUrl -}}
+{{- $_ := set $agent "egressCheckUrl" . -}}
+{{- end -}}
 {{- if .Values.kvmAgent.tls.enabled -}}
 {{- $_ := set $agent "endpoint" (printf "https://%s:%v" (include "egressproxy.kvmAgent.host" .) .Values.kvmAgent.port) -}}
 {{- $_ := set $agent "tls" (dict "secretName" (include "egressproxy.kvmAgent.serverSecretName" .) "clientCertificate" .Values.kvmAgent.tls.mtls.enabled "clientSecretName" (include "egressproxy.kvmAgent.clientSecretName" .)) -}}

@@ -163,6 +163,11 @@ pub struct ProxyPoolStatus {
     /// Every member: its name, whether it is Ready, its address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<PoolMemberStatus>,
+    /// The egress addresses its members were observed with (each member's
+    /// `status.egressAddress`), sorted, each once: the allow-list to hand to a partner.
+    /// A member whose address was not observed yet is missing from it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_addresses: Vec<String>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -185,6 +190,9 @@ pub struct PoolMemberStatus {
     /// The address the Service sends traffic to, while Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// The source address destinations see (its `status.egressAddress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_address: Option<String>,
 }
 
 /// The pool's condition types.

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.addresses[0].address"}"#,
+    printcolumn = r#"{"name":"Egress","type":"string","jsonPath":".status.egressAddress"}"#,
     printcolumn = r#"{"name":"Service","type":"string","jsonPath":".status.serviceName"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -84,6 +85,9 @@ pub struct ProxySpec {
 /// The Proxy's egress address.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.checkUrl) || self.checkUrl.startsWith('http://') || self.checkUrl.startsWith('https://')", "message": "egress.checkUrl must start with http:// or https://"},
+]))]
 pub struct Egress {
     /// A specific address for the VM, from a range the provider offers on its network
     /// (for example `192.168.200.50`). It stays with this Proxy across replacements.
@@ -91,6 +95,15 @@ pub struct Egress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 45))]
     pub address: Option<String>,
+    /// An echo service that answers the caller's address alone in its body (for
+    /// example `https://api.ipify.org`): fetched through the proxy once the VM is Ready
+    /// and after each replacement, its answer is `status.egressAddress`, the address
+    /// destinations really see. Overrides the provider's `egressCheckUrl` in the
+    /// operator's provider configuration. Anyone who can read the Proxy sees it: put a
+    /// URL with credentials in the provider configuration instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 8, max = 2048))]
+    pub check_url: Option<String>,
 }
 
 /// The Service the operator keeps for a Proxy.
@@ -319,6 +332,13 @@ pub struct ProxyStatus {
     /// provider's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<ProxyAddress>,
+    /// The source address destinations see, as the egress check URL's echo service
+    /// last saw it through the proxy (`spec.egress.checkUrl`, or the provider's
+    /// `egressCheckUrl`): the address to put on a partner's allow-list. Unset until
+    /// observed, or when no check URL is configured; the `EgressAddressObserved`
+    /// condition says whether it was observed through the current VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_address: Option<String>,
     /// The Service that workloads reach the proxy by, in the Proxy's namespace; unset
     /// when `spec.service.enabled` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -381,6 +401,9 @@ pub mod condition {
     pub const PROVISIONED: &str = "Provisioned";
     /// The proxy passes its health check.
     pub const HEALTHY: &str = "Healthy";
+    /// `status.egressAddress` was observed through the current VM (set only when an
+    /// egress check URL is configured).
+    pub const EGRESS_ADDRESS_OBSERVED: &str = "EgressAddressObserved";
 }
 
 #[cfg(test)]

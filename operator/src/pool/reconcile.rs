@@ -280,9 +280,11 @@ fn status(
             ready: v.ready,
             updated: v.updated,
             address: serving_address(proxy).map(|ip| ip.to_string()),
+            egress_address: proxy.status.as_ref().and_then(|s| s.egress_address.clone()),
         })
         .collect();
     member_status.sort_by(|a, b| a.name.cmp(&b.name));
+    let egress_addresses = egress_addresses(&member_status);
 
     let mut conditions = pool
         .status
@@ -341,9 +343,20 @@ fn status(
         selector: Some(selector(pool)),
         service_name,
         members: member_status,
+        egress_addresses,
         observed_generation: generation,
         conditions,
     }
+}
+
+/// The members' egress addresses, sorted by address (not text: `10.0.0.9` comes
+/// before `10.0.0.10`), each once.
+fn egress_addresses(members: &[PoolMemberStatus]) -> Vec<String> {
+    let addresses: std::collections::BTreeSet<std::net::IpAddr> = members
+        .iter()
+        .filter_map(|m| m.egress_address.as_deref()?.parse().ok())
+        .collect();
+    addresses.into_iter().map(|ip| ip.to_string()).collect()
 }
 
 /// Writes `status` unless the pool already has it.
@@ -365,4 +378,29 @@ async fn write_status(ctx: &Context, pool: &ProxyPool, status: ProxyPoolStatus) 
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allow_list_is_sorted_by_address_with_each_once() {
+        let member = |name: &str, egress: Option<&str>| PoolMemberStatus {
+            name: name.into(),
+            egress_address: egress.map(str::to_owned),
+            ..PoolMemberStatus::default()
+        };
+        let members = [
+            member("a", Some("10.0.0.10")),
+            member("b", Some("10.0.0.9")),
+            member("c", None),
+            member("d", Some("10.0.0.10")),
+            member("e", Some("2001:db8::1")),
+        ];
+        assert_eq!(
+            egress_addresses(&members),
+            ["10.0.0.9", "10.0.0.10", "2001:db8::1"]
+        );
+    }
 }

@@ -10,6 +10,7 @@
 //!       cert: /etc/egressproxy/provider-tls/tls.crt   # with key: mutual TLS
 //!       key: /etc/egressproxy/provider-tls/tls.key
 //!       serverName: kvm-agent   # default: the endpoint's host
+//!     egressCheckUrl: https://api.ipify.org   # optional: see `status.egressAddress`
 //! ```
 //!
 //! Every error names the field at fault.
@@ -30,8 +31,8 @@ pub struct ProvidersConfig {
     pub providers: BTreeMap<String, ProviderConfig>,
 }
 
-/// How to reach one provider.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// How to reach one provider. Its `Debug` shows `egressCheckUrl` redacted.
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProviderConfig {
     /// `http://host:port` or `https://host:port`.
@@ -42,6 +43,27 @@ pub struct ProviderConfig {
     /// TLS settings (required for `https://`).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// An echo service that answers the caller's address alone, fetched through each
+    /// of this provider's proxies to observe its egress address (a Proxy's
+    /// `spec.egress.checkUrl` overrides it). It may carry credentials: they are never
+    /// shown in messages.
+    #[serde(default)]
+    pub egress_check_url: Option<String>,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let check_url = self
+            .egress_check_url
+            .as_deref()
+            .map(crate::egress_echo::redact_url);
+        f.debug_struct("ProviderConfig")
+            .field("endpoint", &self.endpoint)
+            .field("call_timeout", &self.call_timeout)
+            .field("tls", &self.tls)
+            .field("egress_check_url", &check_url)
+            .finish()
+    }
 }
 
 /// TLS files for one provider.
@@ -89,6 +111,11 @@ impl ProvidersConfig {
                     "providers.{name}.tls: set both cert and key for mutual TLS, or neither"
                 );
             }
+            if let Some(url) = &provider.egress_check_url {
+                check_egress_url(url).map_err(|problem| {
+                    anyhow::anyhow!("providers.{name}.egressCheckUrl: {problem}")
+                })?;
+            }
             limits::CALL_TIMEOUT
                 .check(provider.call_timeout)
                 .map_err(|problem| anyhow::anyhow!("providers.{name}.callTimeout: {problem}"))?;
@@ -103,6 +130,19 @@ impl ProvidersConfig {
         })?;
         Self::parse(&text)
             .map_err(|error| anyhow::anyhow!("provider config {}: {error}", path.display()))
+    }
+}
+
+/// An echo service's URL must be an absolute http(s) URL; the problem never shows it
+/// (it may carry credentials).
+fn check_egress_url(url: &str) -> Result<(), String> {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(()),
+        Ok(_) => Err(format!(
+            "{} must start with http:// or https://",
+            crate::egress_echo::redact_url(url)
+        )),
+        Err(error) => Err(format!("not a valid URL ({error})")),
     }
 }
 
@@ -131,6 +171,19 @@ mod tests {
     }
 
     #[test]
+    fn the_check_url_s_secrets_never_show_in_debug_output() {
+        let config = ProvidersConfig::parse(
+            "providers:\n  a:\n    endpoint: http://x\n    egressCheckUrl: https://u:s3cret@echo.example/?key=s3cret\n",
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("https://echo.example/?…"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         let cases = [
             (
@@ -152,6 +205,14 @@ mod tests {
             (
                 "providers:\n  a:\n    endpoint: http://x\n    timeout: 5s\n",
                 "unknown field `timeout`",
+            ),
+            (
+                "providers:\n  a:\n    endpoint: http://x\n    egressCheckUrl: ftp://u:s3cret@echo/\n",
+                "providers.a.egressCheckUrl: ftp://echo/ must start with http://",
+            ),
+            (
+                "providers:\n  a:\n    endpoint: http://x\n    egressCheckUrl: echo.example\n",
+                "providers.a.egressCheckUrl: not a valid URL",
             ),
         ];
         for (text, expected) in cases {

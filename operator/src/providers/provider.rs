@@ -110,6 +110,11 @@ impl Provider {
         &self.name
     }
 
+    /// The echo service its proxies' egress addresses are observed with, if configured.
+    pub fn egress_check_url(&self) -> Option<String> {
+        self.state().config.as_ref()?.egress_check_url.clone()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

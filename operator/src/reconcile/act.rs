@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 use super::observe::{self, probe_address};
 use super::plan::{Cause, Step};
 use super::tags;
-use super::{Pass, egress_address, no_room};
+use super::{Pass, egress_address, egress_observed, no_room};
 use crate::crd::{Placement, ProxyAddress, ReplacedInstance, condition};
 use crate::error::{Error, Result};
 use crate::events::EventType;
@@ -46,6 +46,7 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
             pass.set(condition::HEALTHY, true, "HealthCheckPassed", "");
             pass.set(condition::READY, true, "Ready", "");
             pass.ctx.replace_backoff.reset(&pass.key.uid);
+            egress_observed::observe_if_due(pass, &addresses).await;
             Ok(Next::Done(Action::requeue(pass.period())))
         }
         Step::AwaitProxy { addresses, problem } => {
@@ -274,7 +275,11 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
     status.instance_create_time = None;
     status.addresses.clear();
     status.replacements = status.replacements.saturating_add(1);
-    status.conditions.retain(|c| c.type_ != condition::HEALTHY);
+    // What was observed of the old VM's proxy is not known of the new one's: its egress
+    // address is observed again once it is Ready.
+    status
+        .conditions
+        .retain(|c| c.type_ != condition::HEALTHY && c.type_ != condition::EGRESS_ADDRESS_OBSERVED);
     let uid = &pass.key.uid;
     pass.ctx
         .health_failures

@@ -68,6 +68,7 @@ mod tests {
     fn asking(address: &str) -> Option<Egress> {
         Some(Egress {
             address: Some(address.to_owned()),
+            ..Egress::default()
         })
     }
 

@@ -25,6 +25,9 @@
 //! for the spec to change. The annotation [`RETRY_ANNOTATION`] (any new value)
 //! retries at once.
 //!
+//! A Ready Proxy's egress address, the source address destinations see, is observed
+//! through its proxy once per VM when a check URL is configured ([`egress_observed`]).
+//!
 //! After the status, the Proxy's Service and EndpointSlice are made to match it
 //! ([`proxy_service`]), again only where something differs.
 //!
@@ -34,6 +37,7 @@ mod abandon;
 mod act;
 mod cleanup;
 mod egress_address;
+mod egress_observed;
 pub mod key;
 pub mod no_room;
 pub mod observe;

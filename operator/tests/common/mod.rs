@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
 
+pub mod egress;
 pub mod fixtures;
 pub mod freezing_relay;
 pub mod stand_in;
