@@ -109,6 +109,11 @@ async fn a_pool_s_template_may_change_and_its_mistakes_are_refused_at_admission(
             "exactly one of host and zone",
         ),
         (
+            "list-and-across",
+            serde_json::json!({"spread": [{"host": "a"}], "spreadAcross": "hosts"}),
+            "set spec.spread (a fixed list) or spec.spreadAcross",
+        ),
+        (
             "one-address",
             serde_json::json!({"template": {"spec": {
                 "provider": "reference",

@@ -312,6 +312,46 @@ async fn a_pool_spreads_its_members_and_its_service_lists_only_the_ready_ones() 
     h.wait_endpoints("egress", &[a, b], keeps_a).await;
 }
 
+/// With `spreadAcross: hosts`, the pool asks the provider which hosts take the
+/// template's machine type and spreads its members across them, showing the list it
+/// used in its status.
+#[tokio::test]
+async fn a_pool_spread_across_hosts_uses_the_hosts_the_provider_lists() {
+    let addresses = host_addresses();
+    let a = addresses[0];
+    let b = addresses.get(1).copied().unwrap_or(a);
+    let h = Harness::start("pool-across", &[a, b]).await;
+    let port = ProxyStandIn::port().await;
+    let _on_a = ProxyStandIn::listen_on(a, port).await;
+    // With one usable address both hosts report it, and one listener serves both.
+    let _on_b = if b != a {
+        Some(ProxyStandIn::listen_on(b, port).await)
+    } else {
+        None
+    };
+    h.create_pool(
+        "across",
+        port,
+        serde_json::json!({"replicas": 2, "spreadAcross": "hosts"}),
+    )
+    .await;
+
+    let members = h.wait_members("across", 2).await;
+    let mut hosts: Vec<Option<String>> = members
+        .iter()
+        .map(|m| m.spec.placement.host.clone())
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, [Some("h0".to_owned()), Some("h1".to_owned())]);
+    let status = h.pools().get("across").await.unwrap().status.unwrap();
+    let targets: Vec<Option<String>> = status
+        .spread_targets
+        .iter()
+        .map(|t| t.host.clone())
+        .collect();
+    assert_eq!(targets, [Some("h0".to_owned()), Some("h1".to_owned())]);
+}
+
 #[tokio::test]
 async fn kubectl_scale_resizes_a_pool_and_a_template_change_rolls_within_its_bounds() {
     let address = host_addresses()[0];

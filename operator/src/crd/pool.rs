@@ -43,6 +43,7 @@ pub const MAX_POOL_REPLICAS: u32 = 100;
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.maxSurge > 0 || self.maxUnavailable > 0", "message": "set spec.maxSurge or spec.maxUnavailable above 0: a template change needs room to replace a member"},
+    {"rule": "!has(self.spreadAcross) || !has(self.spread) || size(self.spread) == 0", "message": "set spec.spread (a fixed list) or spec.spreadAcross (the provider's locations), not both"},
     {"rule": "!has(self.template.spec.egress) || !has(self.template.spec.egress.address)", "message": "remove spec.template.spec.egress.address: every member would ask for the same address (each member keeps an address of its own where the provider offers address identities)"},
 ]))]
 pub struct ProxyPoolSpec {
@@ -59,6 +60,15 @@ pub struct ProxyPoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub spread: Vec<SpreadTarget>,
+    /// Spread members across every location of this kind that the template's provider
+    /// lists for the template's machine type and image (`hosts`: within the
+    /// template's zone, if it names one), instead of a fixed `spread` list. The list is
+    /// asked again at every pass, so new locations are used as they appear; locations
+    /// with no room for one more member are left out. `status.spreadTargets` shows the
+    /// list in use. A provider that does not list locations leaves every member at the
+    /// template's placement, with a `SpreadUnavailable` Warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_across: Option<SpreadAcross>,
     /// How many members above `replicas` a template change may create at once (new
     /// members are made Ready before old ones go). Default 1.
     #[serde(default = "default_max_surge")]
@@ -121,6 +131,16 @@ fn template_spec_schema(generator: &mut schemars::SchemaGenerator) -> schemars::
     schema
 }
 
+/// The kind of location `spreadAcross` spreads members across.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SpreadAcross {
+    /// Every host the provider lists.
+    Hosts,
+    /// Every zone the provider lists.
+    Zones,
+}
+
 /// One place members are spread to: a host or a zone.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -160,6 +180,10 @@ pub struct ProxyPoolStatus {
     /// The Service that workloads reach the pool by; unset when disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
+    /// Where new members go: `spec.spread`, or the locations the provider listed for
+    /// `spec.spreadAcross` at the last pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread_targets: Vec<SpreadTarget>,
     /// Every member: its name, whether it is Ready, its address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<PoolMemberStatus>,

@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use super::plan::Member;
+use super::spread::Spread;
 use crate::crd::{Proxy, ProxyPool, ProxyService, SpreadTarget, condition};
 use crate::proxy_service::{checked_address, controller_reference};
 use crate::status::is_true;
@@ -51,7 +52,7 @@ pub fn is_member(pool: &ProxyPool, proxy: &Proxy) -> bool {
 }
 
 /// Member `index` of `pool`, at spread target `target`.
-pub fn new_member(pool: &ProxyPool, index: u32, target: Option<usize>) -> Option<Proxy> {
+pub fn new_member(pool: &ProxyPool, index: u32, target: Option<&SpreadTarget>) -> Option<Proxy> {
     let template = &pool.spec.template;
     let mut labels = template.metadata.labels.clone();
     labels.insert(POOL_LABEL.to_owned(), pool.name_any());
@@ -65,7 +66,7 @@ pub fn new_member(pool: &ProxyPool, index: u32, target: Option<usize>) -> Option
             ..ProxyService::default()
         });
     }
-    if let Some(to) = target.and_then(|t| pool.spec.spread.get(t)) {
+    if let Some(to) = target {
         spec.placement.host = to.host.clone();
         spec.placement.zone = to.zone.clone();
     }
@@ -91,21 +92,25 @@ fn target_of(targets: &[SpreadTarget], proxy: &Proxy) -> Option<usize> {
     })
 }
 
-/// `proxy` as the plan sees it, given `pool`'s current template hash `hash`.
-pub fn view(pool: &ProxyPool, hash: &str, proxy: &Proxy) -> Member {
+/// `proxy` as the plan sees it, given `pool`'s current template hash `hash` and this
+/// pass's `spread`.
+pub fn view(pool: &ProxyPool, hash: &str, spread: &Spread, proxy: &Proxy) -> Member {
     let name = proxy.name_any();
     let prefix = format!("{}-", pool.name_any());
     let index = name
         .strip_prefix(&prefix)
         .and_then(|n| n.parse().ok())
         .unwrap_or(u32::MAX);
-    let target = target_of(&pool.spec.spread, proxy);
+    let target = target_of(&spread.targets, proxy);
     let made_from_this_template =
         proxy.labels().get(TEMPLATE_HASH_LABEL).map(String::as_str) == Some(hash);
     Member {
         name,
         index,
-        updated: made_from_this_template && (pool.spec.spread.is_empty() || target.is_some()),
+        // Members at a location the provider stopped listing stay (module doc of
+        // `spread`); a fixed list that no longer names a member's place moves it.
+        updated: made_from_this_template
+            && (spread.from_provider || spread.targets.is_empty() || target.is_some()),
         ready: is_ready(proxy),
         deleting: proxy.metadata.deletion_timestamp.is_some(),
         target,
@@ -155,7 +160,7 @@ mod tests {
     #[test]
     fn a_member_takes_the_template_the_pool_s_labels_and_its_spread_target() {
         let pool = pool(serde_json::json!([{"host": "h1"}, {"zone": "z2"}]));
-        let member = new_member(&pool, 3, Some(1)).unwrap();
+        let member = new_member(&pool, 3, pool.spec.spread.get(1)).unwrap();
         assert_eq!(member.name_any(), "egress-3");
         assert_eq!(member.spec.placement.zone.as_deref(), Some("z2"));
         assert_eq!(member.spec.placement.host, None);
@@ -169,13 +174,21 @@ mod tests {
         );
 
         let hash = template_hash(&pool);
-        let seen = view(&pool, &hash, &member);
+        let seen = view(&pool, &hash, &fixed(&pool), &member);
         assert_eq!((seen.index, seen.target, seen.updated), (3, Some(1), true));
 
         let mut changed = pool.clone();
         changed.spec.template.spec.proxy_port = 8080;
         assert_ne!(template_hash(&changed), hash);
-        assert!(!view(&changed, &template_hash(&changed), &member).updated);
+        assert!(
+            !view(
+                &changed,
+                &template_hash(&changed),
+                &fixed(&changed),
+                &member
+            )
+            .updated
+        );
 
         // The hash of a template is fixed: a change in how templates serialise would
         // roll every member of every pool, so it must be a deliberate one.
@@ -184,6 +197,39 @@ mod tests {
         // A spread target removed from the list makes its members outdated.
         let mut narrowed = pool.clone();
         narrowed.spec.spread.truncate(1);
-        assert!(!view(&narrowed, &hash, &member).updated);
+        assert!(!view(&narrowed, &hash, &fixed(&narrowed), &member).updated);
+    }
+
+    fn fixed(pool: &ProxyPool) -> Spread {
+        Spread {
+            targets: pool.spec.spread.clone(),
+            ..Spread::default()
+        }
+    }
+
+    #[test]
+    fn a_member_at_a_location_the_provider_stopped_listing_stays_up_to_date() {
+        let pool = pool(serde_json::json!([]));
+        let at = |host: &str| SpreadTarget {
+            host: Some(host.to_owned()),
+            zone: None,
+        };
+        let member = new_member(&pool, 0, Some(&at("h1"))).unwrap();
+        assert_eq!(member.spec.placement.host.as_deref(), Some("h1"));
+        let hash = template_hash(&pool);
+        let listed = Spread {
+            targets: vec![at("h0"), at("h1")],
+            from_provider: true,
+            unavailable: None,
+        };
+        let seen = view(&pool, &hash, &listed, &member);
+        assert_eq!((seen.target, seen.updated), (Some(1), true));
+
+        let h1_full = Spread {
+            targets: vec![at("h0")],
+            ..listed
+        };
+        let seen = view(&pool, &hash, &h1_full, &member);
+        assert_eq!((seen.target, seen.updated), (None, true));
     }
 }

@@ -3,6 +3,7 @@
 //! - [`plan`]: what a pool does next (pure, table-tested): scale, roll a template
 //!   change within `maxSurge`/`maxUnavailable`, spread.
 //! - [`member`]: how members are named, labelled, built and recognised.
+//! - [`spread`]: where new members go (a fixed list, or the provider's locations).
 //! - [`reconcile`]: one pool's pass (observe → plan → act → Service → status).
 //! - [`controller`]: the watches that start passes.
 //!
@@ -14,5 +15,6 @@ pub mod controller;
 pub mod member;
 pub mod plan;
 pub mod reconcile;
+pub mod spread;
 
 pub use controller::run;

@@ -4,7 +4,8 @@
 //!    a Proxy that merely carries the label is not a member). The list is read from
 //!    the apiserver, not a cache, so a member created by the last pass is never
 //!    created twice.
-//! 2. **Plan** ([`super::plan`], pure).
+//! 2. **Plan** ([`super::plan`], pure), over the spread targets of this pass
+//!    ([`super::spread`]: the fixed list, or the provider's locations).
 //! 3. **Service**: the pool's Service lists the serving address of every Ready member
 //!    that stays ([`crate::proxy_service::build`]): a member to be deleted leaves the
 //!    endpoints first, and a member whose health check fails leaves them at the pool's
@@ -29,6 +30,7 @@ use super::member::{
     POOL_LABEL, is_member, new_member, selector, serving_address, template_hash, view,
 };
 use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
+use super::spread::{self, Spread};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
 use crate::error::{Error, Result};
@@ -64,12 +66,25 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .filter(|p| is_member(&pool, p))
         .collect();
     let hash = template_hash(&pool);
-    let views: Vec<Member> = members.iter().map(|p| view(&pool, &hash, p)).collect();
+    let spread = spread::resolve(&pool, ctx.providers.get(&pool.spec.template.spec.provider)).await;
+    if let Some(why) = &spread.unavailable {
+        ctx.publish_about(
+            &pool.object_ref(&()),
+            EventType::Warning,
+            "SpreadUnavailable",
+            why,
+        )
+        .await;
+    }
+    let views: Vec<Member> = members
+        .iter()
+        .map(|p| view(&pool, &hash, &spread, p))
+        .collect();
     let bounds = Bounds {
         replicas: pool.spec.replicas,
         max_surge: pool.spec.max_surge,
         max_unavailable: pool.spec.max_unavailable,
-        targets: pool.spec.spread.len(),
+        targets: spread.targets.len(),
     };
     let todo = plan(bounds, &views);
     // The members that stay, in the Service before anything is deleted: a member on its
@@ -80,9 +95,9 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
-    create_members(&ctx, &pool, &proxies, &views, todo.create.clone()).await?;
+    create_members(&ctx, &pool, &proxies, &views, &spread, todo.create.clone()).await?;
 
-    let status = status(&pool, &members, &views, &todo, service_name);
+    let status = status(&pool, &members, &views, &todo, &spread, service_name);
     write_status(&ctx, &pool, status).await?;
     Ok(Action::requeue(RESYNC))
 }
@@ -141,6 +156,7 @@ async fn create_members(
     pool: &ProxyPool,
     proxies: &Api<Proxy>,
     views: &[Member],
+    spread: &Spread,
     mut creates: Vec<NewMember>,
 ) -> Result<()> {
     let regarding = pool.object_ref(&());
@@ -152,7 +168,8 @@ async fn create_members(
     for _ in 0..MAX_TAKEN_NAMES {
         let mut blocked = Vec::new();
         for new in &creates {
-            let Some(member) = new_member(pool, new.index, new.target) else {
+            let target = new.target.and_then(|t| spread.targets.get(t));
+            let Some(member) = new_member(pool, new.index, target) else {
                 continue;
             };
             let name = member.name_any();
@@ -259,6 +276,7 @@ fn status(
     members: &[Proxy],
     views: &[Member],
     todo: &Plan,
+    spread: &Spread,
     service_name: Option<String>,
 ) -> ProxyPoolStatus {
     let deleted = |name: &str| todo.delete.iter().any(|(n, _)| n == name);
@@ -342,6 +360,7 @@ fn status(
         updated_replicas: updated,
         selector: Some(selector(pool)),
         service_name,
+        spread_targets: spread.targets.clone(),
         members: member_status,
         egress_addresses,
         observed_generation: generation,
