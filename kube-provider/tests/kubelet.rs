@@ -200,7 +200,7 @@ async fn the_conformance_suite_passes_with_real_pods() {
         };
         let ledger = Ledger::new(connect_lazy(&options).unwrap());
         let report = conformance::run_with(&options, &target, &selection, &ledger).await;
-        eprint!("{report}");
+        eprintln!("{report}");
         ran += report.checks.len();
         failures.extend(report.failures());
         pods::gone(
