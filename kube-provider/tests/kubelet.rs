@@ -144,10 +144,10 @@ async fn a_proxy_pod_runs_on_the_egress_node_and_goes_when_deleted() {
     assert_eq!(gone.class, ErrorClass::NotFound);
 }
 
-/// The node label the conformance test's provider selects the node by (the other test
-/// sets `common::EGRESS_LABEL` on the same node to its own namespace).
 /// The label kube-provider puts on its proxy pods.
 const PROXY_PODS: &str = "app.kubernetes.io/managed-by=kube.egressproxy.dev";
+/// The node label the conformance test's provider selects the node by (the other test
+/// sets `common::EGRESS_LABEL` on the same node to its own namespace).
 const CONFORMANCE_EGRESS_LABEL: &str = "egressproxy.dev/test-conformance-egress";
 
 #[tokio::test(flavor = "multi_thread")]
