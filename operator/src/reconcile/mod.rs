@@ -26,7 +26,7 @@
 //! retries at once.
 //!
 //! A Ready Proxy's egress address, the source address destinations see, is observed
-//! through its proxy once per VM when a check URL is configured ([`egress_observed`]).
+//! through its proxy once per VM when a check URL is configured (`egress_observed`).
 //!
 //! After the status, the Proxy's Service and EndpointSlice are made to match it
 //! ([`proxy_service`]), again only where something differs.
