@@ -207,10 +207,11 @@ async fn scenario(stack: &Stack) {
     assert_eq!(
         header,
         [
-            "NAME", "PHASE", "PROVIDER", "ADDRESS", "SERVICE", "READY", "AGE"
+            "NAME", "PHASE", "PROVIDER", "ADDRESS", "EGRESS", "SERVICE", "READY", "AGE"
         ],
         "{table}"
     );
+    // EGRESS is empty: the stack configures no check URL, so no address is observed.
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         &row[..6],
