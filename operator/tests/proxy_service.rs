@@ -237,12 +237,23 @@ async fn a_replacement_vm_s_address_takes_the_old_one_s_place() {
     let listen = h.provider.address().to_owned();
     h.provider.kill();
     h.provider = start_provider(&listen, new);
-    let slices = h.wait_endpoints("egress", &[new]).await;
-    assert_eq!(
-        slices.len(),
-        1,
-        "the old family's slice is gone: {slices:?}"
-    );
+    h.wait_endpoints("egress", &[new]).await;
+    // The new family's slice is written before the old one is deleted, so the
+    // Service is never without its endpoint; the old one then goes.
+    let family = if new.is_ipv6() { "IPv6" } else { "IPv4" };
+    common::wait_for_all(&h.slices(), "the old family's slice to go", |slices| {
+        let ours: Vec<&EndpointSlice> = slices
+            .iter()
+            .filter(|s| {
+                s.labels()
+                    .get("kubernetes.io/service-name")
+                    .map(String::as_str)
+                    == Some("egress")
+            })
+            .collect();
+        ours.len() == 1 && ours[0].address_type == family
+    })
+    .await;
     let proxy = common::wait_ready(&h.proxies(), "egress").await;
     assert_eq!(proxy.status.unwrap().addresses[0].address, new.to_string());
 }
