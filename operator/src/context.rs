@@ -13,12 +13,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 
-use crate::backoff::Backoff;
 use crate::crd::Proxy;
-use crate::events::{EventPublisher, EventType};
-use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::k8s::events::{EventPublisher, EventType};
 use crate::providers::Providers;
+use crate::shared::backoff::Backoff;
+use crate::shared::liveness::Liveness;
+use crate::shared::metrics::Metrics;
 
 /// Default interval of the slow retry after a permanent error whose cause lies
 /// outside the Proxy's spec.

@@ -16,15 +16,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use egressproxy_operator::context::{Context, DEFAULT_MAX_CONCURRENT_RECONCILES};
-use egressproxy_operator::leader::{self, LeaseConfig};
-use egressproxy_operator::liveness::Liveness;
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::leader::{self, LeaseConfig};
+use egressproxy_operator::k8s::proxy_cache::ProxyCache;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::reload;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::proxy_cache::ProxyCache;
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::liveness::Liveness;
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_operator::{
-    cluster_name, controller, gc, http, kube_client, limits, pool, uninstall_check,
+    k8s::client, k8s::cluster_name, pool, proxy::controller, proxy::gc, shared::http,
+    shared::limits, uninstall_check,
 };
 use egressproxy_provider::{server::shutdown_signal, telemetry};
 
@@ -124,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
     let config = ProvidersConfig::parse(&config_text).map_err(|error| {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
-    let client = kube_client::from_environment(args.max_concurrent_reconciles).await?;
+    let client = client::from_environment(args.max_concurrent_reconciles).await?;
     let (cluster_name, named_by) =
         cluster_name::resolve(args.cluster_name.as_deref(), &client).await?;
     tracing::info!(cluster = %cluster_name, from = ?named_by,

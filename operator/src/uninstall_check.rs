@@ -18,7 +18,7 @@
 use kube::ResourceExt;
 use kube::api::ListParams;
 
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_scope::WatchScope;
 
 /// How many Proxies the refusal names.
 pub const SHOWN: usize = 10;

@@ -13,13 +13,13 @@ use common::fixtures::{proxy, proxy_port};
 use common::{reference_config, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
-use egressproxy_operator::backoff::Backoff;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::proxy_cache::ProxyCache;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::proxy_cache::ProxyCache;
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::backoff::Backoff;
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };
@@ -50,7 +50,7 @@ async fn start(test: &str) -> Setup {
     ctx.retry_backoff = Backoff::new(Duration::from_secs(600), Duration::from_secs(600));
     let (cache, writer) = ProxyCache::new(WatchScope::Namespaces(vec![env.namespace.clone()]));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(egressproxy_operator::controller::run_with_cache(
+    tokio::spawn(egressproxy_operator::proxy::controller::run_with_cache(
         Arc::new(ctx),
         cache,
         writer,

@@ -3,7 +3,7 @@
 //! existed), and a series whose Event is gone starts a new Event.
 
 use egressproxy_integration::kube_env::KubeTestEnv;
-use egressproxy_operator::events::{EventPublisher, EventType};
+use egressproxy_operator::k8s::events::{EventPublisher, EventType};
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};

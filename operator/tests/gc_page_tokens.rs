@@ -8,9 +8,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use egressproxy_operator::context::Context;
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::pb;
 use egressproxy_provider::server::ProviderServer;
 use tonic::{Request, Response, Status};
@@ -138,7 +138,7 @@ async fn sweep_with_pages(
         metrics,
     );
     let cache = common::follow(&env.client, WatchScope::Namespaces(vec![env.namespace])).await;
-    let sweep = egressproxy_operator::gc::sweep(&ctx, &cache, std::time::Duration::ZERO);
+    let sweep = egressproxy_operator::proxy::gc::sweep(&ctx, &cache, std::time::Duration::ZERO);
     let report = tokio::time::timeout(std::time::Duration::from_secs(30), sweep)
         .await
         .expect("the sweep must stop on a page walk that does not end");

@@ -76,7 +76,8 @@ async fn an_instance_that_vanished_and_came_back_is_collected_while_its_proxy_li
     let second = replaced.status.unwrap().provider_id.unwrap();
 
     let report =
-        egressproxy_operator::gc::sweep(&controller.ctx, &controller.cache, Duration::ZERO).await;
+        egressproxy_operator::proxy::gc::sweep(&controller.ctx, &controller.cache, Duration::ZERO)
+            .await;
     assert_eq!(report.deleted, vec![first.clone()], "{report:?}");
     let mut client = egressproxy_provider::client::connect_lazy(
         &egressproxy_provider::client::ClientOptions::new(provider.endpoint()),

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use egressproxy_operator::crd::{HealthCheck, HealthCheckKind};
-use egressproxy_operator::health_check::probe;
+use egressproxy_operator::probe::health_check::probe;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

@@ -12,10 +12,10 @@ use common::fixtures::{proxy, proxy_port};
 use common::freezing_relay::FreezingRelay;
 use common::{Controller, reference_config, wait_ready};
 use egressproxy_integration::reference_provider::ReferenceProvider;
-use egressproxy_operator::backoff::Backoff;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::Proxy;
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
+use egressproxy_operator::shared::backoff::Backoff;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };

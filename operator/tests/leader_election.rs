@@ -15,7 +15,7 @@ use std::time::Instant;
 use common::{LEASE, OperatorOptions, OperatorProcess, holder, wait_for_holder, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
-use egressproxy_operator::leader::{self, LeaseConfig};
+use egressproxy_operator::k8s::leader::{self, LeaseConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 

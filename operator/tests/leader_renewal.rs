@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::freezing_relay::FreezingRelay;
 use common::{LEASE, wait_until};
-use egressproxy_operator::leader::{self, LeaseConfig};
+use egressproxy_operator::k8s::leader::{self, LeaseConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 

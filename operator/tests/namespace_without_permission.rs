@@ -13,10 +13,10 @@ use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::proxy_cache::ProxyCache;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::proxy_cache::ProxyCache;
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::metrics::Metrics;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -117,7 +117,7 @@ async fn a_namespace_the_operator_may_not_watch_holds_back_only_itself() {
         WatchScope::from_flags([format!("{},{}", allowed.namespace, forbidden.namespace)]).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (cache, writer) = ProxyCache::new(scope);
-    tokio::spawn(egressproxy_operator::controller::run_with_cache(
+    tokio::spawn(egressproxy_operator::proxy::controller::run_with_cache(
         ctx.clone(),
         cache.clone(),
         writer,
@@ -166,7 +166,8 @@ async fn a_namespace_the_operator_may_not_watch_holds_back_only_itself() {
         "{metrics}"
     );
     // Garbage collection cannot judge the namespace it cannot see.
-    let report = egressproxy_operator::gc::sweep(&ctx, &cache, std::time::Duration::ZERO).await;
+    let report =
+        egressproxy_operator::proxy::gc::sweep(&ctx, &cache, std::time::Duration::ZERO).await;
     assert_eq!(
         report.unlisted_namespaces,
         vec![forbidden.namespace.clone()]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::Proxy;
-use egressproxy_operator::error::Error;
-use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::reconcile::error_policy;
+use egressproxy_operator::proxy::reconcile::error_policy;
+use egressproxy_operator::shared::error::Error;
+use egressproxy_operator::shared::metrics::Metrics;
 
 fn context(env: &egressproxy_integration::kube_env::KubeTestEnv) -> Arc<Context> {
     let config = ProvidersConfig::parse("providers: {}\n").unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use egressproxy_integration::alerts;
 use egressproxy_operator::crd::Phase;
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::shared::metrics::Metrics;
 
 #[test]
 fn every_operator_metric_an_alert_reads_is_exported() {

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use egressproxy_operator::error::{Error, Retry};
-use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::shared::error::{Error, Retry};
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::pb;
 use egressproxy_provider::server::ProviderServer;
 use tonic::{Request, Response, Status};

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use egressproxy_integration::reference_provider::ReferenceProvider;
-use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };

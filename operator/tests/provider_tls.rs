@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use egressproxy_operator::metrics::Metrics;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig};
 use egressproxy_provider::server::{ProviderServer, ServerTls};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};

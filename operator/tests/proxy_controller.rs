@@ -13,7 +13,7 @@ use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
@@ -489,7 +489,7 @@ async fn a_replaced_event_names_the_old_instance_after_an_operator_restart() {
     let scope = WatchScope::Namespaces(vec![h.env.namespace.clone()]);
     let slow = Controller::start_configured(&h.env, scope.clone(), &config, &h.cluster, |ctx| {
         let hour = Duration::from_secs(3600);
-        ctx.replace_backoff = egressproxy_operator::backoff::Backoff::new(hour, hour);
+        ctx.replace_backoff = egressproxy_operator::shared::backoff::Backoff::new(hour, hour);
     });
     h._controller = slow;
     let port = proxy_port().await;
@@ -758,7 +758,7 @@ async fn garbage_collection_deletes_only_our_orphans() {
         let ctx = h.ctx.clone();
         async move {
             let cache = common::follow(&ctx.client, scope).await;
-            egressproxy_operator::gc::sweep(&ctx, &cache, grace).await
+            egressproxy_operator::proxy::gc::sweep(&ctx, &cache, grace).await
         }
     };
     let report = sweep(WatchScope::AllNamespaces, Duration::from_secs(3600)).await;
@@ -783,7 +783,7 @@ async fn garbage_collection_deletes_only_our_orphans() {
 
 #[tokio::test]
 async fn only_one_replica_holds_the_lease() {
-    use egressproxy_operator::leader::{LeaseConfig, acquire};
+    use egressproxy_operator::k8s::leader::{LeaseConfig, acquire};
     let env = KubeTestEnv::new("lease").await.unwrap();
     let config = |identity: &str| {
         LeaseConfig::new(

@@ -10,9 +10,9 @@ use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::metrics::Metrics;
 use egressproxy_provider::pb;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
@@ -64,7 +64,7 @@ impl Harness {
         }
         let ctx = Arc::new(ctx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(egressproxy_operator::controller::run(
+        tokio::spawn(egressproxy_operator::proxy::controller::run(
             ctx.clone(),
             WatchScope::Namespaces(vec![env.namespace.clone()]),
             async {
@@ -468,7 +468,7 @@ async fn the_retry_annotation_retries_a_failed_proxy_at_once() {
 
 #[tokio::test]
 async fn an_exact_repeat_joins_its_series_and_a_new_note_is_a_new_event() {
-    use egressproxy_operator::events::EventType;
+    use egressproxy_operator::k8s::events::EventType;
     let h = Harness::start("series", None).await;
     h.create("egress", "refrence").await;
     let proxy = h.wait_phase("egress", Phase::Failed).await;

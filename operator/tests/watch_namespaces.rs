@@ -11,7 +11,7 @@ use common::{Controller, WAIT, reference_config};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{Phase, Proxy};
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_provider::pb;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -192,7 +192,8 @@ async fn two_watched_namespaces_are_served_and_a_third_is_ignored() {
     let watched_orphan = orphan(&provider, &cluster, &second.namespace).await;
     let foreign_orphan = orphan(&provider, &cluster, &ignored.namespace).await;
     let report =
-        egressproxy_operator::gc::sweep(&controller.ctx, &controller.cache, Duration::ZERO).await;
+        egressproxy_operator::proxy::gc::sweep(&controller.ctx, &controller.cache, Duration::ZERO)
+            .await;
     assert_eq!(report.deleted, vec![watched_orphan]);
     let mut expected = [remaining, vec![foreign_orphan]].concat();
     expected.sort();

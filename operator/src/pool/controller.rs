@@ -17,7 +17,7 @@ use super::member::POOL_LABEL;
 use super::reconcile::{error_policy, reconcile};
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyPool};
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_scope::WatchScope;
 
 /// Runs the pool controller on the pools in `scope` until `shutdown` completes.
 pub async fn run(

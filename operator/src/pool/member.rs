@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 use super::plan::Member;
 use super::spread::Spread;
 use crate::crd::{Proxy, ProxyPool, ProxyService, SpreadTarget, condition};
-use crate::proxy_service::{checked_address, controller_reference};
-use crate::status::is_true;
+use crate::endpoints::service::{checked_address, controller_reference};
+use crate::k8s::status::is_true;
 
 /// The label naming the pool a member (or the pool's Service) belongs to.
 pub const POOL_LABEL: &str = "egressproxy.dev/pool";

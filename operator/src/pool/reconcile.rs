@@ -7,7 +7,7 @@
 //! 2. **Plan** ([`super::plan`], pure), over the spread targets of this pass
 //!    ([`super::spread`]: the fixed list, or the provider's locations).
 //! 3. **Service**: the pool's Service lists the serving address of every Ready member
-//!    that stays ([`crate::proxy_service::build`]): a member to be deleted leaves the
+//!    that stays ([`crate::endpoints::service::build`]): a member to be deleted leaves the
 //!    endpoints first, and a member whose health check fails leaves them at the pool's
 //!    next pass, which its Proxy's status change starts. A Service of that name that is
 //!    not the pool's is left alone, with a Warning, and no `serviceName`.
@@ -33,12 +33,12 @@ use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
 use super::spread::{self, Spread};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
-use crate::error::{Error, Result};
-use crate::events::EventType;
-use crate::proxy_service::{
+use crate::endpoints::service::{
     self, ServiceFor, can_be_an_endpoint, controller_reference, service_name_for,
 };
-use crate::status::{FIELD_MANAGER, set_condition};
+use crate::k8s::events::EventType;
+use crate::k8s::status::{FIELD_MANAGER, set_condition};
+use crate::shared::error::{Error, Result};
 
 /// How long a pool waits for a change before it looks again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -233,7 +233,7 @@ async fn sync_service(
         service_name_for(&pool.name_any(), pool.spec.service.as_ref()),
         controller_reference(pool),
     ) else {
-        proxy_service::withdraw_owned(ctx, &namespace, &pool.name_any(), &owner_uid).await?;
+        service::withdraw_owned(ctx, &namespace, &pool.name_any(), &owner_uid).await?;
         return Ok(None);
     };
     let mut addresses: Vec<_> = members
@@ -243,7 +243,7 @@ async fn sync_service(
         .collect();
     addresses.sort();
     addresses.dedup();
-    let wanted = proxy_service::build(ServiceFor {
+    let wanted = service::build(ServiceFor {
         owner,
         namespace: pool.namespace(),
         name: name.clone(),
@@ -253,7 +253,7 @@ async fn sync_service(
         addresses,
         empty_family: "IPv4",
     });
-    if proxy_service::apply(ctx, &wanted).await?.is_none() {
+    if service::apply(ctx, &wanted).await?.is_none() {
         let note = format!(
             "a Service named {name} exists and is not this pool's: the pool has no Service \
              (rename or delete that Service, or set spec.service.enabled: false)"

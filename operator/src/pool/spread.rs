@@ -17,8 +17,8 @@ use egressproxy_provider::pb;
 use egressproxy_provider::pb::location::Name;
 
 use crate::crd::{ProxyPool, SpreadAcross, SpreadTarget};
-use crate::error::Result;
 use crate::providers::Provider;
+use crate::shared::error::Result;
 
 /// The targets a pass spreads new members across.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::limits;
+use crate::shared::limits;
 
 /// The provider config file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -56,7 +56,7 @@ impl std::fmt::Debug for ProviderConfig {
         let check_url = self
             .egress_check_url
             .as_deref()
-            .map(crate::egress_echo::redact_url);
+            .map(crate::probe::egress_echo::redact_url);
         f.debug_struct("ProviderConfig")
             .field("endpoint", &self.endpoint)
             .field("call_timeout", &self.call_timeout)
@@ -140,7 +140,7 @@ fn check_egress_url(url: &str) -> Result<(), String> {
         Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(()),
         Ok(_) => Err(format!(
             "{} must start with http:// or https://",
-            crate::egress_echo::redact_url(url)
+            crate::probe::egress_echo::redact_url(url)
         )),
         Err(error) => Err(format!("not a valid URL ({error})")),
     }

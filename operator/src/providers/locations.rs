@@ -5,7 +5,7 @@
 use egressproxy_provider::pb;
 
 use super::Provider;
-use crate::error::Result;
+use crate::shared::error::Result;
 
 /// The most pages one listing reads (a provider whose tokens never end is cut off).
 const MAX_PAGES: usize = 20;

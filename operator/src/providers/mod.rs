@@ -26,8 +26,8 @@ use tokio::sync::watch;
 pub use config::{ProviderConfig, ProvidersConfig, TlsConfig};
 pub use provider::{PluginInfo, Provider};
 
-use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::shared::error::{Error, Result};
+use crate::shared::metrics::Metrics;
 
 /// Every configured provider.
 #[derive(Debug)]

@@ -25,8 +25,8 @@ use egressproxy_provider::{CONTRACT_VERSION, ErrorClass, ProviderError, pb};
 use tracing::Instrument;
 
 use super::config::ProviderConfig;
-use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::shared::error::{Error, Result};
+use crate::shared::metrics::Metrics;
 
 /// The contract's gRPC service, as client spans name it.
 const PROVIDER_SERVICE: &str = "egressproxy.provider.v1.Provider";

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Providers, ProvidersConfig};
-use crate::metrics::Metrics;
+use crate::shared::metrics::Metrics;
 
 /// Re-reads `path` every `interval` forever, applying valid changes to `providers`.
 /// `loaded` is the text the current config was parsed from.

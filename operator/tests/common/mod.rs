@@ -16,10 +16,10 @@ use std::time::Duration;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::workspace_binary;
 use egressproxy_operator::context::Context;
-use egressproxy_operator::metrics::Metrics;
+use egressproxy_operator::k8s::proxy_cache::ProxyCache;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::{Providers, ProvidersConfig};
-use egressproxy_operator::proxy_cache::ProxyCache;
-use egressproxy_operator::watch_scope::WatchScope;
+use egressproxy_operator::shared::metrics::Metrics;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::wait::{Condition, await_condition};
@@ -90,7 +90,7 @@ impl Controller {
         let ctx = Arc::new(ctx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (cache, writer) = ProxyCache::new(scope);
-        tokio::spawn(egressproxy_operator::controller::run_with_cache(
+        tokio::spawn(egressproxy_operator::proxy::controller::run_with_cache(
             ctx.clone(),
             cache.clone(),
             writer,

@@ -17,8 +17,8 @@ use kube::ResourceExt;
 use super::{ABANDON_ANNOTATION, ProxyKey, tags};
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus};
-use crate::error::Error;
-use crate::events::EventType;
+use crate::k8s::events::EventType;
+use crate::shared::error::Error;
 
 /// Whether the Proxy carries the abandon annotation.
 pub(super) fn requested(proxy: &Proxy) -> bool {

@@ -15,8 +15,8 @@ use super::plan::{Cause, Step};
 use super::tags;
 use super::{Pass, egress_address, egress_observed, no_room};
 use crate::crd::{Placement, ProxyAddress, ReplacedInstance, condition};
-use crate::error::{Error, Result};
-use crate::events::EventType;
+use crate::k8s::events::EventType;
+use crate::shared::error::{Error, Result};
 
 /// What follows a step.
 #[derive(Debug)]

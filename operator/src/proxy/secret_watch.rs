@@ -21,7 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::crd::Proxy;
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_scope::WatchScope;
 
 /// The Proxies to retry because a Secret they wait for appeared or changed.
 pub fn triggers(

@@ -29,7 +29,7 @@
 //! through its proxy once per VM when a check URL is configured (`egress_observed`).
 //!
 //! After the status, the Proxy's Service and EndpointSlice are made to match it
-//! ([`proxy_service`]), again only where something differs.
+//! ([`crate::endpoints::service`]), again only where something differs.
 //!
 //! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
@@ -55,11 +55,11 @@ pub use self::key::ProxyKey;
 pub use self::plan::Step;
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus};
-use crate::error::{Error, Result, Retry};
-use crate::events::EventType;
+use crate::endpoints::service;
+use crate::k8s::events::EventType;
+use crate::k8s::status::{self, set_condition};
 use crate::providers::Provider;
-use crate::proxy_service;
-use crate::status::{self, set_condition};
+use crate::shared::error::{Error, Result, Retry};
 
 /// Longest wait a provider's quota hint can impose.
 const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
@@ -185,7 +185,7 @@ async fn save(
 ) -> Result<()> {
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     status.phase = Some(status::phase(status, deleting));
-    status.service_name = proxy_service::service_name(proxy);
+    status.service_name = service::service_name(proxy);
     let mut current = proxy.clone();
     current.status = saved.clone();
     if status::apply_if_changed(api, &current, status).await? {
@@ -243,7 +243,7 @@ async fn publish_service(
     proxy: &Proxy,
     status: &ProxyStatus,
 ) -> Result<()> {
-    if let Err(error) = proxy_service::sync(ctx, proxy, status).await {
+    if let Err(error) = service::sync(ctx, proxy, status).await {
         tracing::warn!(proxy = %key, error = %error.describe(), "cannot write the Proxy's Service");
         ctx.metrics.failed(error.class_label());
         return Err(error);

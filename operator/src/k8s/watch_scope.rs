@@ -13,8 +13,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::crd::Proxy;
-use crate::watch_health::{ALL_NAMESPACES, WatchHealth};
-use crate::{merged_watch, proxy_cache};
+use crate::k8s::watch_health::{ALL_NAMESPACES, WatchHealth};
+use crate::{k8s::merged_watch, k8s::proxy_cache};
 
 /// The longest name Kubernetes accepts for a namespace (an RFC 1123 label).
 const MAX_NAMESPACE_LEN: usize = 63;

@@ -13,9 +13,9 @@ use kube::api::Api;
 use super::key::ProxyKey;
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus};
-use crate::error::{Error, Result};
-use crate::health_check;
+use crate::probe::health_check;
 use crate::providers::Provider;
+use crate::shared::error::{Error, Result};
 
 /// What was observed.
 #[derive(Debug, Clone, PartialEq)]

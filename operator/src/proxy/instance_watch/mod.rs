@@ -34,7 +34,7 @@ use self::follow::{Followed, Seen};
 use self::relevance::{Change, worth_reconciling};
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::reconcile::tags;
+use crate::proxy::reconcile::tags;
 
 /// Changes waiting for the controller before the followers wait for it.
 const BUFFER: usize = 1024;

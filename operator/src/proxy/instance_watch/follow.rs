@@ -31,8 +31,8 @@ use egressproxy_provider::{ErrorClass, ProviderError};
 use tokio::sync::mpsc;
 
 use crate::context::Context;
-use crate::error::Error;
-use crate::reconcile::tags;
+use crate::proxy::reconcile::tags;
+use crate::shared::error::Error;
 
 /// Deadline of one stream; when it passes the stream is reopened with its token.
 pub const WATCH_FOR: Duration = Duration::from_secs(30 * 60);

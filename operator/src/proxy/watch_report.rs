@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::events::EventType;
-use crate::watch_health::{ALL_NAMESPACES, WatchHealth};
+use crate::k8s::events::EventType;
+use crate::k8s::watch_health::{ALL_NAMESPACES, WatchHealth};
 
 /// Reports every change of `health`, for ever.
 pub async fn run(ctx: Arc<Context>, health: Arc<WatchHealth>) {

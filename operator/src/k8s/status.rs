@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 
 use crate::crd::{Phase, Proxy, ProxyStatus, condition};
-use crate::error::{PERMANENT_REASONS, Result};
+use crate::shared::error::{PERMANENT_REASONS, Result};
 
 /// The phase a status summarises, from its conditions (first match wins):
 ///

@@ -16,8 +16,8 @@
 use egressproxy_provider::ErrorClass;
 use egressproxy_provider::pb::{self, location::Name, placement::Location};
 
-use crate::error::Error;
 use crate::providers::Provider;
+use crate::shared::error::Error;
 
 /// Most locations one summary names.
 pub const MAX_LOCATIONS_SHOWN: usize = 8;

@@ -1,5 +1,5 @@
 //! The operator's HTTP endpoints: `/metrics` (Prometheus), `/healthz` (the control loop
-//! still processes requests: [`crate::liveness`]) and `/readyz` (configuration loaded and
+//! still processes requests: [`crate::shared::liveness`]) and `/readyz` (configuration loaded and
 //! the Kubernetes API reachable).
 
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
-use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::shared::liveness::Liveness;
+use crate::shared::metrics::Metrics;
 
 #[derive(Clone)]
 struct Endpoints {

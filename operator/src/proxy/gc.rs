@@ -31,11 +31,11 @@ use kube::ResourceExt;
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::error::with_causes;
+use crate::k8s::proxy_cache::ProxyCache;
+use crate::k8s::watch_scope::WatchScope;
 use crate::providers::Provider;
-use crate::proxy_cache::ProxyCache;
-use crate::reconcile::tags;
-use crate::watch_scope::WatchScope;
+use crate::proxy::reconcile::tags;
+use crate::shared::error::with_causes;
 
 /// What one sweep did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -158,7 +158,7 @@ fn age(instance: &pb::Instance, now: std::time::SystemTime) -> Duration {
 async fn list_all(
     provider: &Provider,
     selectors: &[HashMap<String, String>],
-) -> crate::error::Result<Vec<pb::Instance>> {
+) -> crate::shared::error::Result<Vec<pb::Instance>> {
     let mut instances = Vec::new();
     let mut seen = HashSet::new();
     for selector in selectors {

@@ -25,8 +25,8 @@ use egressproxy_provider::pb;
 use super::Pass;
 use super::observe::probe_address;
 use crate::crd::{ProxyStatus, condition};
-use crate::egress_echo::{self, redact_url};
-use crate::events::EventType;
+use crate::k8s::events::EventType;
+use crate::probe::egress_echo::{self, redact_url};
 
 /// What to do about the egress address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +126,7 @@ pub(super) async fn observe_if_due(pass: &mut Pass<'_>, addresses: &[pb::Address
 mod tests {
     use super::*;
 
-    use crate::status::set_condition;
+    use crate::k8s::status::set_condition;
 
     fn status(observed: Option<(bool, i64)>, address: Option<&str>) -> ProxyStatus {
         let mut status = ProxyStatus {

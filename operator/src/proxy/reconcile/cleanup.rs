@@ -24,10 +24,10 @@ use kube::runtime::controller::Action;
 use super::{ProxyKey, abandon, save, tags};
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus, condition};
-use crate::error::{Error, Result};
-use crate::events::EventType;
-use crate::proxy_service;
-use crate::status::set_condition;
+use crate::endpoints::service;
+use crate::k8s::events::EventType;
+use crate::k8s::status::set_condition;
+use crate::shared::error::{Error, Result};
 
 pub(super) async fn cleanup(
     proxy: &Proxy,
@@ -75,7 +75,7 @@ async fn withdraw_service(ctx: &Context, proxy: &Proxy, key: &ProxyKey, status: 
     if status.service_name.is_none() {
         return;
     }
-    if let Err(error) = proxy_service::withdraw(ctx, proxy).await {
+    if let Err(error) = service::withdraw(ctx, proxy).await {
         tracing::warn!(proxy = %key, error = %error.describe(),
             "cannot delete the Proxy's Service; the garbage collector will");
     }

@@ -18,12 +18,14 @@ use kube::runtime::{Controller, WatchStreamExt, controller, reflector, watcher};
 
 use crate::context::Context;
 use crate::crd::Proxy;
-use crate::instance_watch::{self, InstanceWatch};
-use crate::liveness::Liveness;
-use crate::proxy_cache::ProxyCache;
-use crate::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
-use crate::watch_scope::WatchScope;
-use crate::{memory_sweep, owned_watch, secret_watch, watch_report};
+use crate::k8s::proxy_cache::ProxyCache;
+use crate::k8s::watch_scope::WatchScope;
+use crate::proxy::instance_watch::{self, InstanceWatch};
+use crate::proxy::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
+use crate::shared::liveness::Liveness;
+use crate::{
+    endpoints::owned_watch, proxy::memory_sweep, proxy::secret_watch, proxy::watch_report,
+};
 
 /// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
 /// deletion, the abandon annotation and the retry-now annotation.

@@ -8,7 +8,7 @@
 //!
 //! 1. It starts with `Init` and `InitDone` of nothing: the store is ready at once, and
 //!    every namespace's objects then come as changes, each as soon as its own watch
-//!    has them. Which namespaces have listed is [`crate::watch_health`]'s business.
+//!    has them. Which namespaces have listed is [`crate::k8s::watch_health`]'s business.
 //! 2. A namespace's list (its first, or a relist after its watch expired or broke)
 //!    becomes an `Apply` per listed object and, when the list is complete, a `Delete`
 //!    per object it no longer has, so the other namespaces' objects stay in the store.

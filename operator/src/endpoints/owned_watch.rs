@@ -1,5 +1,5 @@
 //! Watching the Services and EndpointSlices the operator keeps for Proxies
-//! ([`crate::proxy_service`]), so that a hand edit or a deletion is repaired at once,
+//! ([`crate::endpoints::service`]), so that a hand edit or a deletion is repaired at once,
 //! not at the Proxy's next poll.
 //!
 //! 1. One watch per watched namespace (or one for all) of each kind, selected by the
@@ -20,11 +20,11 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::crd::Proxy;
-use crate::proxy_service::{
+use crate::endpoints::service::{
     MANAGED_BY, MANAGED_BY_LABEL, SLICE_MANAGED_BY, SLICE_MANAGED_BY_LABEL, desired,
     service_matches, slice_matches,
 };
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_scope::WatchScope;
 
 /// The Proxies whose Service or EndpointSlice drifted from what they want.
 pub fn triggers(

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_scope::WatchScope;
 
 /// The key of the watch of every namespace (an operator without `--namespace`).
 pub const ALL_NAMESPACES: &str = "";

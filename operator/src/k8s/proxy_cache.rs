@@ -13,8 +13,8 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{self, Store};
 
 use crate::crd::Proxy;
-use crate::watch_health::{ALL_NAMESPACES, WatchHealth};
-use crate::watch_scope::WatchScope;
+use crate::k8s::watch_health::{ALL_NAMESPACES, WatchHealth};
+use crate::k8s::watch_scope::WatchScope;
 
 /// The annotation `kubectl apply` keeps its last input in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

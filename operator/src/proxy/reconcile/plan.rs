@@ -234,7 +234,7 @@ fn health_step(
 mod tests {
     use super::*;
     use crate::crd::{HealthCheck, Placement};
-    use crate::status::set_condition;
+    use crate::k8s::status::set_condition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn spec() -> ProxySpec {

@@ -26,7 +26,7 @@
 //!    Kubernetes' garbage collector deletes them with it; cleanup deletes them first
 //!    anyway ([`withdraw`]), so that no traffic goes to a VM being deleted.
 //!
-//! [`crate::owned_watch`] reconciles a Proxy whose objects someone changed. A pool's
+//! [`crate::endpoints::owned_watch`] reconciles a Proxy whose objects someone changed. A pool's
 //! Service is built and written by the same [`build`] and [`apply`], from a
 //! [`ServiceFor`] listing every Ready member's address (one slice per family).
 
@@ -42,8 +42,8 @@ use kube::{Resource, ResourceExt};
 
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyService, ProxyStatus, condition};
-use crate::error::Result;
-use crate::status::{FIELD_MANAGER, is_true};
+use crate::k8s::status::{FIELD_MANAGER, is_true};
+use crate::shared::error::Result;
 
 /// The label that marks a Service as this operator's (what its watch selects).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -513,7 +513,7 @@ where
 mod tests {
     use super::*;
     use crate::crd::ProxyAddress;
-    use crate::status::set_condition;
+    use crate::k8s::status::set_condition;
 
     fn proxy(name: &str, service: serde_json::Value) -> Proxy {
         let mut spec = serde_json::json!({

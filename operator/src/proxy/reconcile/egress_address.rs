@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use egressproxy_provider::pb;
 
 use crate::crd::Egress;
-use crate::error::{Error, Result};
+use crate::shared::error::{Error, Result};
 
 const FIELD: &str = "spec.egress.address";
 

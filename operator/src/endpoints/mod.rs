@@ -1,0 +1,10 @@
+//! How workloads reach proxies: a Service without a selector and EndpointSlices that
+//! list the Ready addresses, for one Proxy or for a whole ProxyPool.
+//!
+//! - [`service`]: the objects one owner wants, built and applied with server-side
+//!   apply, writing only what differs; withdrawn when the owner goes.
+//! - [`owned_watch`]: the watch of those objects, so that a change someone else makes
+//!   reconciles the owner, which restores them.
+
+pub mod owned_watch;
+pub mod service;

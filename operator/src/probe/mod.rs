@@ -1,0 +1,7 @@
+//! What the operator asks of a running proxy over the network.
+//!
+//! - [`health_check`]: does the proxy really proxy?
+//! - [`egress_echo`]: which source address does a destination see through it?
+
+pub mod egress_echo;
+pub mod health_check;

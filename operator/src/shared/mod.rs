@@ -1,0 +1,14 @@
+//! Leaves every layer may use: they name no resource's logic.
+//!
+//! - [`error`]: the operator's error type and what each error means for retrying.
+//! - [`backoff`]: per-object exponential backoff with jitter.
+//! - [`limits`]: the bounds of every duration setting.
+//! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
+
+pub mod backoff;
+pub mod error;
+pub mod http;
+pub mod limits;
+pub mod liveness;
+pub mod metrics;

@@ -1,0 +1,65 @@
+//! The operator's layers, checked on its source: a folder per resource at the top, what
+//! they share below, and imports that point down only. A module under `src/` missing
+//! from [`MODULES`] fails, so a new folder cannot escape the rule.
+
+use egressproxy_layer_rule::{LayerRule, May};
+
+/// Every module under `src/`, top first, with the crate modules it may name.
+const MODULES: &[(&str, May)] = &[
+    ("lib", May::Anything),
+    ("main", May::Anything),
+    ("bin", May::Anything),
+    ("uninstall_check", May::Only(&["k8s", "shared", "crd"])),
+    (
+        "proxy",
+        May::Only(&[
+            "endpoints",
+            "context",
+            "providers",
+            "k8s",
+            "probe",
+            "shared",
+            "crd",
+        ]),
+    ),
+    (
+        "pool",
+        May::Only(&["endpoints", "context", "providers", "k8s", "shared", "crd"]),
+    ),
+    ("endpoints", May::Only(&["context", "k8s", "shared", "crd"])),
+    ("context", May::Only(&["providers", "k8s", "shared", "crd"])),
+    ("providers", May::Only(&["probe", "shared", "crd"])),
+    ("k8s", May::Only(&["shared", "crd"])),
+    ("probe", May::Only(&["shared", "crd"])),
+    ("shared", May::Only(&["crd"])),
+    ("crd", May::Only(&[])),
+];
+
+fn rule() -> LayerRule {
+    LayerRule::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"), MODULES)
+}
+
+#[test]
+fn every_module_names_only_the_layers_below_it() {
+    let found = rule().upward_imports();
+    assert!(
+        found.is_empty(),
+        "imports that point upwards (docs/architecture.md, the operator's layers):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn every_module_under_src_is_listed() {
+    let (unlisted, stale) = rule().unlisted();
+    assert!(
+        unlisted.is_empty(),
+        "list these in MODULES with what they may name: {unlisted:?}"
+    );
+    assert!(stale.is_empty(), "listed but not under src/: {stale:?}");
+}
+
+#[test]
+fn the_layer_map_has_no_cycle() {
+    assert_eq!(rule().cycle(), None);
+}
