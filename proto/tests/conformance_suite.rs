@@ -437,6 +437,12 @@ impl pb::provider_server::Provider for Flaky {
     ) -> Result<tonic::Response<egressproxy_provider::watch::WatchStream>, tonic::Status> {
         self.inner.watch_instances(request).await
     }
+    async fn update_instance_tags(
+        &self,
+        request: tonic::Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<tonic::Response<pb::UpdateInstanceTagsResponse>, tonic::Status> {
+        self.inner.update_instance_tags(request).await
+    }
 }
 
 /// Told that the provider has no cloud-init, the suite fails one that accepts

@@ -9,7 +9,9 @@
 //! 4. make Delete of a missing instance succeed, and Get of one NOT_FOUND; while an
 //!    instance is DELETING, Create of its key answers UNAVAILABLE (KEY_BEING_DELETED);
 //! 5. list by tags, paged with the crate's [`crate::paging`] (tokens it can recognise,
-//!    pages bounded in count and bytes).
+//!    pages bounded in count and bytes);
+//! 6. change an instance's tags only by compare-and-set, under the lock Create and
+//!    Delete take (`tags.rs`).
 //!
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
@@ -27,6 +29,7 @@ pub mod control;
 mod faults;
 mod locations;
 mod misbehave;
+mod tags;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -154,6 +157,8 @@ struct Record {
     forced_state: Option<InstanceState>,
     /// The address it holds for its address identity.
     address: Option<Ipv4Addr>,
+    /// The tags it had before its first UpdateInstanceTags (only kept to misbehave).
+    listed_tags: Option<HashMap<String, String>>,
 }
 
 /// What must match for a repeated Create to return the existing instance: the
@@ -416,7 +421,7 @@ impl MemoryProvider {
         let mut state = self.lock();
         self.purge(&mut state);
         let instances = state.instances.values().filter(|record| {
-            let tags = &record.instance.tags;
+            let tags = self.listed_tags(record);
             let matches = |(key, value): (&String, &String)| tags.get(key) == Some(value);
             if self.breaks(Misbehaviour::DeletingNotListed) && record.deleted.is_some() {
                 false
@@ -439,6 +444,7 @@ impl MemoryProvider {
             if self.breaks(Misbehaviour::NoCreateTimeInList) {
                 instance.create_time = None;
             }
+            instance.tags = self.listed_tags(record).clone();
             instance
         });
         let mut page = paging::page(instances, token, page_size)?;
@@ -650,6 +656,7 @@ impl MemoryProvider {
             spec,
             forced_state: None,
             address,
+            listed_tags: None,
         };
         let instance = self.snapshot(&record);
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
@@ -690,6 +697,7 @@ impl MemoryProvider {
             },
             forced_state: None,
             address: None,
+            listed_tags: None,
         };
         self.lock().instances.insert(id, record);
         std::future::pending().await
@@ -839,12 +847,14 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::WatchInstances,
             pb::Capability::AddressIdentity,
             pb::Capability::RequestedAddress,
+            pb::Capability::UpdateTags,
         ]
         .into_iter()
         .filter(|c| match c {
             pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
             pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
             pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
+            pb::Capability::UpdateTags => !self.breaks(Misbehaviour::TagsUpdateUndeclared),
             pb::Capability::AddressIdentity | pb::Capability::RequestedAddress => {
                 self.config.address_identities
                     && !self.breaks(Misbehaviour::UndeclaredAddressIdentity)
@@ -969,6 +979,21 @@ impl pb::provider_server::Provider for MemoryProvider {
         let stream = self.watch_stream(request.into_inner())?;
         hold_answer(hold).await;
         Ok(Response::new(stream))
+    }
+
+    async fn update_instance_tags(
+        &self,
+        request: Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
+        let hold = self.enter("UpdateInstanceTags", request.metadata()).await?;
+        let instance = self
+            .update_tags(request.into_inner())
+            .await
+            .map_err(|e| self.encode(&e))?;
+        hold_answer(hold).await;
+        Ok(Response::new(pb::UpdateInstanceTagsResponse {
+            instance: Some(instance),
+        }))
     }
 
     async fn list_locations(
