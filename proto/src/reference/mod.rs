@@ -75,6 +75,9 @@ pub struct ReferenceConfig {
     /// honoured); without them, Create refuses both fields as INVALID_ARGUMENT, as a
     /// provider that does not declare their capabilities must.
     pub address_identities: bool,
+    /// Whether UpdateInstanceTags is offered (declared and implemented); without it the
+    /// call answers UNIMPLEMENTED, as a provider of a contract before 1.5.0 does.
+    pub update_tags: bool,
     /// The range instances created with an address identity get their address from.
     pub identity_addresses: AddressRange,
     /// Valid `placement.host` names. A Create without a location goes to the host with
@@ -107,6 +110,7 @@ impl Default for ReferenceConfig {
             address: IpAddr::from([127, 0, 0, 1]),
             host_addresses: BTreeMap::new(),
             address_identities: true,
+            update_tags: true,
             identity_addresses: AddressRange::DEFAULT,
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
@@ -854,7 +858,9 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
             pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
             pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
-            pb::Capability::UpdateTags => !self.breaks(Misbehaviour::TagsUpdateUndeclared),
+            pb::Capability::UpdateTags => {
+                self.config.update_tags && !self.breaks(Misbehaviour::TagsUpdateUndeclared)
+            }
             pb::Capability::AddressIdentity | pb::Capability::RequestedAddress => {
                 self.config.address_identities
                     && !self.breaks(Misbehaviour::UndeclaredAddressIdentity)
@@ -986,6 +992,11 @@ impl pb::provider_server::Provider for MemoryProvider {
         request: Request<pb::UpdateInstanceTagsRequest>,
     ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
         let hold = self.enter("UpdateInstanceTags", request.metadata()).await?;
+        if !self.config.update_tags {
+            return Err(self.encode(&ProviderError::unimplemented(
+                "this provider does not offer UpdateInstanceTags (no CAPABILITY_UPDATE_TAGS)",
+            )));
+        }
         let instance = self
             .update_tags(request.into_inner())
             .await
