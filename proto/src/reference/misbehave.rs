@@ -179,8 +179,9 @@ pub enum Misbehaviour {
     TagsUpdateUndeclared,
     /// UpdateInstanceTags ignores expected_tags: the last writer wins.
     TagsUpdateIgnoresExpected,
-    /// UpdateInstanceTags compares, waits a second, then sets without comparing again:
-    /// concurrent updates from the same tags all succeed.
+    /// UpdateInstanceTags compares, waits for another update to compare too (at most
+    /// 5 s), then sets without comparing again: concurrent updates from the same tags
+    /// both succeed.
     TagsUpdateNotAtomic,
     /// A repeated UpdateInstanceTags (the tags are already the new ones) answers
     /// TAGS_CHANGED.

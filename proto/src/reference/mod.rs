@@ -131,6 +131,8 @@ pub struct MemoryProvider {
     state: Arc<Mutex<State>>,
     faults: Faults,
     hub: WatchHub,
+    /// Wakes an update held in its race window (only to misbehave, see `tags.rs`).
+    tag_race: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -142,6 +144,8 @@ struct State {
     deleted_keys: Vec<String>,
     /// The last new instance and when it was made (only kept to misbehave).
     last_created: Option<(Instant, pb::Instance)>,
+    /// Updates of tags compared and not yet set (only kept to misbehave).
+    tag_updates_racing: usize,
     /// Whether a CreateInstance has been answered yet (only kept to misbehave).
     answered_a_create: bool,
     /// Instances gone that still hold their identity's address (only kept to
@@ -187,6 +191,7 @@ impl MemoryProvider {
             state: Arc::default(),
             faults: Faults::default(),
             hub: WatchHub::default(),
+            tag_race: Arc::default(),
         }
     }
 

@@ -15,10 +15,17 @@
 //!    and ListInstances matches its selector against the new tags from then on.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use super::{MemoryProvider, Misbehaviour, RACE_WINDOW, Record, State};
+use super::{MemoryProvider, Misbehaviour, Record, State};
 use crate::error::reason;
 use crate::{ProviderError, pb, validation};
+
+/// The longest the provider that is not atomic holds a compared update for a second
+/// one to arrive. A fixed pause (a second, as for racing Creates) let a loaded machine
+/// deliver the concurrent updates further apart than that; waiting for the second
+/// update makes the race certain whenever two overlap at all.
+const TAG_RACE_WAIT: Duration = Duration::from_secs(5);
 
 /// What an update does to an instance's tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +59,8 @@ pub(super) fn decide(
 
 impl MemoryProvider {
     /// UpdateInstanceTags' work (see the module docs). The provider that is not atomic
-    /// compares, lets go of the lock for [`RACE_WINDOW`], then sets without comparing
-    /// again: concurrent updates that arrive within the window all win.
+    /// compares, lets go of the lock until a second update has compared too (or
+    /// [`TAG_RACE_WAIT`] passed), then sets without comparing again: both win.
     pub(super) async fn update_tags(
         &self,
         request: pb::UpdateInstanceTagsRequest,
@@ -63,7 +70,7 @@ impl MemoryProvider {
             return self.compare_and_set_tags(&request, true);
         }
         self.compare_and_set_tags(&request, false)?;
-        tokio::time::sleep(RACE_WINDOW).await;
+        self.hold_race_window().await;
         self.set_tags_unchecked(&request)
     }
 
@@ -86,6 +93,22 @@ impl MemoryProvider {
             Decision::Set if !set => Ok(self.snapshot(record)),
             Decision::Set => Ok(self.replace_tags(record, request)),
         }
+    }
+
+    /// Holds a compared update (only to misbehave): the first waits for a second to
+    /// compare too, and the second wakes it.
+    async fn hold_race_window(&self) {
+        let alone = {
+            let mut state = self.lock();
+            state.tag_updates_racing += 1;
+            state.tag_updates_racing == 1
+        };
+        if alone {
+            let _ = tokio::time::timeout(TAG_RACE_WAIT, self.tag_race.notified()).await;
+        } else {
+            self.tag_race.notify_one();
+        }
+        self.lock().tag_updates_racing -= 1;
     }
 
     /// The set without a compare (only to misbehave): the last writer wins.
