@@ -86,7 +86,7 @@ fn the_python_provider_passes_every_check() {
     assert_eq!(report["passed"], true);
     let checks = report["checks"].as_array().unwrap();
     assert!(checks.len() >= 30, "{report:#}");
-    // The example implements contract 1.4: WatchInstances is the one optional call it
+    // The example implements contract 1.5: WatchInstances is the one optional call it
     // leaves out (callers poll it), so those checks, and only those, are skipped.
     for check in checks {
         let name = check["name"].as_str().unwrap();

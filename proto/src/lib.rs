@@ -40,7 +40,7 @@ pub use error::{ErrorClass, ProviderError};
 
 /// The contract version this crate implements. Providers report it from
 /// `GetPluginInfo`; callers refuse a provider whose major version differs.
-pub const CONTRACT_VERSION: &str = "1.4.0";
+pub const CONTRACT_VERSION: &str = "1.5.0";
 
 /// Generated protobuf and gRPC code.
 #[allow(unreachable_pub, missing_debug_implementations, clippy::all)]

@@ -180,6 +180,20 @@ pub fn check_list_request(request: &pb::ListInstancesRequest) -> Result<(), Prov
     violations.into_result()
 }
 
+/// Checks an UpdateInstanceTags request: the id is given, and `expected_tags` and
+/// `tags` are within the limits of tags (each violation named by its map entry).
+pub fn check_update_tags_request(
+    request: &pb::UpdateInstanceTagsRequest,
+) -> Result<(), ProviderError> {
+    let mut violations = Violations::default();
+    if request.id.is_empty() {
+        violations.add("id", "required: the id CreateInstance returned");
+    }
+    check_tags("expected_tags", &request.expected_tags, &mut violations);
+    check_tags("tags", &request.tags, &mut violations);
+    violations.into_result()
+}
+
 /// The field path of entry `key` of map field `map`: `tags["egressproxy.dev/uid"]`,
 /// with exactly `"` and `\` escaped by a backslash and every other character as it is.
 /// A key within the map's limit ([`MAX_TAG_BYTES`]) is written whole, so the path names
@@ -365,6 +379,25 @@ mod tests {
                 "cloud_init.user_data",
                 "proxy_port"
             ]
+        );
+    }
+
+    #[test]
+    fn an_update_of_tags_names_the_id_and_each_bad_entry_of_both_maps() {
+        let valid = pb::UpdateInstanceTagsRequest {
+            id: "ref-1".into(),
+            expected_tags: [("pool".to_string(), "spares".to_string())].into(),
+            tags: std::collections::HashMap::new(),
+        };
+        check_update_tags_request(&valid).unwrap();
+        let request = pb::UpdateInstanceTagsRequest {
+            id: String::new(),
+            expected_tags: [(String::new(), "v".to_string())].into(),
+            tags: [("k".to_string(), "v".repeat(MAX_TAG_BYTES + 1))].into(),
+        };
+        assert_eq!(
+            fields(check_update_tags_request(&request)),
+            ["id", "expected_tags[\"\"]", "tags[\"k\"]"]
         );
     }
 

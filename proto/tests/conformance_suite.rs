@@ -323,6 +323,46 @@ async fn address_checks_skip_a_provider_from_before_address_identities() {
     assert_eq!(left, 0);
 }
 
+/// A provider without UpdateInstanceTags (one of a contract before 1.5.0) passes:
+/// the call answers UNIMPLEMENTED, as `capabilities-match-behaviour` checks, and the
+/// update checks are skipped, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_without_tag_updates_passes_and_the_update_checks_skip() {
+    let (address, _provider) = start(ReferenceConfig {
+        update_tags: false,
+        ..fast()
+    })
+    .await;
+    let updates = [
+        "update-tags-replaces",
+        "update-tags-compare-and-set",
+        "update-tags-concurrent",
+        "update-tags-errors",
+    ];
+    let selection = Selection {
+        run: std::iter::once("capabilities-match-behaviour")
+            .chain(updates)
+            .map(String::from)
+            .collect(),
+        skip: Vec::new(),
+    };
+    let ledger = Ledger::new(connect_lazy(&options(address)).unwrap());
+    let report = conformance::run_with(&options(address), &target(), &selection, &ledger).await;
+    for check in &report.checks {
+        if check.check.name == "capabilities-match-behaviour" {
+            assert_eq!(check.outcome, Outcome::Pass, "{report}");
+        } else {
+            assert!(
+                matches!(&check.outcome, Outcome::Skip(why) if why.contains("CAPABILITY_UPDATE_TAGS")),
+                "{}: {:?}",
+                check.check.name,
+                check.outcome
+            );
+        }
+    }
+    assert_eq!(report.checks.len(), 5);
+}
+
 /// Answers the contract calls transient (UNAVAILABLE, UNKNOWN, INTERNAL, ABORTED,
 /// CANCELLED) and RESOURCE_EXHAUSTED with a RetryInfo are retried, as callers must: a
 /// provider that sends them now and then passes. Before, only some were retried, and
@@ -436,6 +476,12 @@ impl pb::provider_server::Provider for Flaky {
         request: tonic::Request<pb::WatchInstancesRequest>,
     ) -> Result<tonic::Response<egressproxy_provider::watch::WatchStream>, tonic::Status> {
         self.inner.watch_instances(request).await
+    }
+    async fn update_instance_tags(
+        &self,
+        request: tonic::Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<tonic::Response<pb::UpdateInstanceTagsResponse>, tonic::Status> {
+        self.inner.update_instance_tags(request).await
     }
 }
 

@@ -298,6 +298,28 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
                     .await
                     .unwrap_err()
             }
+            "TAGS_CHANGED" | "INSTANCE_DELETING" => {
+                let made = client
+                    .create_instance(request(&reason.to_lowercase().replace('_', "-"), 3128))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .instance
+                    .unwrap();
+                let spare = HashMap::from([("owner".to_string(), "spare".to_string())]);
+                let update = pb::UpdateInstanceTagsRequest {
+                    id: made.id.clone(),
+                    expected_tags: spare.clone(),
+                    tags: HashMap::from([("owner".to_string(), "proxy".to_string())]),
+                };
+                if reason == "INSTANCE_DELETING" {
+                    client
+                        .delete_instance(pb::DeleteInstanceRequest { id: made.id })
+                        .await
+                        .unwrap();
+                }
+                client.update_instance_tags(update).await.unwrap_err()
+            }
             "INJECTED_FAULT" => {
                 provider.faults().inject(Fault {
                     method: Some("GetPluginInfo".into()),
@@ -327,7 +349,7 @@ async fn every_documented_reason_is_the_reason_on_the_wire() {
         checked += 1;
     }
     assert_eq!(
-        checked, 13,
+        checked, 15,
         "every reason the reference provider sends is checked"
     );
 }

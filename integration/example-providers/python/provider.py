@@ -23,6 +23,10 @@ provider must do beyond the proto:
   ALREADY_EXISTS, reason ADDRESS_TAKEN, one outside the range INVALID_ARGUMENT, reason
   ADDRESS_NOT_IN_RANGE; no address left is RESOURCE_EXHAUSTED, reason
   ADDRESSES_EXHAUSTED;
+- UpdateInstanceTags (CAPABILITY_UPDATE_TAGS): compare-and-set of an instance's tags
+  under the one lock Create and Delete take, so of concurrent updates from the same
+  tags exactly one wins (the others answer FAILED_PRECONDITION, reason TAGS_CHANGED);
+  a repeat of a done update answers OK, and a DELETING instance INSTANCE_DELETING;
 - grpc.health.v1 SERVING for "" and egressproxy.provider.v1.Provider;
 - server reflection v1 (grpcio-reflection ships only v1alpha: the same servicer is
   also registered under the v1 name, whose messages are identical on the wire) and the
@@ -52,7 +56,7 @@ from grpc_status import rpc_status
 
 SERVICE = "egressproxy.provider.v1.Provider"
 DOMAIN = "egressproxy.dev"
-CONTRACT_VERSION = "1.4.0"
+CONTRACT_VERSION = "1.5.0"
 GIB = 1 << 30
 # name -> (vCPUs, memory in bytes)
 MACHINE_TYPES = {"small": (1, GIB), "medium": (2, 2 * GIB)}
@@ -249,6 +253,7 @@ def build_servicer(pb, pb_grpc):
             return pb.GetCapabilitiesResponse(capabilities=[
                 pb.CAPABILITY_VALIDATE_PLACEMENT, pb.CAPABILITY_LIST_LOCATIONS,
                 pb.CAPABILITY_ADDRESS_IDENTITY, pb.CAPABILITY_REQUESTED_ADDRESS,
+                pb.CAPABILITY_UPDATE_TAGS,
             ])
 
         def _free_memory(self, host):
@@ -429,6 +434,39 @@ def build_servicer(pb, pb_grpc):
                         record.deleted = time.monotonic()
                     self._purge()
                 return pb.DeleteInstanceResponse()
+
+            return self._call(context, work)
+
+        def UpdateInstanceTags(self, request, context):
+            def work():
+                violations = []
+                if not request.id:
+                    violations.append(("id", "required: the id CreateInstance returned"))
+                check_tags("expected_tags", request.expected_tags, violations)
+                check_tags("tags", request.tags, violations)
+                if violations:
+                    raise invalid(violations)
+                # The compare and the set happen under one lock: no other update (nor a
+                # Delete) comes between them.
+                with self.lock:
+                    self._purge()
+                    record = self.instances.get(request.id)
+                    if record is None:
+                        raise ContractError(code_pb2.NOT_FOUND, "NOT_FOUND", f"instance {request.id} does not exist")
+                    if record.deleted is not None:
+                        raise ContractError(code_pb2.FAILED_PRECONDITION, "INSTANCE_DELETING",
+                                            f"instance {request.id} is being deleted: its tags can no longer change")
+                    current = dict(record.instance.tags)
+                    if current == dict(request.tags):
+                        # A retry whose answer was lost, or a no-op: nothing changes.
+                        return pb.UpdateInstanceTagsResponse(instance=self._snapshot(record))
+                    if current != dict(request.expected_tags):
+                        raise ContractError(code_pb2.FAILED_PRECONDITION, "TAGS_CHANGED",
+                                            f"instance {request.id}'s tags are no longer the expected ones (another caller "
+                                            "changed them): read the instance again and decide anew")
+                    record.instance.tags.clear()
+                    record.instance.tags.update(request.tags)
+                    return pb.UpdateInstanceTagsResponse(instance=self._snapshot(record))
 
             return self._call(context, work)
 

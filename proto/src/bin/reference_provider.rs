@@ -50,6 +50,10 @@ struct Args {
     /// `address_identity` and `requested_address` as INVALID_ARGUMENT.
     #[arg(long)]
     no_address_identities: bool,
+    /// Offer no UpdateInstanceTags: do not declare CAPABILITY_UPDATE_TAGS, and answer
+    /// the call UNIMPLEMENTED (as a provider of a contract before 1.5.0).
+    #[arg(long)]
+    no_update_tags: bool,
     /// First address of the range instances with an address identity get theirs from.
     #[arg(long, default_value_t = AddressRange::DEFAULT.first)]
     identity_range_first: Ipv4Addr,
@@ -127,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         address: args.instance_address,
         host_addresses: args.host_address.into_iter().collect(),
         address_identities: !args.no_address_identities,
+        update_tags: !args.no_update_tags,
         identity_addresses: AddressRange {
             first: args.identity_range_first,
             last: args.identity_range_last,

@@ -46,6 +46,11 @@ pub mod reason {
     /// ALREADY_EXISTS: the requested address is held by another identity's instance,
     /// not the key by another instance.
     pub const ADDRESS_TAKEN: &str = "ADDRESS_TAKEN";
+    /// FAILED_PRECONDITION from UpdateInstanceTags: the instance's tags are no longer
+    /// the expected ones (another caller changed them); read it again and decide anew.
+    pub const TAGS_CHANGED: &str = "TAGS_CHANGED";
+    /// FAILED_PRECONDITION from UpdateInstanceTags: the instance is being deleted.
+    pub const INSTANCE_DELETING: &str = "INSTANCE_DELETING";
 }
 
 /// What a caller should do about an error. Carried on the wire by the gRPC code.

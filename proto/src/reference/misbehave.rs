@@ -175,6 +175,21 @@ pub enum Misbehaviour {
     TakenAddressGranted,
     /// A requested address outside the provider's range is granted.
     OutOfRangeAccepted,
+    /// UpdateInstanceTags works but GetCapabilities does not declare it.
+    TagsUpdateUndeclared,
+    /// UpdateInstanceTags ignores expected_tags: the last writer wins.
+    TagsUpdateIgnoresExpected,
+    /// UpdateInstanceTags compares, waits for another update to compare too (at most
+    /// 5 s), then sets without comparing again: concurrent updates from the same tags
+    /// both succeed.
+    TagsUpdateNotAtomic,
+    /// A repeated UpdateInstanceTags (the tags are already the new ones) answers
+    /// TAGS_CHANGED.
+    TagsUpdateNotIdempotent,
+    /// ListInstances matches and shows the tags an instance had before its update.
+    TagsUpdateListStale,
+    /// UpdateInstanceTags changes the tags of a DELETING instance.
+    TagsUpdateWhileDeleting,
 }
 
 impl Misbehaviour {
@@ -244,6 +259,13 @@ impl Misbehaviour {
             M::RequestedAddressIgnored | M::TakenAddressGranted | M::OutOfRangeAccepted => {
                 "requested-address"
             }
+            M::TagsUpdateUndeclared => "capabilities-match-behaviour",
+            M::TagsUpdateListStale => "update-tags-replaces",
+            M::TagsUpdateIgnoresExpected | M::TagsUpdateNotIdempotent => {
+                "update-tags-compare-and-set"
+            }
+            M::TagsUpdateNotAtomic => "update-tags-concurrent",
+            M::TagsUpdateWhileDeleting => "update-tags-errors",
         }
     }
 

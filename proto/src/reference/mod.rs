@@ -9,7 +9,9 @@
 //! 4. make Delete of a missing instance succeed, and Get of one NOT_FOUND; while an
 //!    instance is DELETING, Create of its key answers UNAVAILABLE (KEY_BEING_DELETED);
 //! 5. list by tags, paged with the crate's [`crate::paging`] (tokens it can recognise,
-//!    pages bounded in count and bytes).
+//!    pages bounded in count and bytes);
+//! 6. change an instance's tags only by compare-and-set, under the lock Create and
+//!    Delete take (`tags.rs`).
 //!
 //! Instances move from PROVISIONING to RUNNING after
 //! [`ReferenceConfig::provisioning_delay`] and get [`ReferenceConfig::address`]
@@ -27,6 +29,7 @@ pub mod control;
 mod faults;
 mod locations;
 mod misbehave;
+mod tags;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap};
@@ -72,6 +75,9 @@ pub struct ReferenceConfig {
     /// honoured); without them, Create refuses both fields as INVALID_ARGUMENT, as a
     /// provider that does not declare their capabilities must.
     pub address_identities: bool,
+    /// Whether UpdateInstanceTags is offered (declared and implemented); without it the
+    /// call answers UNIMPLEMENTED, as a provider of a contract before 1.5.0 does.
+    pub update_tags: bool,
     /// The range instances created with an address identity get their address from.
     pub identity_addresses: AddressRange,
     /// Valid `placement.host` names. A Create without a location goes to the host with
@@ -104,6 +110,7 @@ impl Default for ReferenceConfig {
             address: IpAddr::from([127, 0, 0, 1]),
             host_addresses: BTreeMap::new(),
             address_identities: true,
+            update_tags: true,
             identity_addresses: AddressRange::DEFAULT,
             hosts: vec!["local".into()],
             zones: vec!["local-zone".into()],
@@ -124,6 +131,8 @@ pub struct MemoryProvider {
     state: Arc<Mutex<State>>,
     faults: Faults,
     hub: WatchHub,
+    /// Wakes an update held in its race window (only to misbehave, see `tags.rs`).
+    tag_race: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -135,6 +144,8 @@ struct State {
     deleted_keys: Vec<String>,
     /// The last new instance and when it was made (only kept to misbehave).
     last_created: Option<(Instant, pb::Instance)>,
+    /// Updates of tags compared and not yet set (only kept to misbehave).
+    tag_updates_racing: usize,
     /// Whether a CreateInstance has been answered yet (only kept to misbehave).
     answered_a_create: bool,
     /// Instances gone that still hold their identity's address (only kept to
@@ -154,6 +165,8 @@ struct Record {
     forced_state: Option<InstanceState>,
     /// The address it holds for its address identity.
     address: Option<Ipv4Addr>,
+    /// The tags it had before its first UpdateInstanceTags (only kept to misbehave).
+    listed_tags: Option<HashMap<String, String>>,
 }
 
 /// What must match for a repeated Create to return the existing instance: the
@@ -178,6 +191,7 @@ impl MemoryProvider {
             state: Arc::default(),
             faults: Faults::default(),
             hub: WatchHub::default(),
+            tag_race: Arc::default(),
         }
     }
 
@@ -416,7 +430,7 @@ impl MemoryProvider {
         let mut state = self.lock();
         self.purge(&mut state);
         let instances = state.instances.values().filter(|record| {
-            let tags = &record.instance.tags;
+            let tags = self.listed_tags(record);
             let matches = |(key, value): (&String, &String)| tags.get(key) == Some(value);
             if self.breaks(Misbehaviour::DeletingNotListed) && record.deleted.is_some() {
                 false
@@ -439,6 +453,7 @@ impl MemoryProvider {
             if self.breaks(Misbehaviour::NoCreateTimeInList) {
                 instance.create_time = None;
             }
+            instance.tags = self.listed_tags(record).clone();
             instance
         });
         let mut page = paging::page(instances, token, page_size)?;
@@ -650,6 +665,7 @@ impl MemoryProvider {
             spec,
             forced_state: None,
             address,
+            listed_tags: None,
         };
         let instance = self.snapshot(&record);
         tracing::info!(instance.id = %id, instance.key = %request.key, "created instance");
@@ -690,6 +706,7 @@ impl MemoryProvider {
             },
             forced_state: None,
             address: None,
+            listed_tags: None,
         };
         self.lock().instances.insert(id, record);
         std::future::pending().await
@@ -839,12 +856,16 @@ impl pb::provider_server::Provider for MemoryProvider {
             pb::Capability::WatchInstances,
             pb::Capability::AddressIdentity,
             pb::Capability::RequestedAddress,
+            pb::Capability::UpdateTags,
         ]
         .into_iter()
         .filter(|c| match c {
             pb::Capability::ValidatePlacement => !self.breaks(Misbehaviour::UndeclaredCapability),
             pb::Capability::ListLocations => !self.breaks(Misbehaviour::LocationsUndeclared),
             pb::Capability::WatchInstances => !self.breaks(Misbehaviour::WatchUndeclared),
+            pb::Capability::UpdateTags => {
+                self.config.update_tags && !self.breaks(Misbehaviour::TagsUpdateUndeclared)
+            }
             pb::Capability::AddressIdentity | pb::Capability::RequestedAddress => {
                 self.config.address_identities
                     && !self.breaks(Misbehaviour::UndeclaredAddressIdentity)
@@ -969,6 +990,26 @@ impl pb::provider_server::Provider for MemoryProvider {
         let stream = self.watch_stream(request.into_inner())?;
         hold_answer(hold).await;
         Ok(Response::new(stream))
+    }
+
+    async fn update_instance_tags(
+        &self,
+        request: Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
+        let hold = self.enter("UpdateInstanceTags", request.metadata()).await?;
+        if !self.config.update_tags {
+            return Err(self.encode(&ProviderError::unimplemented(
+                "this provider does not offer UpdateInstanceTags (no CAPABILITY_UPDATE_TAGS)",
+            )));
+        }
+        let instance = self
+            .update_tags(request.into_inner())
+            .await
+            .map_err(|e| self.encode(&e))?;
+        hold_answer(hold).await;
+        Ok(Response::new(pb::UpdateInstanceTagsResponse {
+            instance: Some(instance),
+        }))
     }
 
     async fn list_locations(

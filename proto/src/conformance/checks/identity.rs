@@ -239,6 +239,17 @@ impl Suite<'_> {
             capabilities.contains(&pb::Capability::WatchInstances),
             watched,
         )?;
+        let update = pb::UpdateInstanceTagsRequest {
+            id: format!("cf-{}-no-such-instance", self.ledger.run_id()),
+            ..Default::default()
+        };
+        let updated = self.client.update_instance_tags(update).await.map(drop);
+        declared_matches(
+            "UpdateInstanceTags",
+            "CAPABILITY_UPDATE_TAGS",
+            capabilities.contains(&pb::Capability::UpdateTags),
+            updated,
+        )?;
         if capabilities.contains(&pb::Capability::VendorData) {
             let mut request = self.request("vendor-data");
             if let Some(cloud_init) = request.cloud_init.as_mut() {

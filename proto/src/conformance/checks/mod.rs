@@ -10,6 +10,7 @@ mod lifecycle;
 mod limits;
 mod listing;
 mod locations;
+mod tag_updates;
 mod watching;
 
 use std::collections::HashMap;
@@ -228,6 +229,26 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: CreateInstanceRequest.requested_address",
     ),
     check(
+        "update-tags-replaces",
+        "a spare handed to a Proxy must be found by the Proxy's tags and no longer by the pool's, in Get, List and Watch alike, or garbage collection deletes it as an orphan",
+        "provider.proto: UpdateInstanceTagsResponse",
+    ),
+    check(
+        "update-tags-compare-and-set",
+        "a caller whose view is stale must be refused, and one that retries must not be refused by its own update",
+        "provider.proto: UpdateInstanceTagsResponse",
+    ),
+    check(
+        "update-tags-concurrent",
+        "two Proxies that adopt the same spare at once must not both get it",
+        "provider.proto: UpdateInstanceTagsResponse",
+    ),
+    check(
+        "update-tags-errors",
+        "a missing instance, a bad request and an instance being deleted must each say so, as callers act on the code",
+        "provider.proto: UpdateInstanceTagsRequest",
+    ),
+    check(
         "delete-twice-then-gone",
         "Delete is repeated after crashes; the instance must then go (DELETING ends, and is listed meanwhile)",
         "provider.proto: DeleteInstance",
@@ -334,6 +355,10 @@ impl<'a> Suite<'a> {
             "watch-resume" => self.watch_resume().await,
             "address-identity" => self.address_identity().await,
             "requested-address" => self.requested_address().await,
+            "update-tags-replaces" => self.update_tags_replaces().await,
+            "update-tags-compare-and-set" => self.update_tags_compare_and_set().await,
+            "update-tags-concurrent" => self.update_tags_concurrent().await,
+            "update-tags-errors" => self.update_tags_errors().await,
             "delete-twice-then-gone" => self.delete_twice_then_gone().await,
             "key-reuse-after-delete" => self.key_reuse_after_delete().await,
             "delete-missing" => self.delete_missing().await,

@@ -21,7 +21,7 @@ use crate::pb::{self, InstanceState, WatchEventType};
 const WATCH_TAG: &str = "egressproxy.dev/conformance-watch";
 
 /// An open stream and what it sent so far, in words, for a failure's "got".
-struct Watch {
+pub(super) struct Watch {
     stream: tonic::Streaming<pb::WatchInstancesResponse>,
     seen: Vec<String>,
 }
@@ -54,7 +54,7 @@ impl Watch {
     }
 
     /// Events until one satisfies `done`, each checked by `allowed` on the way.
-    async fn until(
+    pub(super) async fn until(
         &mut self,
         deadline: Instant,
         expected: &str,
@@ -150,7 +150,7 @@ impl Suite<'_> {
     }
 
     /// Opens a stream, retrying what callers retry.
-    async fn open_watch(
+    pub(super) async fn open_watch(
         &mut self,
         tag_selector: HashMap<String, String>,
         resume_token: &str,
@@ -180,7 +180,7 @@ impl Suite<'_> {
         })
     }
 
-    fn watch_deadline(&self) -> Instant {
+    pub(super) fn watch_deadline(&self) -> Instant {
         Instant::now() + self.target.running_timeout
     }
 
