@@ -16,8 +16,9 @@
 //!    nothing is reported gone that could not be seen, and it is swept again only after
 //!    a wait that grows from 30 s to 5 minutes, so the sweep does not dial a host that
 //!    is down every second (callers' own calls would wait on those dials).
-//! 4. Create and Delete tell the hub their outcome at once ([`InstanceWatch::created`],
-//!    [`InstanceWatch::deleted`]), so a stream sees them before the next sweep.
+//! 4. Create, Delete and UpdateInstanceTags tell the hub their outcome at once
+//!    ([`InstanceWatch::created`], [`InstanceWatch::deleted`],
+//!    [`InstanceWatch::updated`]), so a stream sees them before the next sweep.
 //! 5. **Half-made states are not news.** A domain that Create has defined but not yet
 //!    started, or that Delete has stopped but not yet undefined, reads as shut off; a
 //!    caller told STOPPED would replace a VM that is fine. An instance that a sweep
@@ -79,6 +80,11 @@ impl InstanceWatch {
 
     /// A Create's answer.
     pub fn created(&self, instance: &pb::Instance) {
+        self.hub.updated(instance.clone());
+    }
+
+    /// An UpdateInstanceTags' answer: the instance with its new tags.
+    pub fn updated(&self, instance: &pb::Instance) {
         self.hub.updated(instance.clone());
     }
 
