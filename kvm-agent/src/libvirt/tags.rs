@@ -53,7 +53,7 @@ pub enum TagsUpdate {
         /// Whether they were written (false: it had them already).
         written: bool,
         /// The instance as Get reads it after the write.
-        snapshot: DomainSnapshot,
+        snapshot: Box<DomainSnapshot>,
     },
 }
 
@@ -88,7 +88,10 @@ pub fn compare_and_set_tags(
         true
     };
     Ok(match read_instance(conn, names, nic)? {
-        Some(snapshot) => TagsUpdate::Done { written, snapshot },
+        Some(snapshot) => TagsUpdate::Done {
+            written,
+            snapshot: Box::new(snapshot),
+        },
         // Undefined by someone outside the agent since the write.
         None => TagsUpdate::NoInstance,
     })

@@ -409,7 +409,7 @@ impl Instances {
                 if written {
                     tracing::info!(instance.id = %id, "updated instance tags");
                 }
-                Ok(to_contract_instance(&id.host, snapshot))
+                Ok(to_contract_instance(&id.host, *snapshot))
             }
         }
     }
