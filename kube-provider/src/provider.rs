@@ -11,6 +11,14 @@
 //! - **Delete**: delete the pod (with its UID as a precondition, so a newer pod of the
 //!   same key is never hit); DELETING while it terminates (the kubelet stops the
 //!   proxy), NOT_FOUND once the apiserver has removed it. Missing is success.
+//! - **UpdateInstanceTags** (compare-and-set): read the pod; DELETING is
+//!   FAILED_PRECONDITION `INSTANCE_DELETING`; tags already the new ones: OK, nothing
+//!   written; tags not exactly `expected_tags`: FAILED_PRECONDITION `TAGS_CHANGED`.
+//!   Otherwise the record annotation with the new tags is patched with the
+//!   resourceVersion the tags were compared at, which the apiserver checks: a pod
+//!   changed since (another update won, a Delete began) answers 409 Conflict, and the
+//!   compare runs again on the pod as it is now. So the compare and the set are one
+//!   step, across replicas of the provider too.
 //! - **List**: one list of our pods, filtered by tags, sorted by id and paged with the
 //!   shared paging: all of them or an error.
 //! - **Watch**: the streams of a watch of our pods (`pod_watch`).
@@ -21,7 +29,7 @@ use std::time::Duration;
 
 use egressproxy_provider::{ProviderError, paging, pb, validation};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 
 use crate::config::Config;
 use crate::instance::{self, Unreadable};
@@ -30,10 +38,14 @@ use crate::placement::{self, Candidate};
 use crate::pod_spec::proxy_pod;
 use crate::pod_watch::PodWatch;
 use crate::record::{
-    MANAGED_BY, MANAGED_BY_LABEL, Recorded, RequestedPlacement, is_instance_id, pod_name,
+    MANAGED_BY, MANAGED_BY_LABEL, RECORD_ANNOTATION, Recorded, RequestedPlacement, is_instance_id,
+    pod_name,
 };
 use crate::request;
 
+/// Compare-and-sets an UpdateInstanceTags tries when each loses to a concurrent change of
+/// the pod (its resourceVersion moved between the read and the patch).
+const TAG_UPDATE_ATTEMPTS: usize = 5;
 /// How soon a Create of a key whose pod is terminating should be retried.
 const KEY_BEING_DELETED_RETRY: Duration = Duration::from_secs(2);
 
@@ -188,6 +200,74 @@ impl KubeProvider {
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
             Err(error) => Err(classify(&format!("delete pod {id}"), error)),
         }
+    }
+
+    /// UpdateInstanceTags' work; see the module docs.
+    #[tracing::instrument(skip_all, fields(instance.id = %request.id))]
+    pub async fn update_tags(
+        &self,
+        request: &pb::UpdateInstanceTagsRequest,
+    ) -> Result<pb::Instance, ProviderError> {
+        request::check_update_tags(request)?;
+        let id = &request.id;
+        let missing = || ProviderError::not_found(format!("instance {id} does not exist"));
+        if !is_instance_id(id) {
+            return Err(missing());
+        }
+        let expected: BTreeMap<String, String> =
+            request.expected_tags.clone().into_iter().collect();
+        let new: BTreeMap<String, String> = request.tags.clone().into_iter().collect();
+        for _ in 0..TAG_UPDATE_ATTEMPTS {
+            let pod = self
+                .read_pod(id)
+                .await?
+                .filter(is_ours)
+                .ok_or_else(missing)?;
+            let mut recorded = instance::recorded(&pod).map_err(unreadable)?;
+            if pod.metadata.deletion_timestamp.is_some() {
+                return Err(ProviderError::permanent(format!(
+                    "instance {id} is being deleted: its tags no longer change"
+                ))
+                .with_reason("INSTANCE_DELETING"));
+            }
+            if recorded.tags == new {
+                return instance::instance(&pod).map_err(unreadable);
+            }
+            if recorded.tags != expected {
+                return Err(ProviderError::permanent(format!(
+                    "instance {id}: its tags are no longer the expected_tags (another caller \
+                     changed them); nothing was changed: read the instance again and decide anew"
+                ))
+                .with_reason("TAGS_CHANGED"));
+            }
+            recorded.tags = new.clone();
+            let record = serde_json::to_string(&recorded).map_err(|error| {
+                ProviderError::permanent(format!("cannot write the record of pod {id}: {error}"))
+            })?;
+            let patch = serde_json::json!({"metadata": {
+                "resourceVersion": pod.metadata.resource_version,
+                "annotations": {RECORD_ANNOTATION: record},
+            }});
+            match self
+                .pods()
+                .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(patched) => {
+                    tracing::info!(instance.id = %id, "updated instance tags");
+                    self.watch.wrote(&patched);
+                    return instance::instance(&patched).map_err(unreadable);
+                }
+                // Changed since it was read: compare again with what it is now.
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(error) if is_not_found(&error) => return Err(missing()),
+                Err(error) => return Err(classify(&format!("patch pod {id}"), error)),
+            }
+        }
+        Err(ProviderError::transient(format!(
+            "instance {id} changed under each of {TAG_UPDATE_ATTEMPTS} tag updates: retry"
+        ))
+        .with_reason("KUBE_CONFLICT"))
     }
 
     /// ListInstances' work.

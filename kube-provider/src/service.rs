@@ -33,11 +33,14 @@ impl pb::provider_server::Provider for KubeProvider {
         &self,
         _request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        // Only the watch: no vendor-data (no cloud-init at all), node addresses are IPv4
-        // and internal, and an instance's address is its node's, which is stable only as
-        // long as the node is: no address identities.
+        // The watch and tag updates: no vendor-data (no cloud-init at all), node
+        // addresses are IPv4 and internal, and an instance's address is its node's, which
+        // is stable only as long as the node is: no address identities.
         Ok(Response::new(pb::GetCapabilitiesResponse {
-            capabilities: vec![pb::Capability::WatchInstances.into()],
+            capabilities: vec![
+                pb::Capability::WatchInstances.into(),
+                pb::Capability::UpdateTags.into(),
+            ],
         }))
     }
 
@@ -86,6 +89,19 @@ impl pb::provider_server::Provider for KubeProvider {
             .await
             .map_err(|e| e.to_status())?;
         Ok(Response::new(page))
+    }
+
+    async fn update_instance_tags(
+        &self,
+        request: Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
+        let instance = self
+            .update_tags(request.get_ref())
+            .await
+            .map_err(|e| e.to_status())?;
+        Ok(Response::new(pb::UpdateInstanceTagsResponse {
+            instance: Some(instance),
+        }))
     }
 
     async fn watch_instances(

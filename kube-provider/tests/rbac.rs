@@ -1,6 +1,6 @@
 //! `deploy/kube-provider/rbac.yaml` is enough: a provider that reaches the apiserver as
-//! its ServiceAccount, with only those rules, watches, creates, reads, lists and deletes
-//! instances (a missing rule would answer FAILED_PRECONDITION, `KUBE_FORBIDDEN`, or for
+//! its ServiceAccount, with only those rules, watches, creates, reads, lists, retags and
+//! deletes instances (a missing rule would answer FAILED_PRECONDITION, `KUBE_FORBIDDEN`, or for
 //! the watch UNAVAILABLE).
 
 mod common;
@@ -67,6 +67,18 @@ async fn the_documented_rbac_is_all_the_provider_needs() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.instances.len(), 1);
+    let retagged = client
+        .update_instance_tags(pb::UpdateInstanceTagsRequest {
+            id: instance.id.clone(),
+            expected_tags: [("t".to_owned(), "1".to_owned())].into(),
+            tags: [("t".to_owned(), "2".to_owned())].into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+    assert_eq!(retagged.tags["t"], "2");
     client
         .delete_instance(pb::DeleteInstanceRequest {
             id: instance.id.clone(),

@@ -105,11 +105,11 @@ pub enum Error {
         lacks: Vec<String>,
     },
 
-    /// Another Create (or Delete) of the same key in this agent still ran when the
-    /// caller's deadline passed; its outcome decides this one's.
+    /// Another Create, Delete or tag update of the same key in this agent still ran when
+    /// the caller's deadline passed; its outcome decides this one's.
     #[error(
-        "key {key} on host {host}: another Create or Delete of the same key is in progress \
-         (waited {waited:?}); retry"
+        "key {key} on host {host}: another Create, Delete or tag update of the same key is \
+         in progress (waited {waited:?}); retry"
     )]
     CreateInProgress {
         /// Host name from the configuration.
@@ -168,6 +168,17 @@ pub enum Error {
         id: String,
         /// Why it is missing (no such domain, or an id this provider cannot have made).
         detail: String,
+    },
+
+    /// UpdateInstanceTags found the instance's tags neither the expected nor the new
+    /// ones: another caller changed them since the caller read them.
+    #[error(
+        "instance {id}: its tags are no longer the expected_tags (another caller changed \
+         them); nothing was changed: read the instance again and decide anew"
+    )]
+    TagsChanged {
+        /// The instance id as requested.
+        id: String,
     },
 
     /// The domain Create just made or found was gone when it was read back.
@@ -238,6 +249,7 @@ impl Error {
             Error::AddressIdentityInUse { .. } => of(C::Transient, "ADDRESS_IDENTITY_IN_USE")
                 .retry_after(ADDRESS_IDENTITY_IN_USE_RETRY),
             Error::IdentityMacShared { .. } => of(C::Permanent, "IDENTITY_MAC_SHARED"),
+            Error::TagsChanged { .. } => of(C::Permanent, "TAGS_CHANGED"),
             Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
             Error::InvalidArgument { .. } | Error::InvalidFields { .. } => {
                 of(C::InvalidArgument, "INVALID_ARGUMENT")

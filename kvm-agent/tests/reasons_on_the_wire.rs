@@ -430,6 +430,19 @@ async fn every_documented_reason_reaches_the_wire() {
         "SPEC_MISMATCH",
     );
     let id = made.into_inner().instance.unwrap().id;
+    // The instance has no tags; a caller that read some is stale.
+    let stale = pb::UpdateInstanceTagsRequest {
+        id: id.clone(),
+        expected_tags: [("owner".to_owned(), "someone".to_owned())].into(),
+        tags: [("owner".to_owned(), "me".to_owned())].into(),
+    };
+    seen.expect(
+        "a tag update whose expected tags are not the instance's",
+        client
+            .update_instance_tags(with_deadline(stale, minute))
+            .await,
+        "TAGS_CHANGED",
+    );
     client
         .delete_instance(with_deadline(pb::DeleteInstanceRequest { id }, minute))
         .await

@@ -5,6 +5,7 @@
 //! - [`xml`]: domain, volume and capabilities XML, built from and parsed into serde structs.
 //! - [`naming`]: the names of every domain and volume the agent creates, from the key.
 //! - [`domains`]: finding, reading, listing, defining, starting and deleting domains.
+//! - [`tags`]: UpdateInstanceTags' compare-and-set of the tags in a domain's metadata.
 //! - [`addresses`]: where a guest's addresses come from, and which of them are usable.
 //! - `volumes`: an instance's overlay and seed volumes.
 //! - [`identity_mac`]: the MAC of an instance's NIC, derived from its address identity.
@@ -22,6 +23,7 @@ pub mod host;
 pub mod identity_mac;
 pub mod naming;
 pub mod reservations;
+pub mod tags;
 pub(crate) mod volumes;
 pub mod xml;
 

@@ -1,6 +1,8 @@
-//! Create, Get, Delete and List as the contract sees them, across the configured hosts.
+//! Create, Get, Delete, List and UpdateInstanceTags as the contract sees them, across
+//! the configured hosts.
 //!
-//! Create's steps are in [`crate::provider::create`].
+//! Create's steps are in [`crate::provider::create`], UpdateInstanceTags' in
+//! [`crate::provider::tags`].
 //!
 //! Each runs its libvirt work ([`crate::libvirt::domains`]) as one call on the host's pooled
 //! connection, so it is off the runtime, traced and bounded by the caller's deadline;
@@ -34,11 +36,13 @@ use crate::images::cache::{BaseImage, ImageCache, ImageCacheOptions};
 use crate::libvirt::domains::{self, NicKind};
 use crate::libvirt::host::capabilities::VirtTypes;
 use crate::libvirt::naming::{InstanceId, InstanceNames};
+use crate::libvirt::tags::{self, TagsUpdate};
 use crate::provider::create::{self, CreateStep, FaultHook, Where};
 use crate::provider::plan::{CreatePlan, plan_create};
 use crate::provider::room;
 use crate::provider::state::to_contract_instance;
 use crate::provider::sync::KeyLocks;
+use crate::provider::tags::check_update_tags_request;
 use crate::transport::call::LibvirtOp;
 use crate::transport::pool::{HostPool, Pool};
 
@@ -369,6 +373,45 @@ impl Instances {
             );
         }
         Ok(())
+    }
+
+    /// UpdateInstanceTags: replaces the tags of the instance the request names while they
+    /// are exactly its `expected_tags`, under the key's lock. See
+    /// [`crate::provider::tags`].
+    pub async fn update_tags(
+        &self,
+        request: &pb::UpdateInstanceTagsRequest,
+        deadline: Instant,
+    ) -> Result<pb::Instance, Error> {
+        let (expected, new) = check_update_tags_request(request)?;
+        let not_found = |detail: String| Error::InstanceNotFound {
+            id: request.id.clone(),
+            detail,
+        };
+        let Some((id, host, names)) = self.resolve(&request.id)? else {
+            return Err(not_found("this provider's ids are <host>/<key>".to_owned()));
+        };
+        let _turn = self.key_locks.lock(host.name(), &id.key, deadline).await?;
+        let nic = NicKind::of(&host.config().attachment());
+        let op = LibvirtOp::new("virDomainSetMetadata").domain(names.domain.clone());
+        let domain = names.domain.clone();
+        let outcome = host
+            .call(op, deadline, move |conn| {
+                tags::compare_and_set_tags(conn, &names, &expected, &new, nic)
+            })
+            .await?;
+        match outcome {
+            TagsUpdate::NoInstance => {
+                Err(not_found(format!("no domain {domain} on host {}", id.host)))
+            }
+            TagsUpdate::TagsDiffer => Err(Error::TagsChanged { id: id.to_string() }),
+            TagsUpdate::Done { written, snapshot } => {
+                if written {
+                    tracing::info!(instance.id = %id, "updated instance tags");
+                }
+                Ok(to_contract_instance(&id.host, *snapshot))
+            }
+        }
     }
 
     /// Every instance, on every host, whose tags contain all of `selector`; sorted by

@@ -8,7 +8,8 @@
 //! - [`room`]: each host's room, and the host a new instance goes to.
 //! - [`locations`]: ListLocations: every host and zone with what it accepts and its room.
 //! - [`state`]: libvirt states and guest addresses in the contract's terms.
-//! - `sync`: per-key locks, so one Create per key runs at a time.
+//! - [`tags`]: UpdateInstanceTags, compare-and-set of an instance's tags.
+//! - `sync`: per-key locks, so one Create, Delete or tag update per key runs at a time.
 //! - [`watch`]: WatchInstances, from a sweep of every host each second.
 
 pub mod create;
@@ -19,4 +20,5 @@ pub mod room;
 pub mod service;
 pub mod state;
 pub(crate) mod sync;
+pub mod tags;
 pub mod watch;

@@ -4,7 +4,7 @@
 //! 1. takes its deadline from the request's `grpc-timeout` (a little earlier, so the
 //!    agent's own DEADLINE_EXCEEDED reaches the caller before the caller gives up), or
 //!    `transport.defaultCallTimeout` when the caller set none;
-//! 2. runs on [`Instances`] (Create, Get, Delete, List), the host check
+//! 2. runs on [`Instances`] (Create, Get, Delete, List, UpdateInstanceTags), the host check
 //!    (ValidatePlacement) or the hosts' figures (ListLocations), every libvirt call bounded by that deadline and traced under
 //!    the request's span;
 //! 3. answers errors through the crate's one mapping, here at the gRPC edge and nowhere
@@ -12,7 +12,7 @@
 //!    [`ProviderError`] ([`Error::to_provider_error`]) and then a `tonic::Status`.
 //!
 //! WatchInstances streams from [`crate::provider::watch`]'s hub: a sweep of every
-//! host each second, and every Create and Delete at once.
+//! host each second, and every Create, Delete and tag update at once.
 //!
 //! ListInstances pages over the matching instances sorted by id with the contract
 //! crate's paging: the token names the last id of the previous page (with a checksum, so
@@ -49,12 +49,13 @@ pub(crate) const PLUGIN_NAME: &str = "kvm.egressproxy.dev";
 pub(crate) const DEFAULT_PAGE_SIZE: usize = paging::MAX_PAGE_SIZE;
 /// The optional features the agent has. IPv6: the guest agent and DHCP leases report
 /// the global IPv6 addresses of a guest on an IPv6 network, and the agent passes them on.
-pub(crate) const CAPABILITIES: [pb::Capability; 5] = [
+pub(crate) const CAPABILITIES: [pb::Capability; 6] = [
     pb::Capability::ValidatePlacement,
     pb::Capability::VendorData,
     pb::Capability::Ipv6,
     pb::Capability::ListLocations,
     pb::Capability::WatchInstances,
+    pb::Capability::UpdateTags,
 ];
 /// [`CAPABILITIES`], and CAPABILITY_ADDRESS_IDENTITY where every host attaches its
 /// instances to a libvirt network (see `plan::address_identities_supported`).
@@ -218,11 +219,14 @@ impl KvmProvider {
 
 /// The answer of a failed call, logged as the caller gets it: a warning when the agent or
 /// a host is at fault, debug when the request was (invalid argument, already exists, not
-/// found).
+/// found) or lost a race another caller won (TAGS_CHANGED).
 fn logged_failure(call: &str, error: Error) -> Status {
     use egressproxy_provider::ErrorClass as C;
+    let lost_a_race = matches!(error, Error::TagsChanged { .. });
     let error = ProviderError::from(error);
     match error.class {
+        // Another caller's tag update won: the caller reads again, nothing is wrong.
+        _ if lost_a_race => tracing::debug!(%error, "{call} refused"),
         C::InvalidArgument | C::AlreadyExists | C::NotFound => {
             tracing::debug!(%error, "{call} refused");
         }
@@ -333,6 +337,22 @@ impl pb::provider_server::Provider for KvmProvider {
             self.validate(request.get_ref().placement.as_ref(), deadline)
                 .await?,
         ))
+    }
+
+    async fn update_instance_tags(
+        &self,
+        request: Request<pb::UpdateInstanceTagsRequest>,
+    ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
+        let deadline = self.deadline(request.metadata());
+        let instance = self
+            .instances
+            .update_tags(request.get_ref(), deadline)
+            .await
+            .map_err(|e| logged_failure("UpdateInstanceTags", e))?;
+        self.watch.updated(&instance);
+        Ok(Response::new(pb::UpdateInstanceTagsResponse {
+            instance: Some(instance),
+        }))
     }
 
     async fn list_locations(

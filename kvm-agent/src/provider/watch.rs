@@ -16,9 +16,14 @@
 //!    nothing is reported gone that could not be seen, and it is swept again only after
 //!    a wait that grows from 30 s to 5 minutes, so the sweep does not dial a host that
 //!    is down every second (callers' own calls would wait on those dials).
-//! 4. Create and Delete tell the hub their outcome at once ([`InstanceWatch::created`],
-//!    [`InstanceWatch::deleted`]), so a stream sees them before the next sweep.
-//! 5. **Half-made states are not news.** A domain that Create has defined but not yet
+//! 4. Create, Delete and UpdateInstanceTags tell the hub their outcome at once
+//!    ([`InstanceWatch::created`], [`InstanceWatch::deleted`],
+//!    [`InstanceWatch::updated`]), so a stream sees them before the next sweep.
+//! 5. **A sweep never undoes what a call told.** A listing taken before a Create,
+//!    Delete or tag update answered, but read after it, would tell the hub the old
+//!    instance again (a tag update undone until the next sweep). What a call told after
+//!    a sweep's listing began wins over that sweep for that instance.
+//! 6. **Half-made states are not news.** A domain that Create has defined but not yet
 //!    started, or that Delete has stopped but not yet undefined, reads as shut off; a
 //!    caller told STOPPED would replace a VM that is fine. An instance that a sweep
 //!    finds STOPPED where the hub said otherwise is read again under its key's lock
@@ -26,7 +31,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use egressproxy_provider::pb;
 use egressproxy_provider::watch::WatchHub;
@@ -45,11 +53,16 @@ pub const FULL_SWEEP_EVERY: u32 = 30;
 #[derive(Debug, Clone, Default)]
 pub struct InstanceWatch {
     hub: WatchHub,
+    /// When a call last told the hub about each instance (step 5 of the module docs).
+    told: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 /// Deadline of one host's listing: a stalled host fails the sweep soon, and the
 /// connection under it is dropped, rather than holding it for a caller's whole timeout.
 const SWEEP_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long what a call told is remembered against sweeps: longer than a sweep's
+/// listing may take ([`SWEEP_CALL_TIMEOUT`]) with its reports after it.
+const TOLD_KEPT: Duration = Duration::from_secs(60);
 /// First wait before a host whose sweep failed is swept again; it doubles up to
 /// [`MAX_HOST_RETRY`]. Callers' own calls still reach it meanwhile; the sweep only
 /// stops dialling a host that is down every second (and holding its dial lock, which
@@ -68,7 +81,7 @@ struct HostSeen {
     /// Sweeps of it that failed in a row.
     failures: u32,
     /// Not swept again before this, after a failure.
-    retry_at: Option<tokio::time::Instant>,
+    retry_at: Option<Instant>,
 }
 
 impl InstanceWatch {
@@ -79,12 +92,44 @@ impl InstanceWatch {
 
     /// A Create's answer.
     pub fn created(&self, instance: &pb::Instance) {
+        self.told(&instance.id);
+        self.hub.updated(instance.clone());
+    }
+
+    /// An UpdateInstanceTags' answer: the instance with its new tags.
+    pub fn updated(&self, instance: &pb::Instance) {
+        self.told(&instance.id);
         self.hub.updated(instance.clone());
     }
 
     /// Instance `id` was deleted.
     pub fn deleted(&self, id: &str) {
+        self.told(id);
         self.hub.deleted(id);
+    }
+
+    /// Notes that a call told the hub about `id` now; forgets what no sweep running now
+    /// can have listed before.
+    fn told(&self, id: &str) {
+        let now = Instant::now();
+        let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        told.retain(|_, at| now.duration_since(*at) < TOLD_KEPT);
+        told.insert(id.to_owned(), now);
+    }
+
+    /// Whether a call told the hub about `id` after `listed_at`, when a sweep began the
+    /// listing it is about to report.
+    fn told_since(&self, id: &str, listed_at: Instant) -> bool {
+        let told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        told.get(id).is_some_and(|at| *at >= listed_at)
+    }
+
+    /// What a sweep whose listing began at `listed_at` found of `instance`, unless a
+    /// call told newer since (step 5 of the module docs).
+    fn swept(&self, instance: pb::Instance, listed_at: Instant) {
+        if !self.told_since(&instance.id, listed_at) {
+            self.hub.updated(instance);
+        }
     }
 
     /// Sweeps every host of `instances` every `interval` for ever (step 1 of the module
@@ -131,17 +176,15 @@ impl InstanceWatch {
         let Ok(pool) = instances.pool().host(host) else {
             return;
         };
-        if last
-            .retry_at
-            .is_some_and(|at| tokio::time::Instant::now() < at)
-        {
+        if last.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
         let known = last.addresses.clone();
+        let listed_at = Instant::now();
         let found = pool
             .call(
                 LibvirtOp::new("virConnectListAllDomains"),
-                tokio::time::Instant::now() + SWEEP_CALL_TIMEOUT,
+                Instant::now() + SWEEP_CALL_TIMEOUT,
                 move |conn| domains::list_instances_knowing(conn, &[], nic, &known),
             )
             .await;
@@ -152,7 +195,7 @@ impl InstanceWatch {
                 let wait = FIRST_HOST_RETRY
                     .saturating_mul(1 << last.failures.saturating_sub(1).min(8))
                     .min(MAX_HOST_RETRY);
-                last.retry_at = Some(tokio::time::Instant::now() + wait);
+                last.retry_at = Some(Instant::now() + wait);
                 tracing::debug!(%host, %error, retry_in = ?wait,
                     "watch sweep skipped a host that did not answer");
                 return;
@@ -169,11 +212,13 @@ impl InstanceWatch {
             if self.newly_stopped(&instance) {
                 self.confirm(instances, &instance.id).await;
             } else {
-                self.hub.updated(instance);
+                self.swept(instance, listed_at);
             }
         }
         for gone in last.ids.difference(&now.ids) {
-            self.hub.deleted(gone);
+            if !self.told_since(gone, listed_at) {
+                self.hub.deleted(gone);
+            }
         }
         *last = now;
     }
@@ -200,5 +245,39 @@ impl InstanceWatch {
             }
             None => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: &str, owner: &str) -> pb::Instance {
+        pb::Instance {
+            id: id.to_owned(),
+            tags: [("owner".to_owned(), owner.to_owned())].into(),
+            ..Default::default()
+        }
+    }
+
+    /// A sweep that listed before a tag update answered, and reports after it, does not
+    /// put the old tags back; one that listed after does report.
+    #[tokio::test]
+    async fn a_sweep_listed_before_a_call_does_not_undo_what_the_call_told() {
+        let watch = InstanceWatch::default();
+        let listed_before = Instant::now();
+        watch.updated(&instance("hv/k", "new"));
+        watch.swept(instance("hv/k", "old"), listed_before);
+        assert_eq!(watch.hub.current("hv/k").unwrap().tags["owner"], "new");
+
+        let listed_after = Instant::now() + Duration::from_millis(1);
+        watch.swept(instance("hv/k", "newer"), listed_after);
+        assert_eq!(watch.hub.current("hv/k").unwrap().tags["owner"], "newer");
+
+        // Nor does it bring back what a Delete told gone.
+        let listed_before = Instant::now();
+        watch.deleted("hv/k");
+        watch.swept(instance("hv/k", "newer"), listed_before);
+        assert!(watch.hub.current("hv/k").is_none());
     }
 }

@@ -409,6 +409,11 @@ pub(super) fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorCl
             "INSTANCE_NOT_FOUND",
         ),
         (
+            Error::TagsChanged { id: "hv/k".into() },
+            C::Permanent,
+            "TAGS_CHANGED",
+        ),
+        (
             Error::InstanceVanished {
                 domain: "egressproxy-k".into(),
             },

@@ -155,6 +155,46 @@ impl InstanceMetadata {
         )?)
     }
 
+    /// The element as `virDomainSetMetadata` takes it: bare, without prefixes or
+    /// namespace declaration. libvirt puts it in the namespace it is given itself, and
+    /// refuses an element that declares that prefix already ("failed to create a new XML
+    /// namespace"). Element names lose their prefix; attributes other than the
+    /// declaration, and every value, are copied as they are (still escaped).
+    pub fn to_bare_xml(&self) -> Result<String, XmlError> {
+        use quick_xml::events::{BytesEnd, BytesStart, Event};
+        let rewrite =
+            |e: quick_xml::Error| XmlError::Serialize(quick_xml::SeError::Custom(e.to_string()));
+        let prefixed = self.to_xml()?;
+        let mut reader = quick_xml::Reader::from_str(&prefixed);
+        let mut writer = quick_xml::Writer::new(Vec::new());
+        let bare = |start: &BytesStart<'_>| -> Result<BytesStart<'static>, XmlError> {
+            let name: String = start.local_name().as_ref().to_owned();
+            let mut out = BytesStart::new(name);
+            for attribute in start.attributes() {
+                let attribute = attribute.map_err(|e| rewrite(e.into()))?;
+                if !attribute.key.as_ref().starts_with("xmlns") {
+                    out.push_attribute(attribute);
+                }
+            }
+            Ok(out)
+        };
+        loop {
+            let event = match reader.read_event().map_err(rewrite)? {
+                Event::Start(start) => Event::Start(bare(&start)?),
+                Event::Empty(start) => Event::Empty(bare(&start)?),
+                Event::End(end) => {
+                    let name: String = end.local_name().as_ref().to_owned();
+                    Event::End(BytesEnd::new(name))
+                }
+                Event::Eof => break,
+                other => other.into_owned(),
+            };
+            writer.write_event(event).map_err(|e| rewrite(e.into()))?;
+        }
+        String::from_utf8(writer.into_inner())
+            .map_err(|e| XmlError::Serialize(quick_xml::SeError::Custom(e.to_string())))
+    }
+
     /// Parses the element as libvirt returns it (bare, re-indented) or as written.
     pub fn parse(xml: &str) -> Result<Self, XmlError> {
         quick_xml::de::from_str(xml).map_err(|source| XmlError::Parse {

@@ -107,6 +107,26 @@ fn user_strings_are_escaped_and_round_trip() {
     assert_eq!(InstanceMetadata::parse(&element).unwrap(), spec.metadata);
 }
 
+/// UpdateInstanceTags hands libvirt the element bare: no prefix, no namespace
+/// declaration, every value as it was, however hostile (a value that looks like a
+/// prefixed element or a declaration stays a value).
+#[test]
+fn the_bare_element_keeps_every_value_and_drops_only_prefix_and_declaration() {
+    let mut metadata = metadata();
+    let nasty = r#"a"b'c<d>e&f </egressproxy:tags><egressproxy:x xmlns:egressproxy="u">"#;
+    metadata.name = nasty.into();
+    metadata.tags.insert(nasty.into(), nasty.into());
+    metadata
+        .tags
+        .insert("xmlns:egressproxy".into(), "egressproxy:".into());
+    metadata.address_identity = Some("id".into());
+    let bare = metadata.to_bare_xml().unwrap();
+    assert!(bare.starts_with("<instance "), "{bare}");
+    assert!(!bare.contains("<egressproxy:"), "{bare}");
+    assert!(!bare.contains(METADATA_NAMESPACE), "{bare}");
+    assert_eq!(InstanceMetadata::parse(&bare).unwrap(), metadata);
+}
+
 #[test]
 fn metadata_parses_by_local_name_as_libvirt_returns_it() {
     // virDomainGetMetadata: no prefix, no namespace declaration, re-indented.
