@@ -4,9 +4,14 @@
 //!
 //! - **Create**: check the request; read the key's pod (its name is a digest of the
 //!   key): if it exists, answer it (same spec), ALREADY_EXISTS (another spec) or
-//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). Otherwise choose a node and create
-//!   the pod; a racing Create that won makes the apiserver answer AlreadyExists, and the
-//!   winner's pod is answered as above, so one key never makes two pods.
+//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). Otherwise, holding the proxy port's
+//!   lock (`port_lock`), read the egress nodes, our pods, and the host ports that every
+//!   pod on the nodes the placement allows holds; choose a node where the port is free
+//!   (`placement`) and create the pod. A racing Create of the key that won makes the
+//!   apiserver answer AlreadyExists, and the winner's pod is answered as above, so one
+//!   key never makes two pods; a racing Create of another key on the same port waits
+//!   for the lock and then reads this one's pod, so two pods never share a port of a
+//!   node.
 //! - **Get**: the pod, read as an instance; no pod (or not ours) is NOT_FOUND.
 //! - **Delete**: delete the pod (with its UID as a precondition, so a newer pod of the
 //!   same key is never hit); DELETING while it terminates (the kubelet stops the
@@ -15,7 +20,7 @@
 //!   shared paging: all of them or an error.
 //! - **Watch**: the streams of a watch of our pods (`pod_watch`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +34,7 @@ use crate::kube_errors::{classify, is_already_exists, is_not_found};
 use crate::placement::{self, Candidate};
 use crate::pod_spec::proxy_pod;
 use crate::pod_watch::PodWatch;
+use crate::port_lock::PortLocks;
 use crate::record::{
     MANAGED_BY, MANAGED_BY_LABEL, Recorded, RequestedPlacement, is_instance_id, pod_name,
 };
@@ -43,6 +49,7 @@ pub struct KubeProvider {
     client: kube::Client,
     config: Arc<Config>,
     watch: Arc<PodWatch>,
+    ports: Arc<PortLocks>,
 }
 
 impl std::fmt::Debug for KubeProvider {
@@ -63,6 +70,7 @@ impl KubeProvider {
             client,
             config: Arc::new(config),
             watch: Arc::new(PodWatch::start(pods)),
+            ports: Arc::default(),
         }
     }
 
@@ -105,7 +113,11 @@ impl KubeProvider {
         if let Some(pod) = self.read_pod(&name).await? {
             return answer_existing(&pod, &recorded);
         }
-        let node = self.choose_node(&recorded.requested).await?;
+        // Held until the pod exists, so the next Create of this port sees it.
+        let _port = self.ports.lock(recorded.proxy_port).await;
+        let node = self
+            .choose_node(&recorded.requested, recorded.proxy_port)
+            .await?;
         let pod = proxy_pod(
             &self.config,
             &recorded,
@@ -239,8 +251,13 @@ impl KubeProvider {
         Ok(list.items)
     }
 
-    /// The node for a new pod: the egress nodes, each with our pods on it counted.
-    async fn choose_node(&self, requested: &RequestedPlacement) -> Result<String, ProviderError> {
+    /// The node for a new pod: the egress nodes, each with our pods on it counted and,
+    /// for those the placement allows, the host ports in use on it.
+    async fn choose_node(
+        &self,
+        requested: &RequestedPlacement,
+        proxy_port: u32,
+    ) -> Result<String, ProviderError> {
         let selector: Vec<String> = self
             .config
             .node_selector
@@ -259,7 +276,7 @@ impl KubeProvider {
                 *per_node.entry(node).or_default() += 1;
             }
         }
-        let candidates: Vec<Candidate> = nodes
+        let mut candidates: Vec<Candidate> = nodes
             .items
             .iter()
             .map(|node| {
@@ -268,7 +285,33 @@ impl KubeProvider {
                 Candidate::from_node(node, &self.config.zone_label, count)
             })
             .collect();
-        placement::choose(requested, &candidates)
+        let inspected: Vec<String> = placement::in_scope(requested, &candidates)?
+            .into_iter()
+            .filter(|candidate| candidate.schedulable)
+            .map(|candidate| candidate.name.clone())
+            .collect();
+        let in_use =
+            futures::future::try_join_all(inspected.iter().map(|node| self.host_ports_on(node)))
+                .await?;
+        for (node, ports) in inspected.iter().zip(in_use) {
+            if let Some(candidate) = candidates.iter_mut().find(|c| &c.name == node) {
+                candidate.ports_in_use = ports;
+            }
+        }
+        placement::choose(requested, proxy_port, &candidates)
+    }
+
+    /// The TCP host ports that the pods bound to `node`, in any namespace, hold.
+    async fn host_ports_on(&self, node: &str) -> Result<BTreeSet<u32>, ProviderError> {
+        // Terminated pods hold no port; the field selector leaves them out at the source.
+        let params = ListParams::default().fields(&format!(
+            "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        ));
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map_err(|error| classify(&format!("list the pods on node {node}"), error))?;
+        Ok(pods.items.iter().flat_map(placement::host_ports).collect())
     }
 }
 
