@@ -1,10 +1,11 @@
 //! Creates of one proxy port, one at a time in this process.
 //!
 //! The provider binds its pods to a node itself, so it also keeps two of its own pods
-//! off one port of one node: a Create holds its port's lock from reading which ports
-//! the egress nodes have in use until its pod exists (or failed to be made), so a
-//! second Create of that port reads the first one's pod and chooses another node, or
-//! answers `PORT_IN_USE`. Creates of different ports do not wait for each other.
+//! off one port of one node: a Create holds its port's lock from reading its key's pod
+//! and which ports the egress nodes have in use until its pod exists (or failed to be
+//! made), so a second Create of that port reads the first one's pod, as its own key's
+//! (a repeat) or as holding the port on that node: it chooses another node, or answers
+//! `PORT_IN_USE`. Creates of different ports do not wait for each other.
 //!
 //! The lock is the process's: a second replica of the provider is not kept out by it,
 //! and of two pods it places on one port of one node the kubelet admits one; the

@@ -4,14 +4,15 @@
 //!
 //! - **Create**: check the request; read the key's pod (its name is a digest of the
 //!   key): if it exists, answer it (same spec), ALREADY_EXISTS (another spec) or
-//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). Otherwise, holding the proxy port's
-//!   lock (`port_lock`), read the egress nodes, our pods, and the host ports that every
-//!   pod on the nodes the placement allows holds; choose a node where the port is free
-//!   (`placement`) and create the pod. A racing Create of the key that won makes the
-//!   apiserver answer AlreadyExists, and the winner's pod is answered as above, so one
-//!   key never makes two pods; a racing Create of another key on the same port waits
-//!   for the lock and then reads this one's pod, so two pods never share a port of a
-//!   node.
+//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). That read and all that follows hold
+//!   the proxy port's lock (`port_lock`) until the pod exists. Otherwise read the egress
+//!   nodes, our pods, and the host ports that every pod on the nodes the placement
+//!   allows holds; choose a node where the port is free (`placement`) and create the
+//!   pod. A racing Create of the key that won makes the apiserver answer AlreadyExists
+//!   (or, where the lock did not order them, holds the port: the key's pod is read
+//!   again), and the winner's pod is answered as above, so one key never makes two
+//!   pods; a racing Create of another key on the same port waits for the lock and then
+//!   reads this one's pod, so two pods never share a port of a node.
 //! - **Get**: the pod, read as an instance; no pod (or not ours) is NOT_FOUND.
 //! - **Delete**: delete the pod (with its UID as a precondition, so a newer pod of the
 //!   same key is never hit); DELETING while it terminates (the kubelet stops the
@@ -110,14 +111,27 @@ impl KubeProvider {
             proxy_port: request.proxy_port,
         };
         let name = pod_name(&recorded.key);
+        // Held from before the key's pod is read until it exists, so the next Create of
+        // this port sees it: as its key's pod (a repeat) or holding the port.
+        let _port = self.ports.lock(recorded.proxy_port).await;
         if let Some(pod) = self.read_pod(&name).await? {
             return answer_existing(&pod, &recorded);
         }
-        // Held until the pod exists, so the next Create of this port sees it.
-        let _port = self.ports.lock(recorded.proxy_port).await;
-        let node = self
+        let node = match self
             .choose_node(&recorded.requested, recorded.proxy_port)
-            .await?;
+            .await
+        {
+            Ok(node) => node,
+            // The port may be held by this key's own pod, made since the read above by a
+            // Create that this process's lock does not order (another replica's).
+            Err(error) if error.reason == placement::PORT_IN_USE => {
+                return match self.read_pod(&name).await? {
+                    Some(pod) => answer_existing(&pod, &recorded),
+                    None => Err(error),
+                };
+            }
+            Err(error) => return Err(error),
+        };
         let pod = proxy_pod(
             &self.config,
             &recorded,
