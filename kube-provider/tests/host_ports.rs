@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use common::{Harness, create, create_request};
 use egressproxy_provider::{ErrorClass, ProviderError, pb};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_provider::placement::PORT_IN_USE;
 use pb::placement::Location;
@@ -158,6 +158,15 @@ async fn another_namespaces_pod_and_a_terminating_pod_hold_the_port() {
                 ..Namespace::default()
             },
         )
+        .await
+        .unwrap();
+    // No controller makes the namespace's default ServiceAccount here; admission needs it.
+    let account: ServiceAccount = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "default"},
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(harness.env.client.clone(), &namespace)
+        .create(&PostParams::default(), &account)
         .await
         .unwrap();
     let foreign: Api<Pod> = Api::namespaced(harness.env.client.clone(), &namespace);
