@@ -57,8 +57,9 @@ async fn told_nothing_only_the_user_data_checks_fail() {
 }
 
 /// How many egress nodes the suite's provider gets: more than the instances on port
-/// 3128 that a whole run keeps at once (the concurrency check's 10 and about a dozen
-/// more), each of which needs a node of its own.
+/// 3128 that a whole run keeps at once, each of which needs a node of its own.
+/// Measured: 24 nodes are too few (the concurrency checks fail `PORT_IN_USE`), 28
+/// enough; 32 leaves room for a few more checks.
 const EGRESS_NODES: usize = 32;
 
 /// The whole suite against a new provider on [`EGRESS_NODES`] egress nodes in two
