@@ -16,7 +16,7 @@
 //!    each call against the apiserver, with its failures classified in [`kube_errors`].
 //!
 //! Imports point one way: `service` → `provider` → the pure modules (`request`,
-//! `placement`, `pod_spec`, `instance`, `record`, `kube_errors`, `port_lock`) →
+//! `placement`, `pod_spec`, `instance`, `record`, `kube_errors`) and `port_lock` →
 //! `config`; the unit test `layer_rule` checks it.
 
 pub mod config;
