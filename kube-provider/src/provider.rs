@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use egressproxy_provider::error::reason;
 use egressproxy_provider::{ProviderError, paging, pb, validation};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
@@ -234,7 +235,7 @@ impl KubeProvider {
         &self,
         request: &pb::UpdateInstanceTagsRequest,
     ) -> Result<pb::Instance, ProviderError> {
-        request::check_update_tags(request)?;
+        validation::check_update_tags_request(request)?;
         let id = &request.id;
         let missing = || ProviderError::not_found(format!("instance {id} does not exist"));
         if !is_instance_id(id) {
@@ -254,7 +255,7 @@ impl KubeProvider {
                 return Err(ProviderError::permanent(format!(
                     "instance {id} is being deleted: its tags no longer change"
                 ))
-                .with_reason("INSTANCE_DELETING"));
+                .with_reason(reason::INSTANCE_DELETING));
             }
             if recorded.tags == new {
                 return instance::instance(&pod).map_err(unreadable);
@@ -264,7 +265,7 @@ impl KubeProvider {
                     "instance {id}: its tags are no longer the expected_tags (another caller \
                      changed them); nothing was changed: read the instance again and decide anew"
                 ))
-                .with_reason("TAGS_CHANGED"));
+                .with_reason(reason::TAGS_CHANGED));
             }
             recorded.tags = new.clone();
             let record = serde_json::to_string(&recorded).map_err(|error| {

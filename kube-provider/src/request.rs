@@ -11,8 +11,9 @@
 //!   the image the configuration names instead.
 //! - **No address identities**: their capabilities are not declared, so both fields are
 //!   refused, naming each.
-//! - **UpdateInstanceTags** ([`check_update_tags`]): the id, and both tag maps within
-//!   the contract's limits.
+//! - **UpdateInstanceTags**: the contract crate's own check
+//!   (`validation::check_update_tags_request`): the id, and both tag maps within the
+//!   contract's limits.
 //! - **Names the configuration offers**: an unknown machine type or image is
 //!   INVALID_ARGUMENT on `placement.machine_type` or `placement.image`.
 
@@ -93,55 +94,6 @@ pub fn check_create(
     })
 }
 
-/// Checks an UpdateInstanceTags request: the id is given, and `expected_tags` and `tags`
-/// are within the contract's limits of tags, each violation named by its field or map
-/// entry (`tags["k"]`), all at once.
-pub fn check_update_tags(request: &pb::UpdateInstanceTagsRequest) -> Result<(), ProviderError> {
-    use validation::{MAX_TAG_BYTES, MAX_TAGS, map_entry_path};
-    let mut refused: Vec<(String, String)> = Vec::new();
-    if request.id.is_empty() {
-        refused.push((
-            "id".into(),
-            "required: the id CreateInstance returned".into(),
-        ));
-    }
-    for (field, tags) in [
-        ("expected_tags", &request.expected_tags),
-        ("tags", &request.tags),
-    ] {
-        if tags.len() > MAX_TAGS {
-            refused.push((
-                field.into(),
-                format!("at most {MAX_TAGS} entries, got {}", tags.len()),
-            ));
-        }
-        let mut keys: Vec<&String> = tags.keys().collect();
-        keys.sort();
-        for key in keys {
-            let value = &tags[key];
-            if key.is_empty() || key.len() > MAX_TAG_BYTES || value.len() > MAX_TAG_BYTES {
-                refused.push((
-                    map_entry_path(field, key),
-                    format!(
-                        "keys must be 1 to {MAX_TAG_BYTES} bytes and values at most \
-                         {MAX_TAG_BYTES} (this key is {} bytes, its value {})",
-                        key.len(),
-                        value.len()
-                    ),
-                ));
-            }
-        }
-    }
-    let mut refused = refused.into_iter();
-    let Some((field, description)) = refused.next() else {
-        return Ok(());
-    };
-    Err(refused.fold(
-        ProviderError::invalid_argument(field, description),
-        |error, (field, description)| error.with_violation(field, description),
-    ))
-}
-
 fn unknown<'a>(what: &str, name: &str, offered: impl Iterator<Item = &'a String>) -> String {
     let offered: Vec<&str> = offered.map(String::as_str).collect();
     format!(
@@ -180,24 +132,6 @@ mod tests {
             .iter()
             .map(|v| v.field.as_str())
             .collect()
-    }
-
-    #[test]
-    fn an_update_of_tags_names_the_id_and_each_bad_entry_of_both_maps() {
-        let valid = pb::UpdateInstanceTagsRequest {
-            id: "egress-proxy-x".into(),
-            expected_tags: [("pool".to_owned(), "spares".to_owned())].into(),
-            tags: Default::default(),
-        };
-        check_update_tags(&valid).unwrap();
-        let bad = pb::UpdateInstanceTagsRequest {
-            id: String::new(),
-            expected_tags: [(String::new(), "v".to_owned())].into(),
-            tags: [("k".to_owned(), "v".repeat(validation::MAX_TAG_BYTES + 1))].into(),
-        };
-        let error = check_update_tags(&bad).unwrap_err();
-        assert_eq!(error.class, ErrorClass::InvalidArgument);
-        assert_eq!(fields(&error), ["id", "expected_tags[\"\"]", "tags[\"k\"]"]);
     }
 
     #[test]

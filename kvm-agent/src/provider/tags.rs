@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 
 use egressproxy_provider::pb;
-use egressproxy_provider::validation::{self, MAX_TAG_BYTES, MAX_TAGS, map_entry_path};
+use egressproxy_provider::validation::{self, map_entry_path};
 
 use crate::error::Error;
 use crate::libvirt::xml::metadata::check_xml_safe;
@@ -33,23 +33,22 @@ use crate::libvirt::xml::metadata::check_xml_safe;
 /// `(expected_tags, tags)`.
 pub(crate) type CheckedTags = (BTreeMap<String, String>, BTreeMap<String, String>);
 
-/// Step 1 of the module docs.
+/// Step 1 of the module docs: the contract's checks (the crate's, as every provider
+/// words them), then the agent's own on what libvirt's XML can keep.
 pub(crate) fn check_update_tags_request(
     request: &pb::UpdateInstanceTagsRequest,
 ) -> Result<CheckedTags, Error> {
-    let mut violations = Vec::new();
-    if let Err(error) = validation::check_id(&request.id) {
-        violations.extend(
-            error
-                .field_violations
-                .into_iter()
-                .map(|v| (v.field, v.description)),
-        );
-    }
+    let mut violations: Vec<(String, String)> = match validation::check_update_tags_request(request)
+    {
+        Ok(()) => Vec::new(),
+        Err(error) => error
+            .field_violations
+            .into_iter()
+            .map(|v| (v.field, v.description))
+            .collect(),
+    };
     let expected = ordered(&request.expected_tags);
     let tags = ordered(&request.tags);
-    check_limits("expected_tags", &expected, &mut violations);
-    check_limits("tags", &tags, &mut violations);
     for (key, value) in &tags {
         if let Err(e) = check_xml_safe(key).and_then(|()| check_xml_safe(value)) {
             violations.push((map_entry_path("tags", key), e.to_string()));
@@ -66,37 +65,10 @@ fn ordered(tags: &std::collections::HashMap<String, String>) -> BTreeMap<String,
     tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-/// The contract's limits of a tag map (those CreateInstanceRequest.tags has), with its
-/// wording.
-fn check_limits(
-    field: &str,
-    tags: &BTreeMap<String, String>,
-    violations: &mut Vec<(String, String)>,
-) {
-    if tags.len() > MAX_TAGS {
-        violations.push((
-            field.to_owned(),
-            format!("at most {MAX_TAGS} entries, got {}", tags.len()),
-        ));
-    }
-    for (key, value) in tags {
-        if key.is_empty() || key.len() > MAX_TAG_BYTES || value.len() > MAX_TAG_BYTES {
-            violations.push((
-                map_entry_path(field, key),
-                format!(
-                    "keys must be 1 to {MAX_TAG_BYTES} bytes and values at most \
-                     {MAX_TAG_BYTES} (this key is {} bytes, its value {})",
-                    key.len(),
-                    value.len()
-                ),
-            ));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egressproxy_provider::validation::{MAX_TAG_BYTES, MAX_TAGS};
 
     fn request(
         id: &str,
