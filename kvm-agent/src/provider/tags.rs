@@ -1,9 +1,9 @@
 //! UpdateInstanceTags (contract 1.5.0, CAPABILITY_UPDATE_TAGS): compare-and-set of an
 //! instance's tags.
 //!
-//! 1. **Check** the request ([`check_update_tags_request`]): every problem at once as
-//!    INVALID_ARGUMENT naming its field: an empty `id`; `expected_tags` or `tags` past
-//!    the contract's tag limits; a `tags` entry libvirt's XML cannot keep unchanged (as
+//! 1. **Check** the request (`check_update_tags_request`): every problem at once as
+//!    INVALID_ARGUMENT naming its field: an empty `id` and `expected_tags` or `tags`
+//!    past the contract's tag limits (the contract crate's own check); a `tags` entry libvirt's XML cannot keep unchanged (as
 //!    Create refuses it). An `expected_tags` entry no stored tag can have just never
 //!    matches (TAGS_CHANGED).
 //! 2. **Resolve** the id as Get does: one this provider cannot have made
