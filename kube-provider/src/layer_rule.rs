@@ -14,7 +14,6 @@ const MODULES: &[(&str, Option<&[&str]>)] = &[
     ("service", None),
     ("provider", None),
     ("pod_watch", Some(&["instance", "record"])),
-    ("port_lock", Some(&[])),
     ("request", Some(&["config"])),
     ("placement", Some(&["record"])),
     ("pod_spec", Some(&["config", "record"])),
