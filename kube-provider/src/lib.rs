@@ -15,14 +15,12 @@
 //!    each call against the apiserver, with its failures classified in [`kube_errors`].
 //!
 //! Imports point one way: `service` → `provider` → the pure modules (`request`,
-//! `placement`, `pod_spec`, `instance`, `record`, `kube_errors`) → `config`; the unit
-//! test `layer_rule` checks it.
+//! `placement`, `pod_spec`, `instance`, `record`, `kube_errors`) → `config`;
+//! `tests/layer_rule.rs` checks it.
 
 pub mod config;
 pub mod instance;
 pub mod kube_errors;
-#[cfg(test)]
-mod layer_rule;
 pub mod placement;
 pub mod pod_spec;
 pub mod pod_watch;

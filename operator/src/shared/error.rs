@@ -100,77 +100,101 @@ pub const PERMANENT_REASONS: [&str; 7] = [
     "ProviderConfigInvalid",
 ];
 
+/// Who must act on an error, besides the operator's own retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// Nobody: the retry will most likely succeed on its own.
+    NotNeeded,
+    /// A person is told (an Event), though the retry may succeed without them (a
+    /// cloud-init Secret someone has yet to create).
+    Tell,
+    /// A person must fix the spec, the config or the provider: the Proxy is Failed and
+    /// an Event says why.
+    Fix,
+}
+
+/// What an error means, decided once ([`Error::classify`]): the `Ready` reason users
+/// see, how the controller retries, and who must act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classification {
+    /// The condition reason that tells a user what kind of failure this is.
+    pub reason: &'static str,
+    /// How to retry.
+    pub retry: Retry,
+    /// Who must act.
+    pub attention: Attention,
+}
+
 impl Error {
-    /// How to retry after this error.
-    pub fn retry(&self) -> Retry {
+    /// What this error means: the one place errors are classified.
+    pub fn classify(&self) -> Classification {
+        use Attention::{Fix, NotNeeded, Tell};
+        use Retry::{After, Backoff, OnSpecChange, Slowly};
+        let class = |reason, retry, attention| Classification {
+            reason,
+            retry,
+            attention,
+        };
         match self {
             Error::Provider { source, .. } => match source.class {
-                ErrorClass::Transient | ErrorClass::DeadlineExceeded => Retry::Backoff,
-                ErrorClass::QuotaExhausted => {
-                    source.retry_after.map_or(Retry::Backoff, Retry::After)
+                // The identity's earlier instance is being deleted: it goes on its own.
+                ErrorClass::Transient if source.reason == reason::ADDRESS_IDENTITY_IN_USE => {
+                    class("WaitingForOldInstance", Backoff, NotNeeded)
                 }
+                ErrorClass::AlreadyExists if source.reason == reason::ADDRESS_TAKEN => {
+                    class("AddressTaken", Slowly, Fix)
+                }
+                ErrorClass::Transient | ErrorClass::DeadlineExceeded => {
+                    class("ProviderUnavailable", Backoff, NotNeeded)
+                }
+                ErrorClass::QuotaExhausted => class(
+                    "QuotaExhausted",
+                    source.retry_after.map_or(Backoff, After),
+                    NotNeeded,
+                ),
                 // The provider names a field of the request: only a new spec helps.
-                ErrorClass::InvalidArgument => Retry::OnSpecChange,
-                // The cause lies at the provider (a bad image checksum in its config,
-                // a missing capability): its operators may fix it at any time.
-                ErrorClass::Permanent | ErrorClass::AlreadyExists | ErrorClass::Unimplemented => {
-                    Retry::Slowly
+                ErrorClass::InvalidArgument => class("InvalidSpec", OnSpecChange, Fix),
+                // The cause lies at the provider (a bad image checksum in its config, a
+                // missing capability, a key taken): its operators may fix it at any
+                // time, and no spec change would announce that, so retry slowly.
+                ErrorClass::AlreadyExists => class("InstanceKeyConflict", Slowly, Fix),
+                ErrorClass::Permanent | ErrorClass::Unimplemented => {
+                    class("ProviderRejected", Slowly, Fix)
                 }
-                ErrorClass::NotFound => Retry::Backoff,
+                ErrorClass::NotFound => class("InstanceNotFound", Backoff, NotNeeded),
             },
-            // A config or provider fix does not change the Proxy, so these retry
-            // (slowly, as the backoff grows) instead of waiting for a spec change.
-            Error::ProviderNotConfigured(_)
-            | Error::ProviderGone(_)
-            | Error::IncompatibleProvider { .. }
-            | Error::Connect { .. } => Retry::Backoff,
-            Error::UnsupportedSpec { .. } => Retry::OnSpecChange,
-            Error::CloudInitSecret { .. } | Error::Kube(_) | Error::Finalizer(_) => Retry::Backoff,
+            // A config or provider fix does not change the Proxy, so these retry (slowly,
+            // as the backoff grows) instead of waiting for a spec change.
+            Error::ProviderNotConfigured(_) | Error::ProviderGone(_) => {
+                class("ProviderNotConfigured", Backoff, Fix)
+            }
+            Error::IncompatibleProvider { .. } => class("IncompatibleProvider", Backoff, Fix),
+            Error::Connect { .. } => class("ProviderConfigInvalid", Backoff, Fix),
+            Error::CloudInitSecret { .. } => class("CloudInitSecretUnavailable", Backoff, Tell),
+            Error::UnsupportedSpec { .. } => class("InvalidSpec", OnSpecChange, Fix),
+            Error::Kube(_) | Error::Finalizer(_) => class("KubernetesApiError", Backoff, NotNeeded),
         }
+    }
+
+    /// How to retry after this error.
+    pub fn retry(&self) -> Retry {
+        self.classify().retry
     }
 
     /// The condition reason that tells a user what kind of failure this is.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Error::Provider { source, .. } => match source.class {
-                ErrorClass::Transient if source.reason == reason::ADDRESS_IDENTITY_IN_USE => {
-                    "WaitingForOldInstance"
-                }
-                ErrorClass::AlreadyExists if source.reason == reason::ADDRESS_TAKEN => {
-                    "AddressTaken"
-                }
-                ErrorClass::Transient | ErrorClass::DeadlineExceeded => "ProviderUnavailable",
-                ErrorClass::QuotaExhausted => "QuotaExhausted",
-                ErrorClass::InvalidArgument => "InvalidSpec",
-                ErrorClass::AlreadyExists => "InstanceKeyConflict",
-                ErrorClass::Permanent | ErrorClass::Unimplemented => "ProviderRejected",
-                ErrorClass::NotFound => "InstanceNotFound",
-            },
-            Error::ProviderNotConfigured(_) | Error::ProviderGone(_) => "ProviderNotConfigured",
-            Error::IncompatibleProvider { .. } => "IncompatibleProvider",
-            Error::Connect { .. } => "ProviderConfigInvalid",
-            Error::CloudInitSecret { .. } => "CloudInitSecretUnavailable",
-            Error::UnsupportedSpec { .. } => "InvalidSpec",
-            Error::Kube(_) | Error::Finalizer(_) => "KubernetesApiError",
-        }
+        self.classify().reason
     }
 
     /// Whether a person must act (fix the spec, the config or the provider): the
     /// Proxy is then Failed and an Event says why.
     pub fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            Error::ProviderNotConfigured(_)
-                | Error::ProviderGone(_)
-                | Error::IncompatibleProvider { .. }
-                | Error::Connect { .. }
-        ) || matches!(self.retry(), Retry::OnSpecChange | Retry::Slowly)
+        self.classify().attention == Attention::Fix
     }
 
-    /// Whether an Event should tell a person: permanent errors, and a missing
-    /// cloud-init Secret (retried, but only a person can create it).
+    /// Whether an Event should tell a person.
     pub fn needs_a_person(&self) -> bool {
-        self.is_permanent() || matches!(self, Error::CloudInitSecret { .. })
+        self.classify().attention != Attention::NotNeeded
     }
 
     /// The error and its sources, for messages users read. A provider's field
@@ -193,8 +217,9 @@ impl Error {
 
     /// The class label for metrics.
     pub fn class_label(&self) -> &'static str {
-        match self.retry() {
-            _ if self.is_permanent() => "permanent",
+        let classification = self.classify();
+        match classification.retry {
+            _ if classification.attention == Attention::Fix => "permanent",
             Retry::After(_) => "quota",
             _ => "transient",
         }
