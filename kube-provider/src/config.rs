@@ -26,7 +26,8 @@ pub const DEFAULT_PORT_ENV: &str = "PROXY_PORT";
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The namespace the proxy pods are created in; the provider's RBAC needs pods
-    /// there and nothing else but reading nodes.
+    /// there and nothing else but listing nodes, and pods of every namespace (for the
+    /// host ports they hold).
     pub namespace: String,
     /// The node label whose values are the zones a placement may name.
     #[serde(default = "default_zone_label")]

@@ -8,6 +8,12 @@
 //! | phase Running, not Ready | PROVISIONING | none |
 //! | phase Pending, Unknown or none | PROVISIONING (a node out of touch is not a stopped proxy) | none |
 //! | phase Succeeded or Failed | STOPPED (the operator replaces it) | none |
+//! | phase Failed, reason `NodePorts` | STOPPED, the message naming the port in use on the node | none |
+//!
+//! The kubelet fails a pod with reason `NodePorts` when its port is taken on the node
+//! by the time it admits it (the placement keeps the provider's own pods and every
+//! declared host port apart, but not a second provider replica racing this one):
+//! the message says so, as a port in use, not only that the pod failed.
 //!
 //! RUNNING needs an address: a Ready pod whose status holds no IPv4 host address stays
 //! PROVISIONING. IPv6 host addresses are left out, since the provider does not declare
@@ -52,7 +58,7 @@ pub fn recorded(pod: &Pod) -> Result<Recorded, Unreadable> {
 pub fn instance(pod: &Pod) -> Result<pb::Instance, Unreadable> {
     let recorded = recorded(pod)?;
     let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    let (state, state_message, addresses) = state(pod);
+    let (state, state_message, addresses) = state(pod, recorded.proxy_port);
     let mut instance =
         pb::Instance {
             id: pod.metadata.name.clone().unwrap_or_default(),
@@ -75,7 +81,7 @@ pub fn instance(pod: &Pod) -> Result<pb::Instance, Unreadable> {
     Ok(instance)
 }
 
-fn state(pod: &Pod) -> (InstanceState, String, Vec<pb::Address>) {
+fn state(pod: &Pod, proxy_port: u32) -> (InstanceState, String, Vec<pb::Address>) {
     if pod.metadata.deletion_timestamp.is_some() {
         return (
             InstanceState::Deleting,
@@ -119,6 +125,13 @@ fn state(pod: &Pod) -> (InstanceState, String, Vec<pb::Address>) {
             } else {
                 (InstanceState::Running, String::new(), addresses)
             }
+        }
+        Some("Failed") if status.reason.as_deref() == Some("NodePorts") => {
+            let message = format!(
+                "the kubelet of node {node} rejected the pod: proxy port {proxy_port} is \
+                 already in use there: use another proxy port or node ({why})"
+            );
+            (InstanceState::Stopped, bounded(message), Vec::new())
         }
         Some(phase @ ("Succeeded" | "Failed")) => {
             let message = format!("the pod is {phase} on node {node}");
@@ -240,6 +253,40 @@ mod tests {
         }
     }
 
+    /// As the kubelet fails a pod whose host port another pod on the node holds.
+    fn rejected_for_its_port() -> PodStatus {
+        PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("NodePorts".into()),
+            message: Some("Pod was rejected: Predicate NodePorts failed".into()),
+            ..PodStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_rejected_for_its_port_says_which_port_on_which_node() {
+        let stopped = instance(&pod(rejected_for_its_port(), false)).unwrap();
+        assert_eq!(stopped.state(), InstanceState::Stopped);
+        for part in [
+            "node node-a",
+            "proxy port 3128",
+            "already in use",
+            "another proxy port",
+        ] {
+            assert!(
+                stopped.state_message.contains(part),
+                "{part:?} missing: {}",
+                stopped.state_message
+            );
+        }
+        let failed = instance(&pod(phase("Failed"), false)).unwrap();
+        assert!(
+            !failed.state_message.contains("in use"),
+            "{}",
+            failed.state_message
+        );
+    }
+
     fn phase(phase: &str) -> PodStatus {
         PodStatus {
             phase: Some(phase.into()),
@@ -280,6 +327,11 @@ mod tests {
             ),
             (pod(phase("Succeeded"), false), InstanceState::Stopped, 0),
             (pod(phase("Failed"), false), InstanceState::Stopped, 0),
+            (
+                pod(rejected_for_its_port(), false),
+                InstanceState::Stopped,
+                0,
+            ),
         ];
         for (pod, state, addresses) in rows {
             let instance = instance(&pod).unwrap();

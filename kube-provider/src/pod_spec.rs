@@ -5,8 +5,9 @@
 //!   one partners allow-list, and the instance's address is the node's.
 //! - **Bound to its node** (`nodeName`): the provider chose it (see `placement`).
 //! - **Resources** from the machine type; the proxy port as an environment variable of
-//!   the image's choosing and as the container port; a TCP readiness probe on it, so
-//!   RUNNING means the proxy accepts connections.
+//!   the image's choosing and as the container port with the same host port (TCP), so
+//!   the port is declared as the node's; a TCP readiness probe on it, so RUNNING means
+//!   the proxy accepts connections.
 //! - **No service account token**: the proxy never talks to the apiserver.
 
 use std::collections::BTreeMap;
@@ -64,6 +65,10 @@ pub fn proxy_pod(
                 ports: Some(vec![ContainerPort {
                     name: Some("proxy".into()),
                     container_port: port,
+                    // Host network makes the port the node's; declaring it so lets the
+                    // kubelet refuse a second pod on it at admission, and other
+                    // schedulers and tools see it taken.
+                    host_port: Some(port),
                     protocol: Some("TCP".into()),
                     ..ContainerPort::default()
                 }]),
@@ -90,7 +95,7 @@ mod tests {
     use crate::record::RequestedPlacement;
 
     #[test]
-    fn the_pod_runs_on_the_node_with_host_network_and_the_machine_type() {
+    fn the_pod_runs_on_the_node_with_host_network_its_host_port_and_the_machine_type() {
         let config = Config::parse(
             "namespace: egress\nmachine_types: {small: {requests: {cpu: 100m}, limits: {memory: 64Mi}}}\n\
              images: {squid: {image: 'localhost/squid:6', port_env: SQUID_PORT}}\n",
@@ -123,6 +128,15 @@ mod tests {
         assert_eq!(
             (env.name.as_str(), env.value.as_deref()),
             ("SQUID_PORT", Some("3128"))
+        );
+        let port = &container.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (
+                port.container_port,
+                port.host_port,
+                port.protocol.as_deref()
+            ),
+            (3128, Some(3128), Some("TCP"))
         );
         let resources = container.resources.as_ref().unwrap();
         assert!(resources.requests.as_ref().unwrap().contains_key("cpu"));

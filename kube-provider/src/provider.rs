@@ -4,9 +4,15 @@
 //!
 //! - **Create**: check the request; read the key's pod (its name is a digest of the
 //!   key): if it exists, answer it (same spec), ALREADY_EXISTS (another spec) or
-//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). Otherwise choose a node and create
-//!   the pod; a racing Create that won makes the apiserver answer AlreadyExists, and the
-//!   winner's pod is answered as above, so one key never makes two pods.
+//!   UNAVAILABLE `KEY_BEING_DELETED` (terminating). That read and all that follows hold
+//!   the proxy port's lock (`port_lock`) until the pod exists. Otherwise read the egress
+//!   nodes, our pods, and the host ports that every pod on the nodes the placement
+//!   allows holds; choose a node where the port is free (`placement`) and create the
+//!   pod. A racing Create of the key that won makes the apiserver answer AlreadyExists
+//!   (or, where the lock did not order them, holds the port: the key's pod is read
+//!   again), and the winner's pod is answered as above, so one key never makes two
+//!   pods; a racing Create of another key on the same port waits for the lock and then
+//!   reads this one's pod, so two pods never share a port of a node.
 //! - **Get**: the pod, read as an instance; no pod (or not ours) is NOT_FOUND.
 //! - **Delete**: delete the pod (with its UID as a precondition, so a newer pod of the
 //!   same key is never hit); DELETING while it terminates (the kubelet stops the
@@ -23,7 +29,7 @@
 //!   shared paging: all of them or an error.
 //! - **Watch**: the streams of a watch of our pods (`pod_watch`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +44,7 @@ use crate::kube_errors::{classify, is_already_exists, is_not_found};
 use crate::placement::{self, Candidate};
 use crate::pod_spec::proxy_pod;
 use crate::pod_watch::PodWatch;
+use crate::port_lock::PortLocks;
 use crate::record::{
     MANAGED_BY, MANAGED_BY_LABEL, RECORD_ANNOTATION, Recorded, RequestedPlacement, is_instance_id,
     pod_name,
@@ -56,6 +63,7 @@ pub struct KubeProvider {
     client: kube::Client,
     config: Arc<Config>,
     watch: Arc<PodWatch>,
+    ports: Arc<PortLocks>,
 }
 
 impl std::fmt::Debug for KubeProvider {
@@ -76,6 +84,7 @@ impl KubeProvider {
             client,
             config: Arc::new(config),
             watch: Arc::new(PodWatch::start(pods)),
+            ports: Arc::default(),
         }
     }
 
@@ -115,10 +124,27 @@ impl KubeProvider {
             proxy_port: request.proxy_port,
         };
         let name = pod_name(&recorded.key);
+        // Held from before the key's pod is read until it exists, so the next Create of
+        // this port sees it: as its key's pod (a repeat) or holding the port.
+        let _port = self.ports.lock(recorded.proxy_port).await;
         if let Some(pod) = self.read_pod(&name).await? {
             return answer_existing(&pod, &recorded);
         }
-        let node = self.choose_node(&recorded.requested).await?;
+        let node = match self
+            .choose_node(&recorded.requested, recorded.proxy_port)
+            .await
+        {
+            Ok(node) => node,
+            // The port may be held by this key's own pod, made since the read above by a
+            // Create that this process's lock does not order (another replica's).
+            Err(error) if error.reason == placement::PORT_IN_USE => {
+                return match self.read_pod(&name).await? {
+                    Some(pod) => answer_existing(&pod, &recorded),
+                    None => Err(error),
+                };
+            }
+            Err(error) => return Err(error),
+        };
         let pod = proxy_pod(
             &self.config,
             &recorded,
@@ -320,8 +346,13 @@ impl KubeProvider {
         Ok(list.items)
     }
 
-    /// The node for a new pod: the egress nodes, each with our pods on it counted.
-    async fn choose_node(&self, requested: &RequestedPlacement) -> Result<String, ProviderError> {
+    /// The node for a new pod: the egress nodes, each with our pods on it counted and,
+    /// for those the placement allows, the host ports in use on it.
+    async fn choose_node(
+        &self,
+        requested: &RequestedPlacement,
+        proxy_port: u32,
+    ) -> Result<String, ProviderError> {
         let selector: Vec<String> = self
             .config
             .node_selector
@@ -340,7 +371,7 @@ impl KubeProvider {
                 *per_node.entry(node).or_default() += 1;
             }
         }
-        let candidates: Vec<Candidate> = nodes
+        let mut candidates: Vec<Candidate> = nodes
             .items
             .iter()
             .map(|node| {
@@ -349,7 +380,33 @@ impl KubeProvider {
                 Candidate::from_node(node, &self.config.zone_label, count)
             })
             .collect();
-        placement::choose(requested, &candidates)
+        let inspected: Vec<String> = placement::in_scope(requested, &candidates)?
+            .into_iter()
+            .filter(|candidate| candidate.schedulable)
+            .map(|candidate| candidate.name.clone())
+            .collect();
+        let in_use =
+            futures::future::try_join_all(inspected.iter().map(|node| self.host_ports_on(node)))
+                .await?;
+        for (node, ports) in inspected.iter().zip(in_use) {
+            if let Some(candidate) = candidates.iter_mut().find(|c| &c.name == node) {
+                candidate.ports_in_use = ports;
+            }
+        }
+        placement::choose(requested, proxy_port, &candidates)
+    }
+
+    /// The TCP host ports that the pods bound to `node`, in any namespace, hold.
+    async fn host_ports_on(&self, node: &str) -> Result<BTreeSet<u32>, ProviderError> {
+        // Terminated pods hold no port; the field selector leaves them out at the source.
+        let params = ListParams::default().fields(&format!(
+            "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        ));
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map_err(|error| classify(&format!("list the pods on node {node}"), error))?;
+        Ok(pods.items.iter().flat_map(placement::host_ports).collect())
     }
 }
 

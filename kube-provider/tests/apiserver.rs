@@ -48,11 +48,14 @@ async fn a_create_becomes_a_pod_on_a_node_of_the_zone() {
     assert_eq!(resources.limits.unwrap()["memory"].0, "128Mi");
     assert_eq!(pod.metadata.labels.unwrap()[MANAGED_BY_LABEL], MANAGED_BY);
 
-    // A host is a node by name; no location echoes the node chosen.
+    // A host is a node by name; no location echoes the node chosen. (Port 3128 is now
+    // in use on both nodes: the last one asks for another.)
     let on_a = Some(Location::Host(harness.nodes["a"].clone()));
     let pinned = create(&mut client, create_request("key-2", on_a.clone(), &[])).await;
     assert_eq!(pinned.placement.unwrap().location, on_a);
-    let chosen = create(&mut client, create_request("key-3", None, &[])).await;
+    let mut anywhere = create_request("key-3", None, &[]);
+    anywhere.proxy_port = 3129;
+    let chosen = create(&mut client, anywhere).await;
     let Some(Location::Host(node)) = chosen.placement.unwrap().location else {
         panic!("no chosen node echoed");
     };
@@ -189,19 +192,16 @@ async fn list_selects_by_every_tag_and_pages() {
     let provider = harness.serve().await;
     let mut client = provider.client.clone();
     let mut ours = BTreeSet::new();
+    // One node: each instance on a port of its own.
     for n in 0..3 {
         let tags = [("cluster", "a"), ("n", if n == 0 { "0" } else { "x" })];
-        ours.insert(
-            create(&mut client, create_request(&format!("a-{n}"), None, &tags))
-                .await
-                .id,
-        );
+        let mut request = create_request(&format!("a-{n}"), None, &tags);
+        request.proxy_port = 3128 + n;
+        ours.insert(create(&mut client, request).await.id);
     }
-    create(
-        &mut client,
-        create_request("b-0", None, &[("cluster", "b")]),
-    )
-    .await;
+    let mut other_cluster = create_request("b-0", None, &[("cluster", "b")]);
+    other_cluster.proxy_port = 3131;
+    create(&mut client, other_cluster).await;
     // A pod the provider did not make is never listed.
     let foreign = Pod {
         metadata: ObjectMeta {

@@ -13,6 +13,7 @@ const MODULES: &[(&str, May)] = &[
     ("service", May::Anything),
     ("provider", May::Anything),
     ("pod_watch", May::Only(&["instance", "record"])),
+    ("port_lock", May::Only(&[])),
     ("request", May::Only(&["config"])),
     ("placement", May::Only(&["record"])),
     ("pod_spec", May::Only(&["config", "record"])),
