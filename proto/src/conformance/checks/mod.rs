@@ -291,7 +291,15 @@ pub(crate) struct Suite<'a> {
     plaintext_authority: Option<String>,
     /// Every error the provider answered during the run, with the call that got it.
     observed: Vec<(&'static str, tonic::Status)>,
+    /// The proxy port of each key suffix the run has asked for ([`Suite::request`]).
+    ports: std::sync::Mutex<HashMap<String, u32>>,
 }
+
+/// The proxy port of the run's first key: the port a real proxy listens on by default.
+const FIRST_PORT: u32 = 3128;
+/// Where the ports of the run's other keys start: clear of the ports checks name
+/// themselves (3129, 3130, 65535).
+const OTHER_PORTS: u32 = 41000;
 
 impl<'a> Suite<'a> {
     pub(crate) fn new(
@@ -311,6 +319,7 @@ impl<'a> Suite<'a> {
             running: None,
             bystander: None,
             observed: Vec::new(),
+            ports: std::sync::Mutex::default(),
         }
     }
 
@@ -385,7 +394,21 @@ impl<'a> Suite<'a> {
         self.ledger.run_id()
     }
 
-    /// A valid Create request for this run: key `cf-<run>-<suffix>`, the run's tag.
+    /// The proxy port of key suffix `suffix`: the same for every request of one key, and
+    /// another for each key, so that a provider whose instances share one host's ports
+    /// (host-network pods on one node) can hold every instance of a run at once.
+    fn port_of(&self, suffix: &str) -> u32 {
+        let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let next = match ports.len() {
+            0 => FIRST_PORT,
+            // A run asks for a few dozen keys: far below the 24,535 ports above.
+            n => OTHER_PORTS + n as u32,
+        };
+        *ports.entry(suffix.to_owned()).or_insert(next)
+    }
+
+    /// A valid Create request for this run: key `cf-<run>-<suffix>`, the run's tag, the
+    /// key's own proxy port ([`Suite::port_of`]).
     fn request(&self, suffix: &str) -> pb::CreateInstanceRequest {
         pb::CreateInstanceRequest {
             key: format!("cf-{}-{suffix}", self.run_id()),
@@ -400,7 +423,7 @@ impl<'a> Suite<'a> {
                 },
                 vendor_data: None,
             }),
-            proxy_port: 3128,
+            proxy_port: self.port_of(suffix),
             ..Default::default()
         }
     }
