@@ -188,8 +188,7 @@ async fn the_conformance_suite_passes_with_real_pods() {
     // on a node: the whole run fits on this one node because the suite gives each key of
     // a run its own port.
     let ledger = Ledger::new(connect_lazy(&options).unwrap());
-    let report =
-        conformance::run_with(&options, &target, &Selection::default(), &ledger).await;
+    let report = conformance::run_with(&options, &target, &Selection::default(), &ledger).await;
     eprintln!("{report}");
     let ran = report.checks.len();
     let failures = report.failures();

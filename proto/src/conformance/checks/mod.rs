@@ -298,8 +298,9 @@ pub(crate) struct Suite<'a> {
 /// The proxy port of the run's first key: the port a real proxy listens on by default.
 const FIRST_PORT: u32 = 3128;
 /// Where the ports of the run's other keys start: clear of the ports checks name
-/// themselves (3129, 3130, 65535).
-const OTHER_PORTS: u32 = 41000;
+/// themselves (3129, 3130, 65535), and below Linux's ephemeral ports (32768 and up),
+/// where a host-network proxy could meet a port some connection on the host holds.
+const OTHER_PORTS: u32 = 20000;
 
 impl<'a> Suite<'a> {
     pub(crate) fn new(
@@ -401,7 +402,7 @@ impl<'a> Suite<'a> {
         let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
         let next = match ports.len() {
             0 => FIRST_PORT,
-            // A run asks for a few dozen keys: far below the 24,535 ports above.
+            // A run asks for a few dozen keys: far fewer than the ports up to 32768.
             n => OTHER_PORTS + n as u32,
         };
         *ports.entry(suffix.to_owned()).or_insert(next)
