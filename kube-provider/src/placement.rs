@@ -17,7 +17,9 @@
 //! | zone Z | no egress node carries Z | INVALID_ARGUMENT on `placement.zone` |
 //! | zone Z | every node in Z is cordoned or not Ready | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
 //! | zone Z | every schedulable node in Z holds the port | RESOURCE_EXHAUSTED, `PORT_IN_USE` |
-//! | zone Z or none | some schedulable and Ready with the port free | of those, the one with fewest of our pods, then by name |
+//! | host H | H has the port free but no room for the pod | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//! | zone Z or none | every schedulable node with the port free has no room | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
+//! | zone Z or none | some schedulable and Ready with the port free and room | of those, the one with fewest of our pods, then by name |
 //! | none | no schedulable, Ready egress node | RESOURCE_EXHAUSTED, `CAPACITY_EXHAUSTED` |
 //! | none | every schedulable egress node holds the port | RESOURCE_EXHAUSTED, `PORT_IN_USE` |
 //!
@@ -26,11 +28,15 @@
 //! comes back is chosen again. A port is busy as long as its holder has not terminated:
 //! a terminating pod's process may still listen, and its kubelet still counts it.
 //!
-//! Resource fit is the kubelet's: a pod that does not fit fails admission, its instance
-//! is STOPPED, and the operator replaces it. So is a port taken between the choice and
-//! the pod's admission by someone the choice could not see (a process listening outside
-//! any pod, a second provider replica): the instance is STOPPED with a message that
-//! names the port (see `instance`).
+//! Binding bypasses the scheduler's resource fit too, so the choice also asks whether
+//! the node has room for the pod's requests ([`crate::node_room`]): a node where the
+//! kubelet would reject the pod (`OutOfcpu`) is no candidate either.
+//!
+//! The kubelet stays the backstop for what the choice could not see: a port taken
+//! between the choice and the pod's admission by a process outside any pod or by a
+//! second provider replica, or room taken by a Create of another port at the same
+//! moment. Such a pod fails admission and its instance is STOPPED with the kubelet's
+//! message (see `instance`), and the operator replaces it.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -38,6 +44,7 @@ use std::time::Duration;
 use egressproxy_provider::ProviderError;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::node_room::{Amounts, NodeRoom};
 use crate::record::RequestedPlacement;
 
 /// How long a caller waits before retrying a Create that found no room.
@@ -60,6 +67,9 @@ pub struct Candidate {
     pub instances: usize,
     /// The TCP host ports that pods on it (any namespace, not terminated) hold.
     pub ports_in_use: BTreeSet<u32>,
+    /// Its allocatable resources and its pods' requests; `None` when not inspected,
+    /// which the choice takes as room enough.
+    pub room: Option<NodeRoom>,
 }
 
 impl Candidate {
@@ -81,7 +91,13 @@ impl Candidate {
                     .unwrap_or(false),
             instances,
             ports_in_use: BTreeSet::new(),
+            room: None,
         }
+    }
+
+    /// What it lacks for a pod requesting `wanted`, in words; `None` when it fits.
+    fn shortfall(&self, wanted: &Amounts) -> Option<String> {
+        self.room.as_ref().and_then(|room| room.shortfall(wanted))
     }
 }
 
@@ -157,11 +173,12 @@ pub fn in_scope<'a>(
     }
 }
 
-/// The node for `requested` with `proxy_port` among the egress nodes, as the module's
-/// table says.
+/// The node for `requested` with `proxy_port` and a pod requesting `wanted` among the
+/// egress nodes, as the module's table says.
 pub fn choose(
     requested: &RequestedPlacement,
     proxy_port: u32,
+    wanted: &Amounts,
     nodes: &[Candidate],
 ) -> Result<String, ProviderError> {
     let schedulable: Vec<&Candidate> = in_scope(requested, nodes)?
@@ -181,10 +198,37 @@ pub fn choose(
     let (busy, free): (Vec<&Candidate>, Vec<&Candidate>) = schedulable
         .into_iter()
         .partition(|n| n.ports_in_use.contains(&proxy_port));
-    free.into_iter()
+    if free.is_empty() {
+        return Err(port_in_use(requested, proxy_port, &busy));
+    }
+    let (fitting, full): (Vec<&Candidate>, Vec<&Candidate>) = free
+        .into_iter()
+        .partition(|n| n.shortfall(wanted).is_none());
+    fitting
+        .into_iter()
         .min_by(|a, b| a.instances.cmp(&b.instances).then(a.name.cmp(&b.name)))
         .map(|n| n.name.clone())
-        .ok_or_else(|| port_in_use(requested, proxy_port, &busy))
+        .ok_or_else(|| no_room(requested, wanted, &full))
+}
+
+/// Every node the placement allows with the port free lacks room for the pod: say what
+/// each lacks, and what to change.
+fn no_room(requested: &RequestedPlacement, wanted: &Amounts, full: &[&Candidate]) -> ProviderError {
+    let lacks: Vec<String> = full
+        .iter()
+        .map(|n| format!("{} ({})", n.name, n.shortfall(wanted).unwrap_or_default()))
+        .collect();
+    ProviderError::quota_exhausted(
+        format!(
+            "no egress node this placement allows has room for a pod of machine type {:?}: {}; \
+             choose a smaller machine type, free room on these nodes or label more egress \
+             nodes, or retry once other pods are gone",
+            requested.machine_type,
+            lacks.join("; ")
+        ),
+        Some(NO_ROOM_RETRY),
+    )
+    .with_reason("CAPACITY_EXHAUSTED")
 }
 
 /// Every node the placement allows holds `proxy_port`: say where, and what to change.
@@ -237,11 +281,26 @@ mod tests {
             schedulable,
             instances,
             ports_in_use: BTreeSet::new(),
+            room: None,
         }
     }
 
     fn holding(mut candidate: Candidate, port: u32) -> Candidate {
         candidate.ports_in_use.insert(port);
+        candidate
+    }
+
+    /// What a pod of machine type `small` requests: 100m cpu, and one pod.
+    fn small() -> Amounts {
+        Amounts::from([("cpu".to_owned(), 100), ("pods".to_owned(), 1000)])
+    }
+
+    /// `candidate` with `cpu_left` millicores of 1000 left, and room for pods.
+    fn with_cpu_left(mut candidate: Candidate, cpu_left: i128) -> Candidate {
+        candidate.room = Some(NodeRoom {
+            allocatable: Amounts::from([("cpu".to_owned(), 1000), ("pods".to_owned(), 110_000)]),
+            requested: Amounts::from([("cpu".to_owned(), 1000 - cpu_left)]),
+        });
         candidate
     }
 
@@ -269,7 +328,8 @@ mod tests {
 
     /// The module doc's table, row for row. Node `a` (z1) holds the port, so zone z1
     /// has only `b` left, though `a` has more room by our count; z4's only schedulable
-    /// node holds it.
+    /// node holds it; z5's only node lacks cpu for the pod; in z6 the node with cpu left
+    /// wins, though it has more of our pods.
     #[test]
     fn the_choice_follows_the_table() {
         let nodes = [
@@ -279,13 +339,20 @@ mod tests {
             node("d", "z3", true, 1),
             holding(node("e", "z4", true, 0), PORT),
             node("f", "z4", false, 0),
+            with_cpu_left(node("g", "z5", true, 0), 99),
+            with_cpu_left(node("h", "z6", true, 0), 50),
+            with_cpu_left(node("i", "z6", true, 3), 100),
         ];
         let invalid = |field: &str| Err((ErrorClass::InvalidArgument, field.to_owned()));
         let full = Err((ErrorClass::QuotaExhausted, "CAPACITY_EXHAUSTED".to_owned()));
         let port_in_use = Err((ErrorClass::QuotaExhausted, PORT_IN_USE.to_owned()));
-        let rows: [(RequestedPlacement, Outcome); 10] = [
+        let rows: [(RequestedPlacement, Outcome); 14] = [
             (placement(Some("x"), None), invalid("placement.host")),
             (placement(Some("c"), None), full.clone()),
+            (placement(Some("g"), None), full.clone()),
+            (placement(None, Some("z5")), full.clone()),
+            (placement(None, Some("z6")), Ok("i")),
+            (placement(Some("i"), None), Ok("i")),
             (placement(Some("a"), None), port_in_use.clone()),
             (placement(Some("b"), None), Ok("b")),
             (placement(None, Some("z9")), invalid("placement.zone")),
@@ -296,8 +363,32 @@ mod tests {
             (placement(None, None), Ok("b")),
         ];
         for (requested, expected) in rows {
-            let got = outcome(choose(&requested, PORT, &nodes));
+            let got = outcome(choose(&requested, PORT, &small(), &nodes));
             assert_eq!(got, expected.map(str::to_owned), "{requested:?}");
+        }
+    }
+
+    #[test]
+    fn no_room_names_each_node_what_it_lacks_and_what_to_do() {
+        let nodes = [
+            with_cpu_left(node("a", "z1", true, 0), 40),
+            with_cpu_left(node("b", "z1", true, 0), 0),
+        ];
+        let error = choose(&placement(None, Some("z1")), PORT, &small(), &nodes).unwrap_err();
+        assert_eq!(error.class, ErrorClass::QuotaExhausted);
+        assert_eq!(error.reason, "CAPACITY_EXHAUSTED");
+        assert_eq!(error.retry_after, Some(NO_ROOM_RETRY));
+        for part in [
+            "machine type \"small\"",
+            "a (cpu: 960m of 1000m allocatable requested already, one more pod asks 100m)",
+            "b (cpu: 1000m of 1000m",
+            "choose a smaller machine type",
+        ] {
+            assert!(
+                error.message.contains(part),
+                "{part:?} in {}",
+                error.message
+            );
         }
     }
 
@@ -308,9 +399,12 @@ mod tests {
             node("b", "z1", true, 1),
             node("c", "z1", true, 1),
         ];
-        assert_eq!(choose(&placement(None, None), PORT, &nodes).unwrap(), "b");
         assert_eq!(
-            choose(&placement(Some("a"), None), PORT, &nodes).unwrap(),
+            choose(&placement(None, None), PORT, &small(), &nodes).unwrap(),
+            "b"
+        );
+        assert_eq!(
+            choose(&placement(Some("a"), None), PORT, &small(), &nodes).unwrap(),
             "a"
         );
     }
@@ -319,10 +413,10 @@ mod tests {
     fn only_the_requested_port_makes_a_node_busy() {
         let nodes = [holding(node("a", "z1", true, 0), 8080)];
         assert_eq!(
-            choose(&placement(Some("a"), None), PORT, &nodes).unwrap(),
+            choose(&placement(Some("a"), None), PORT, &small(), &nodes).unwrap(),
             "a"
         );
-        let error = choose(&placement(Some("a"), None), 8080, &nodes).unwrap_err();
+        let error = choose(&placement(Some("a"), None), 8080, &small(), &nodes).unwrap_err();
         assert_eq!(error.reason, PORT_IN_USE);
     }
 
@@ -333,7 +427,7 @@ mod tests {
             holding(node("b", "z1", true, 0), PORT),
             node("c", "z1", false, 0),
         ];
-        let error = choose(&placement(None, Some("z1")), PORT, &nodes).unwrap_err();
+        let error = choose(&placement(None, Some("z1")), PORT, &small(), &nodes).unwrap_err();
         assert_eq!(error.class, ErrorClass::QuotaExhausted);
         assert!(error.retry_after.is_some());
         for part in [
@@ -349,7 +443,7 @@ mod tests {
             );
         }
         assert!(!error.message.contains(" c"), "{}", error.message);
-        let pinned = choose(&placement(Some("a"), None), PORT, &nodes).unwrap_err();
+        let pinned = choose(&placement(Some("a"), None), PORT, &small(), &nodes).unwrap_err();
         assert!(
             pinned.message.contains("another node"),
             "{}",
@@ -426,7 +520,7 @@ mod tests {
 
     #[test]
     fn no_schedulable_node_at_all_is_no_room() {
-        let error = choose(&placement(None, None), PORT, &[]).unwrap_err();
+        let error = choose(&placement(None, None), PORT, &small(), &[]).unwrap_err();
         assert_eq!(error.class, ErrorClass::QuotaExhausted);
         assert_eq!(error.reason, "CAPACITY_EXHAUSTED");
         assert!(error.retry_after.is_some());

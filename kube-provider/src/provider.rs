@@ -29,7 +29,7 @@
 //!   shared paging: all of them or an error.
 //! - **Watch**: the streams of a watch of our pods (`pod_watch`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use crate::config::Config;
 use crate::instance::{self, Unreadable};
 use crate::kube_errors::{classify, is_already_exists, is_not_found};
+use crate::node_room::{NodeRoom, new_pod_requests};
 use crate::placement::{self, Candidate};
 use crate::pod_spec::proxy_pod;
 use crate::pod_watch::PodWatch;
@@ -347,12 +348,18 @@ impl KubeProvider {
     }
 
     /// The node for a new pod: the egress nodes, each with our pods on it counted and,
-    /// for those the placement allows, the host ports in use on it.
+    /// for those the placement allows, the host ports and resources in use on it.
     async fn choose_node(
         &self,
         requested: &RequestedPlacement,
         proxy_port: u32,
     ) -> Result<String, ProviderError> {
+        let wanted = &self
+            .config
+            .machine_types
+            .get(&requested.machine_type)
+            .map(|machine_type| new_pod_requests(&machine_type.resources()))
+            .unwrap_or_default();
         let selector: Vec<String> = self
             .config
             .node_selector
@@ -380,33 +387,44 @@ impl KubeProvider {
                 Candidate::from_node(node, &self.config.zone_label, count)
             })
             .collect();
-        let inspected: Vec<String> = placement::in_scope(requested, &candidates)?
+        let inspected: Vec<&Node> = placement::in_scope(requested, &candidates)?
             .into_iter()
             .filter(|candidate| candidate.schedulable)
-            .map(|candidate| candidate.name.clone())
+            .filter_map(|candidate| {
+                nodes
+                    .items
+                    .iter()
+                    .find(|node| node.metadata.name.as_ref() == Some(&candidate.name))
+            })
             .collect();
-        let in_use =
-            futures::future::try_join_all(inspected.iter().map(|node| self.host_ports_on(node)))
+        let live_pods =
+            futures::future::try_join_all(inspected.iter().map(|node| self.live_pods_on(node)))
                 .await?;
-        for (node, ports) in inspected.iter().zip(in_use) {
-            if let Some(candidate) = candidates.iter_mut().find(|c| &c.name == node) {
-                candidate.ports_in_use = ports;
+        for (node, pods) in inspected.iter().zip(live_pods) {
+            if let Some(candidate) = candidates
+                .iter_mut()
+                .find(|c| node.metadata.name.as_ref() == Some(&c.name))
+            {
+                candidate.ports_in_use = pods.iter().flat_map(placement::host_ports).collect();
+                candidate.room = Some(NodeRoom::of(node, &pods));
             }
         }
-        placement::choose(requested, proxy_port, &candidates)
+        placement::choose(requested, proxy_port, wanted, &candidates)
     }
 
-    /// The TCP host ports that the pods bound to `node`, in any namespace, hold.
-    async fn host_ports_on(&self, node: &str) -> Result<BTreeSet<u32>, ProviderError> {
-        // Terminated pods hold no port; the field selector leaves them out at the source.
+    /// The pods bound to `node`, in any namespace, that have not terminated: they hold
+    /// its ports and its resources.
+    async fn live_pods_on(&self, node: &Node) -> Result<Vec<Pod>, ProviderError> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        // Terminated pods hold neither; the field selector leaves them out at the source.
         let params = ListParams::default().fields(&format!(
-            "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+            "spec.nodeName={name},status.phase!=Succeeded,status.phase!=Failed"
         ));
         let pods = Api::<Pod>::all(self.client.clone())
             .list(&params)
             .await
-            .map_err(|error| classify(&format!("list the pods on node {node}"), error))?;
-        Ok(pods.items.iter().flat_map(placement::host_ports).collect())
+            .map_err(|error| classify(&format!("list the pods on node {name}"), error))?;
+        Ok(pods.items)
     }
 }
 

@@ -14,8 +14,8 @@ use std::collections::BTreeSet;
 
 use common::{Harness, create, create_request};
 use egressproxy_provider::{ErrorClass, ProviderError, pb};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube_provider::placement::PORT_IN_USE;
 use pb::placement::Location;
 
@@ -145,31 +145,7 @@ async fn another_namespaces_pod_and_a_terminating_pod_hold_the_port() {
     let (a, b) = (&harness.nodes["a"], &harness.nodes["b"]);
 
     // Someone else's pod on node a declares host port 3128.
-    let namespace = format!("{}-other", harness.env.namespace);
-    let namespaces: Api<Namespace> = Api::all(harness.env.client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
-        .await
-        .unwrap();
-    // No controller makes the namespace's default ServiceAccount here; admission needs it.
-    let account: ServiceAccount = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "default"},
-    }))
-    .unwrap();
-    Api::<ServiceAccount>::namespaced(harness.env.client.clone(), &namespace)
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
-    let foreign: Api<Pod> = Api::namespaced(harness.env.client.clone(), &namespace);
+    let (namespace, foreign) = harness.other_namespace("other").await;
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "web"},
         "spec": {"nodeName": a, "containers": [{"name": "web", "image": "x",
@@ -206,8 +182,5 @@ async fn another_namespaces_pod_and_a_terminating_pod_hold_the_port() {
     harness.finish_termination(&placed.id).await;
     let instance = create(&mut client, on_b).await;
     assert_eq!(node_of(&harness, &instance).await, *b);
-    namespaces
-        .delete(&namespace, &Default::default())
-        .await
-        .unwrap();
+    harness.delete_namespace(&namespace).await;
 }

@@ -34,9 +34,10 @@ use egressproxy_provider::client::{ClientOptions, connect_lazy};
 use egressproxy_provider::conformance::{self, Ledger, Selection, Target};
 use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
-use kube_provider::config::Image;
+use kube_provider::config::{Image, MachineType};
 use pb::InstanceState;
 use pb::placement::Location;
 
@@ -170,6 +171,18 @@ async fn the_conformance_suite_passes_with_real_pods() {
     let mut config = harness.config();
     config.node_selector = [(CONFORMANCE_EGRESS_LABEL.to_owned(), "true".to_owned())].into();
     config.images.insert("toolbox".into(), toolbox_image());
+    // A run holds a few dozen pods at once on this one two-core node: sized as a user
+    // sizes a machine type to the nodes, they fit (at 100m, the provider would refuse
+    // the twentieth Create for want of cpu).
+    config.machine_types.insert(
+        "small".into(),
+        MachineType {
+            requests: [("cpu", "10m"), ("memory", "16Mi")]
+                .map(|(name, amount)| (name.to_owned(), Quantity(amount.to_owned())))
+                .into(),
+            limits: [("memory".to_owned(), Quantity("64Mi".to_owned()))].into(),
+        },
+    );
     let provider = harness.serve_with(config).await;
     let rejected = failed_pods(harness.pods());
 

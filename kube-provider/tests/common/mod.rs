@@ -14,7 +14,7 @@ use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_provider::client::{Client, ClientOptions, connect_lazy};
 use egressproxy_provider::server::ProviderServer;
 use egressproxy_provider::{ProviderError, pb};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube_provider::{Config, KubeProvider};
 use tokio::sync::oneshot;
@@ -60,10 +60,13 @@ impl Harness {
                 ..Node::default()
             };
             api.create(&PostParams::default(), &node).await.unwrap();
-            // Ready, as its kubelet would report it: only Ready nodes get proxies.
-            let ready = serde_json::json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True"},
-            ]}});
+            // Ready and with room, as its kubelet would report it: only Ready nodes get
+            // proxies, and only where their requests fit.
+            let ready = serde_json::json!({"status": {
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "capacity": node_allocatable(),
+                "allocatable": node_allocatable(),
+            }});
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
                 .await
                 .unwrap();
@@ -94,6 +97,52 @@ impl Harness {
         }}});
         Api::<Node>::all(self.env.client.clone())
             .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+            .await
+            .unwrap();
+    }
+
+    /// A namespace of someone else's beside the test's (`<test namespace>-<suffix>`),
+    /// ready for pods: its name and its pods.
+    pub async fn other_namespace(&self, suffix: &str) -> (String, Api<Pod>) {
+        let namespace = format!("{}-{suffix}", self.env.namespace);
+        let object: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+        Api::<Namespace>::all(self.env.client.clone())
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        // No controller makes the namespace's default ServiceAccount here; admission
+        // needs it.
+        let account: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "default"}})).unwrap();
+        Api::<ServiceAccount>::namespaced(self.env.client.clone(), &namespace)
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+        let pods = Api::namespaced(self.env.client.clone(), &namespace);
+        (namespace, pods)
+    }
+
+    /// Deletes a namespace [`Harness::other_namespace`] made.
+    pub async fn delete_namespace(&self, namespace: &str) {
+        Api::<Namespace>::all(self.env.client.clone())
+            .delete(namespace, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Sets what node `short` reports allocatable (its capacity too).
+    pub async fn set_allocatable(&self, short: &str, allocatable: serde_json::Value) {
+        let status = serde_json::json!({"status": {
+            "capacity": allocatable,
+            "allocatable": allocatable,
+        }});
+        Api::<Node>::all(self.env.client.clone())
+            .patch_status(
+                &self.nodes[short],
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
             .await
             .unwrap();
     }
@@ -268,4 +317,10 @@ fn running_status(ip: &str) -> serde_json::Value {
         "podIPs": [{"ip": ip}],
         "conditions": [{"type": "Ready", "status": "True"}],
     }})
+}
+
+/// What each test node reports allocatable (and its capacity), as a status's JSON: room
+/// for dozens of pods of machine type `small`.
+pub fn node_allocatable() -> serde_json::Value {
+    serde_json::json!({"cpu": "4", "memory": "8Gi", "pods": "110"})
 }
