@@ -29,26 +29,6 @@ fn rule() -> LayerRule {
 }
 
 #[test]
-fn imports_point_down() {
-    let found = rule().upward_imports();
-    assert!(
-        found.is_empty(),
-        "imports that point upwards:\n{}",
-        found.join("\n")
-    );
-}
-
-#[test]
-fn every_module_under_src_is_listed() {
-    let (unlisted, stale) = rule().unlisted();
-    assert!(
-        unlisted.is_empty(),
-        "list these in MODULES with what they may name: {unlisted:?}"
-    );
-    assert!(stale.is_empty(), "listed but not under src/: {stale:?}");
-}
-
-#[test]
-fn the_layer_map_has_no_cycle() {
-    assert_eq!(rule().cycle(), None);
+fn imports_point_down_every_module_is_listed_and_nothing_loops() {
+    rule().assert_holds();
 }

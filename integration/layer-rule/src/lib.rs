@@ -11,6 +11,9 @@
 //!    (a new folder cannot escape the rule), and which listed ones no longer exist?
 //! 3. [`LayerRule::cycle`]: does the table itself allow a chain of imports that comes
 //!    back to where it started?
+//!
+//! [`LayerRule::violations`] asks all three and words the answers; a crate's test is
+//! `rule.assert_holds()`.
 
 use std::path::{Path, PathBuf};
 
@@ -135,6 +138,41 @@ impl LayerRule {
         self.modules
             .iter()
             .find_map(|(name, _)| visit(name, &allowed, &mut Vec::new(), &mut done))
+    }
+
+    /// Every answer of the three questions that breaks the rule, in words: the upward
+    /// imports, the modules to list, the listed ones that are gone, the cycle.
+    pub fn violations(&self) -> Vec<String> {
+        let mut found: Vec<String> = self
+            .upward_imports()
+            .into_iter()
+            .map(|line| format!("import points upwards: {line}"))
+            .collect();
+        let (unlisted, stale) = self.unlisted();
+        found.extend(unlisted.into_iter().map(|name| {
+            format!("`{name}` is under src/ but not in the table: list it with what it may name")
+        }));
+        found.extend(
+            stale
+                .into_iter()
+                .map(|name| format!("`{name}` is in the table but not under src/: remove it")),
+        );
+        if let Some(cycle) = self.cycle() {
+            found.push(format!("the table allows a cycle: {}", cycle.join(" → ")));
+        }
+        found
+    }
+
+    /// Panics with every violation, one per line, unless there is none.
+    #[track_caller]
+    pub fn assert_holds(&self) {
+        let found = self.violations();
+        assert!(
+            found.is_empty(),
+            "the layer rule of {} does not hold:\n{}",
+            self.src.display(),
+            found.join("\n")
+        );
     }
 
     /// The source files of module `name`: `src/name.rs` and every file under `src/name/`.
@@ -291,5 +329,28 @@ mod tests {
         );
         assert_eq!(unlisted, ["extra"]);
         assert_eq!(stale, ["c"]);
+    }
+
+    #[test]
+    fn violations_word_every_answer() {
+        let dir = std::env::temp_dir().join(format!("layer-rule-v-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["a", "b", "extra"] {
+            std::fs::write(dir.join(format!("{name}.rs")), "").unwrap();
+        }
+        std::fs::write(dir.join("c.rs"), "use crate::b;\n").unwrap();
+        let found = LayerRule::new(&dir, CYCLIC).violations();
+        let held = std::panic::catch_unwind(|| LayerRule::new(&dir, CYCLIC).assert_holds());
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        assert_eq!(
+            found,
+            [
+                "import points upwards: src/c.rs:1: `c` names `crate::b`: use crate::b;",
+                "`extra` is under src/ but not in the table: list it with what it may name",
+                "the table allows a cycle: a → b → c → a",
+            ]
+        );
+        assert!(held.is_err());
     }
 }
