@@ -25,6 +25,7 @@ pub mod paging;
 pub mod probe;
 pub mod reference;
 pub mod server;
+pub mod system_tls;
 pub mod telemetry;
 mod trace_context;
 pub mod validation;

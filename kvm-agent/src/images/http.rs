@@ -10,7 +10,6 @@
 //! [`crate::config::redact_url`]'s form of it), since reqwest's own carry it, query and
 //! all.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -101,19 +100,12 @@ pub(super) async fn forward_body(
     }
 }
 
-/// A client for one download. TLS is rustls with the `ring` provider (the one the rest of
-/// the agent uses) and the platform's verifier, i.e. the system's CA certificates. No
+/// A client for one download. TLS trusts the system's CA certificates (the contract
+/// crate's `system_tls`, as the operator's address echo does). No
 /// proxy from the environment is used, as before reqwest: an image mirror is reached
 /// directly from the agent.
 fn client() -> Result<reqwest::Client, String> {
-    use rustls_platform_verifier::BuilderVerifierExt;
-
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|builder| builder.with_platform_verifier())
-        .map_err(|e| format!("cannot set up TLS with the system's CA certificates: {e}"))?
-        .with_no_client_auth();
+    let tls = egressproxy_provider::system_tls::client_config()?;
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .redirect(reqwest::redirect::Policy::limited(MAX_REDIRECTS))

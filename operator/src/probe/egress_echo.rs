@@ -3,8 +3,8 @@
 //! 1. One `GET <check URL>` is sent through the proxy (reqwest with the proxy as its
 //!    only proxy: an absolute-form request for `http://`, a `CONNECT` tunnel for
 //!    `https://`), so the echo service sees the connection the proxy opens, from the
-//!    address every destination of the proxy sees. TLS is rustls with the `ring`
-//!    provider and the system's CA certificates.
+//!    address every destination of the proxy sees. TLS trusts the system's CA
+//!    certificates (`egressproxy_provider::system_tls`).
 //! 2. The answer must be a success whose body is one IP address, optionally with
 //!    whitespace around it: what `https://api.ipify.org`, `https://ifconfig.me/ip`,
 //!    `https://checkip.amazonaws.com` and `https://icanhazip.com` answer. A longer body
@@ -14,7 +14,6 @@
 //!    carry the URL, so they are shown without it.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use egressproxy_provider::error::with_causes;
@@ -80,14 +79,7 @@ fn describe(error: reqwest::Error, shown: &str, proxy: SocketAddr) -> String {
 /// A client whose one proxy is `proxy`, never one from the environment, and which
 /// follows no redirect (a redirect to a login page is not an address).
 fn client(proxy: SocketAddr) -> Result<reqwest::Client, String> {
-    use rustls_platform_verifier::BuilderVerifierExt;
-
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|builder| builder.with_platform_verifier())
-        .map_err(|e| format!("cannot set up TLS with the system's CA certificates: {e}"))?
-        .with_no_client_auth();
+    let tls = egressproxy_provider::system_tls::client_config()?;
     let through = reqwest::Proxy::all(format!("http://{proxy}"))
         .map_err(|e| format!("the proxy address {proxy}: {}", with_causes(&e)))?;
     reqwest::Client::builder()
