@@ -15,8 +15,13 @@
 //!    a precondition), then create. A name that exists already is an earlier pass's
 //!    member (nothing to do), or a stranger's Proxy: then the member takes the next
 //!    free name, with a Warning. An Event for each.
-//! 5. **Status**: counts, the members, `Ready` and `Available`, written only when it
-//!    changed.
+//! 5. **Spares** (a pool with `spec.spares`, or that had some: it holds the
+//!    [`super::finalizer`]): found and checked ([`super::spares`]) before the members
+//!    are created, so a new member is told to adopt a Ready one ([`super::spare_plan`]);
+//!    then the spare plan runs (create, retire, delete). A provider that fails here
+//!    only costs the spares: members are still created, cold.
+//! 6. **Status**: counts, the members, the spares, `Ready`, `Available` and
+//!    `SparesReady`, written only when it changed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -26,11 +31,16 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
+use egressproxy_provider::pb;
+
 use super::member::{
-    POOL_LABEL, is_member, new_member, selector, serving_address, template_hash, view,
+    POOL_LABEL, is_member, new_member, promised_spare, selector, serving_address, template_hash,
+    view,
 };
 use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
+use super::spare_plan::{self, Spare};
 use super::spread::{self, Spread};
+use super::{finalizer, spares};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
 use crate::endpoints::service::{
@@ -38,10 +48,13 @@ use crate::endpoints::service::{
 };
 use crate::k8s::events::EventType;
 use crate::k8s::status::{FIELD_MANAGER, set_condition};
+use crate::providers::Provider;
 use crate::shared::error::{Error, Result};
 
 /// How long a pool waits for a change before it looks again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How long a pool waits to check its spares again while one boots.
+const SPARES_BOOTING: Duration = Duration::from_secs(2);
 /// How long a pool waits after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
 /// How many rounds of names held by other Proxies one pass steps over before it
@@ -52,7 +65,16 @@ const MAX_TAKEN_NAMES: usize = 8;
 pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action> {
     if pool.metadata.deletion_timestamp.is_some() {
         // Kubernetes' garbage collector deletes the members (they carry the pool's
-        // controller reference), and each member's own finalizer deletes its VM.
+        // controller reference), and each member's own finalizer deletes its VM; the
+        // spares have no object, so the pool deletes them itself.
+        if finalizer::holds(&pool) {
+            finalizer::release(&ctx, &pool).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if pool.spec.spares > 0 && !finalizer::holds(&pool) {
+        // The change starts the next pass, which may create spares.
+        finalizer::add(&ctx, &pool).await?;
         return Ok(Action::await_change());
     }
     let namespace = pool.namespace().unwrap_or_default();
@@ -67,6 +89,7 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let hash = template_hash(&pool);
     let spread = spread::resolve(&pool, ctx.providers.get(&pool.spec.template.spec.provider)).await;
+    let provider = ctx.providers.get(&pool.spec.template.spec.provider);
     if let Some(why) = &spread.unavailable {
         ctx.publish_about(
             &pool.object_ref(&()),
@@ -95,11 +118,181 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
-    create_members(&ctx, &pool, &proxies, &views, &spread, todo.create.clone()).await?;
+    let mut spares = match (&provider, finalizer::holds(&pool)) {
+        (Ok(provider), true) => find_spares(&ctx, &pool, provider, &spread, &members).await,
+        _ => None,
+    };
+    let spare_list = spares.as_mut().map(|s| &mut s.found.spares);
+    create_members(
+        &ctx,
+        &pool,
+        &proxies,
+        &views,
+        &spread,
+        todo.create.clone(),
+        spare_list,
+    )
+    .await?;
+    let spare_report = match (&provider, spares) {
+        (Ok(provider), Some(found)) => {
+            Some(act_on_spares(&ctx, &pool, provider, &spread, found).await?)
+        }
+        _ => None,
+    };
 
-    let status = status(&pool, &members, &views, &todo, &spread, service_name);
+    let mut status = status(&pool, &members, &views, &todo, &spread, service_name);
+    let booting = spares_status(&pool, spare_report.as_ref(), &mut status);
     write_status(&ctx, &pool, status).await?;
+    if booting {
+        // A booting spare has no object to watch: look again soon.
+        return Ok(Action::requeue(SPARES_BOOTING));
+    }
     Ok(Action::requeue(RESYNC))
+}
+
+/// `pool`'s spares this pass, and whether the provider can hand them over; `None`
+/// when the provider does not answer (logged: the pool goes on without spares).
+async fn find_spares(
+    ctx: &Context,
+    pool: &ProxyPool,
+    provider: &Provider,
+    spread: &Spread,
+    members: &[Proxy],
+) -> Option<SpareState> {
+    let promised: BTreeSet<String> = members
+        .iter()
+        .filter_map(promised_spare)
+        .map(str::to_owned)
+        .collect();
+    let found = async {
+        let hand_over = provider.offers(pb::Capability::UpdateTags).await?;
+        let found = spares::find(ctx, pool, provider, spread, &promised).await?;
+        Ok::<_, Error>(SpareState { hand_over, found })
+    };
+    match found.await {
+        Ok(state) => Some(state),
+        Err(error) => {
+            tracing::warn!(pool = %pool.name_any(), error = %error.describe(),
+                "cannot list the pool's spares; new members are created cold");
+            None
+        }
+    }
+}
+
+/// Runs the spare plan; says what the status reports of the spares.
+async fn act_on_spares(
+    ctx: &Context,
+    pool: &ProxyPool,
+    provider: &Provider,
+    spread: &Spread,
+    state: SpareState,
+) -> Result<SpareReport> {
+    let SpareState { hand_over, found } = state;
+    if !hand_over && pool.spec.spares > 0 {
+        let note = format!(
+            "provider {} cannot hand an instance over (it does not declare \
+             CAPABILITY_UPDATE_TAGS): the pool keeps no spares and creates every member cold",
+            provider.name()
+        );
+        ctx.publish_about(
+            &pool.object_ref(&()),
+            EventType::Warning,
+            "SparesUnavailable",
+            &note,
+        )
+        .await;
+    }
+    let todo = spare_plan::plan(
+        pool.spec.spares,
+        hand_over,
+        &spares::places(spread),
+        &found.spares,
+    );
+    let created = spares::act(ctx, pool, provider, spread, &found, &todo).await?;
+    let going =
+        |id: &str| todo.delete.iter().any(|d| d == id) || todo.retire.iter().any(|(r, _)| r == id);
+    let kept: Vec<&Spare> = found
+        .spares
+        .iter()
+        .filter(|s| s.updated && !s.promised && !s.retiring && !going(&s.id))
+        .collect();
+    Ok(SpareReport {
+        hand_over,
+        spares: kept.len() as u32,
+        ready: kept.iter().filter(|s| s.ready).count() as u32,
+        created,
+        booting: !todo.create.is_empty() || kept.iter().any(|s| !s.ready),
+    })
+}
+
+/// The spares found this pass, and whether they can be handed over.
+struct SpareState {
+    hand_over: bool,
+    found: spares::Found,
+}
+
+/// What the status says of the spares after this pass.
+struct SpareReport {
+    hand_over: bool,
+    spares: u32,
+    ready: u32,
+    created: u32,
+    booting: bool,
+}
+
+/// Puts the spares into `status` (the last known counts when they were not listed);
+/// returns whether a spare is booting.
+fn spares_status(
+    pool: &ProxyPool,
+    report: Option<&SpareReport>,
+    status: &mut ProxyPoolStatus,
+) -> bool {
+    let last = pool.status.as_ref();
+    status.spares_created = last.map_or(0, |s| s.spares_created);
+    let Some(report) = report else {
+        status.spares = last.map_or(0, |s| s.spares);
+        status.spares_ready = last.map_or(0, |s| s.spares_ready);
+        return false;
+    };
+    status.spares = report.spares;
+    status.spares_ready = report.ready;
+    status.spares_created = report.created;
+    let wanted = pool.spec.spares;
+    let known = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == pool_condition::SPARES_READY);
+    if wanted == 0 && !known {
+        return false;
+    }
+    let (value, reason, message) = if !report.hand_over {
+        (
+            false,
+            "NoHandOver",
+            "the provider does not declare CAPABILITY_UPDATE_TAGS: no spares, every member is created cold".to_owned(),
+        )
+    } else if report.ready >= wanted {
+        (
+            true,
+            "SparesReady",
+            format!("{} of {wanted} spares Ready", report.ready),
+        )
+    } else {
+        (
+            false,
+            "SparesBooting",
+            format!("{} of {wanted} spares Ready", report.ready),
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        pool_condition::SPARES_READY,
+        value,
+        reason,
+        message,
+        pool.metadata.generation,
+    );
+    report.booting
 }
 
 /// Logs a failed pass and retries it soon.
@@ -158,6 +351,7 @@ async fn create_members(
     views: &[Member],
     spread: &Spread,
     mut creates: Vec<NewMember>,
+    mut spares: Option<&mut Vec<Spare>>,
 ) -> Result<()> {
     let regarding = pool.object_ref(&());
     let mut used: BTreeSet<u32> = views
@@ -169,7 +363,9 @@ async fn create_members(
         let mut blocked = Vec::new();
         for new in &creates {
             let target = new.target.and_then(|t| spread.targets.get(t));
-            let Some(member) = new_member(pool, new.index, target) else {
+            let at = spares::placed_at(target);
+            let adopt = spares.as_deref_mut().and_then(|s| spare_plan::pick(s, &at));
+            let Some(member) = new_member(pool, new.index, target, adopt.as_deref()) else {
                 continue;
             };
             let name = member.name_any();
@@ -182,7 +378,11 @@ async fn create_members(
                         .map(|h| format!(" on host {h}"))
                         .or_else(|| placement.zone.as_ref().map(|z| format!(" in zone {z}")))
                         .unwrap_or_default();
-                    let note = format!("created member {name}{at}");
+                    let adopting = adopt
+                        .as_ref()
+                        .map(|id| format!(", adopting spare {id}"))
+                        .unwrap_or_default();
+                    let note = format!("created member {name}{at}{adopting}");
                     ctx.publish_about(&regarding, EventType::Normal, "MemberCreated", &note)
                         .await;
                 }
@@ -194,6 +394,12 @@ async fn create_members(
                         continue;
                     }
                     blocked.push(new.target);
+                    // Not told to anyone after all: free for the next member.
+                    if let (Some(list), Some(id)) = (spares.as_deref_mut(), &adopt) {
+                        list.iter_mut()
+                            .filter(|s| &s.id == id)
+                            .for_each(|s| s.promised = false);
+                    }
                     let note = format!(
                         "Proxy {name} exists and is not a member of this pool: using another \
                          name (rename or delete that Proxy to free this one)"
@@ -365,6 +571,7 @@ fn status(
         egress_addresses,
         observed_generation: generation,
         conditions,
+        ..ProxyPoolStatus::default()
     }
 }
 
