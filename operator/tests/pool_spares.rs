@@ -362,7 +362,7 @@ async fn without_a_hand_over_a_pool_keeps_no_spares_and_says_so() {
         member.status.unwrap().provider_id.as_ref(),
         Some(&instances[0].id)
     );
-    assert!(instances[0].tags.get(ROLE_TAG).is_none());
+    assert!(!instances[0].tags.contains_key(ROLE_TAG));
 }
 
 /// A deleted pool deletes its spares before it goes: no instance is left.

@@ -123,6 +123,10 @@ mod tests {
         list.iter().map(|t| (*t).to_owned()).collect()
     }
 
+    /// A row: what it shows, `spec.spares`, whether the provider hands over, the
+    /// places, the spares, the plan.
+    type Row<'a> = (&'a str, u32, bool, &'a [String], Vec<Spare>, SparePlan);
+
     /// The table in `docs/operator.md` ("Spares"), row for row.
     #[test]
     fn the_spare_table() {
@@ -148,7 +152,7 @@ mod tests {
             promised: true,
             ..spare("s4", 4, "template")
         };
-        let rows: Vec<(&str, u32, bool, &[String], Vec<Spare>, SparePlan)> = vec![
+        let rows: Vec<Row> = vec![
             (
                 "none wanted, none there: nothing",
                 0,
