@@ -201,9 +201,8 @@ pub struct ProxyPoolStatus {
     #[serde(default)]
     #[schemars(extend("format" = "int32"))]
     pub spares: u32,
-    /// How many spares the pool has ever asked the provider for: the next spare's
-    /// number, recorded before its Create, so no key is used twice (a key once used
-    /// may now name a member's instance).
+    /// How many spares the pool has asked the provider for: the next spare's number
+    /// (its name, `POOL-spare-N`, and the order members adopt spares in).
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(extend("format" = "int32"))]
     pub spares_created: u32,

@@ -7,6 +7,7 @@
 //! - [`spare_plan`]: what a pool does with its spares, and which spare a new member
 //!   adopts (pure, table-tested).
 //! - [`spares`]: the spares at the provider: found, checked, created, retired.
+//! - [`spare_pass`]: a pass's work on its spares, and their status.
 //! - [`finalizer`]: deleting the spares with the pool.
 //! - [`reconcile`]: one pool's pass (observe → plan → act → Service → status).
 //! - [`controller`]: the watches that start passes.
@@ -22,6 +23,7 @@ pub mod finalizer;
 pub mod member;
 pub mod plan;
 pub mod reconcile;
+pub mod spare_pass;
 pub mod spare_plan;
 pub mod spares;
 pub mod spread;

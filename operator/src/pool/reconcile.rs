@@ -31,16 +31,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
-use egressproxy_provider::pb;
-
 use super::member::{
-    POOL_LABEL, is_member, new_member, promised_spare, selector, serving_address, template_hash,
-    view,
+    POOL_LABEL, is_member, new_member, selector, serving_address, template_hash, view,
 };
 use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
+use super::spare_pass::SparesNext;
 use super::spare_plan::{self, Spare};
 use super::spread::{self, Spread};
-use super::{finalizer, spares};
+use super::{finalizer, spare_pass, spares};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
 use crate::endpoints::service::{
@@ -48,13 +46,14 @@ use crate::endpoints::service::{
 };
 use crate::k8s::events::EventType;
 use crate::k8s::status::{FIELD_MANAGER, set_condition};
-use crate::providers::Provider;
 use crate::shared::error::{Error, Result};
 
 /// How long a pool waits for a change before it looks again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
 /// How long a pool waits to check its spares again while one boots.
 const SPARES_BOOTING: Duration = Duration::from_secs(2);
+/// How long a pool waits to try its spares again after a step on them failed.
+const SPARES_FAILED: Duration = Duration::from_secs(30);
 /// How long a pool waits after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
 /// How many rounds of names held by other Proxies one pass steps over before it
@@ -119,7 +118,7 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
     let mut spares = match (&provider, finalizer::holds(&pool)) {
-        (Ok(provider), true) => find_spares(&ctx, &pool, provider, &spread, &members).await,
+        (Ok(provider), true) => spare_pass::find(&ctx, &pool, provider, &spread, &members).await,
         _ => None,
     };
     let spare_list = spares.as_mut().map(|s| &mut s.found.spares);
@@ -135,164 +134,20 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
     .await?;
     let spare_report = match (&provider, spares) {
         (Ok(provider), Some(found)) => {
-            Some(act_on_spares(&ctx, &pool, provider, &spread, found).await?)
+            Some(spare_pass::act(&ctx, &pool, provider, &spread, found).await)
         }
         _ => None,
     };
 
     let mut status = status(&pool, &members, &views, &todo, &spread, service_name);
-    let booting = spares_status(&pool, spare_report.as_ref(), &mut status);
+    let spares_next = spare_pass::report(&pool, spare_report.as_ref(), &mut status);
     write_status(&ctx, &pool, status).await?;
-    if booting {
-        // A booting spare has no object to watch: look again soon.
-        return Ok(Action::requeue(SPARES_BOOTING));
-    }
-    Ok(Action::requeue(RESYNC))
-}
-
-/// `pool`'s spares this pass, and whether the provider can hand them over; `None`
-/// when the provider does not answer (logged: the pool goes on without spares).
-async fn find_spares(
-    ctx: &Context,
-    pool: &ProxyPool,
-    provider: &Provider,
-    spread: &Spread,
-    members: &[Proxy],
-) -> Option<SpareState> {
-    let promised: BTreeSet<String> = members
-        .iter()
-        .filter_map(promised_spare)
-        .map(str::to_owned)
-        .collect();
-    let found = async {
-        let hand_over = provider.offers(pb::Capability::UpdateTags).await?;
-        let found = spares::find(ctx, pool, provider, spread, &promised).await?;
-        Ok::<_, Error>(SpareState { hand_over, found })
-    };
-    match found.await {
-        Ok(state) => Some(state),
-        Err(error) => {
-            tracing::warn!(pool = %pool.name_any(), error = %error.describe(),
-                "cannot list the pool's spares; new members are created cold");
-            None
-        }
-    }
-}
-
-/// Runs the spare plan; says what the status reports of the spares.
-async fn act_on_spares(
-    ctx: &Context,
-    pool: &ProxyPool,
-    provider: &Provider,
-    spread: &Spread,
-    state: SpareState,
-) -> Result<SpareReport> {
-    let SpareState { hand_over, found } = state;
-    if !hand_over && pool.spec.spares > 0 {
-        let note = format!(
-            "provider {} cannot hand an instance over (it does not declare \
-             CAPABILITY_UPDATE_TAGS): the pool keeps no spares and creates every member cold",
-            provider.name()
-        );
-        ctx.publish_about(
-            &pool.object_ref(&()),
-            EventType::Warning,
-            "SparesUnavailable",
-            &note,
-        )
-        .await;
-    }
-    let todo = spare_plan::plan(
-        pool.spec.spares,
-        hand_over,
-        &spares::places(spread),
-        &found.spares,
-    );
-    let created = spares::act(ctx, pool, provider, spread, &found, &todo).await?;
-    let going =
-        |id: &str| todo.delete.iter().any(|d| d == id) || todo.retire.iter().any(|(r, _)| r == id);
-    let kept: Vec<&Spare> = found
-        .spares
-        .iter()
-        .filter(|s| s.updated && !s.promised && !s.retiring && !going(&s.id))
-        .collect();
-    Ok(SpareReport {
-        hand_over,
-        spares: kept.len() as u32,
-        ready: kept.iter().filter(|s| s.ready).count() as u32,
-        created,
-        booting: !todo.create.is_empty() || kept.iter().any(|s| !s.ready),
-    })
-}
-
-/// The spares found this pass, and whether they can be handed over.
-struct SpareState {
-    hand_over: bool,
-    found: spares::Found,
-}
-
-/// What the status says of the spares after this pass.
-struct SpareReport {
-    hand_over: bool,
-    spares: u32,
-    ready: u32,
-    created: u32,
-    booting: bool,
-}
-
-/// Puts the spares into `status` (the last known counts when they were not listed);
-/// returns whether a spare is booting.
-fn spares_status(
-    pool: &ProxyPool,
-    report: Option<&SpareReport>,
-    status: &mut ProxyPoolStatus,
-) -> bool {
-    let last = pool.status.as_ref();
-    status.spares_created = last.map_or(0, |s| s.spares_created);
-    let Some(report) = report else {
-        status.spares = last.map_or(0, |s| s.spares);
-        status.spares_ready = last.map_or(0, |s| s.spares_ready);
-        return false;
-    };
-    status.spares = report.spares;
-    status.spares_ready = report.ready;
-    status.spares_created = report.created;
-    let wanted = pool.spec.spares;
-    let known = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == pool_condition::SPARES_READY);
-    if wanted == 0 && !known {
-        return false;
-    }
-    let (value, reason, message) = if !report.hand_over {
-        (
-            false,
-            "NoHandOver",
-            "the provider does not declare CAPABILITY_UPDATE_TAGS: no spares, every member is created cold".to_owned(),
-        )
-    } else if report.ready >= wanted {
-        (
-            true,
-            "SparesReady",
-            format!("{} of {wanted} spares Ready", report.ready),
-        )
-    } else {
-        (
-            false,
-            "SparesBooting",
-            format!("{} of {wanted} spares Ready", report.ready),
-        )
-    };
-    set_condition(
-        &mut status.conditions,
-        pool_condition::SPARES_READY,
-        value,
-        reason,
-        message,
-        pool.metadata.generation,
-    );
-    report.booting
+    // A booting spare has no object whose change would start a pass: look again soon.
+    Ok(Action::requeue(match spares_next {
+        SparesNext::Settled => RESYNC,
+        SparesNext::Booting => SPARES_BOOTING,
+        SparesNext::Failed => SPARES_FAILED,
+    }))
 }
 
 /// Logs a failed pass and retries it soon.

@@ -6,10 +6,11 @@
 //!    and replaced its tags). Nothing is kept in memory between passes.
 //! 2. **Check**: a running spare's proxy is probed as a member's would be (the
 //!    template's port and health check, at the address [`probe_address`] picks).
-//! 3. **Create**: the pool records `status.sparesCreated` (the next spare's number)
-//!    *before* CreateInstance, so a key is never used twice: a key once used may now
-//!    name a member's instance, and a repeated Create of it would return that one.
-//!    A Create whose answer was lost leaves a spare that the next pass finds.
+//! 3. **Create**: under a key never used before (`<pool-uid>-spare-N-T`, N counted in
+//!    `status.sparesCreated`, T the time in nanoseconds): a key once used may now name
+//!    a member's instance, and a repeated Create of it would return that one. A spare
+//!    is found by its tags, not its key, so a Create whose answer was lost leaves a
+//!    spare the next pass finds (at worst one too many, which it retires).
 //! 4. **Retire**: a compare-and-set of the spare's tags (role `retiring`), then
 //!    DeleteInstance: a member adopting the spare at the same moment either wins (the
 //!    pool's update answers TAGS_CHANGED and the spare is left to it) or loses (it
@@ -21,7 +22,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use egressproxy_provider::pb;
-use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use super::member::template_hash;
@@ -131,10 +131,10 @@ pub async fn find(
     Ok(found)
 }
 
-/// The number in a spare's key (`<pool-uid>-spare-N`); none: the last.
+/// The number in a spare's key (`<pool-uid>-spare-N-T`); none: the last.
 fn serial(key: &str) -> u32 {
     key.rsplit_once("-spare-")
-        .and_then(|(_, n)| n.parse().ok())
+        .and_then(|(_, rest)| rest.split('-').next()?.parse().ok())
         .unwrap_or(u32::MAX)
 }
 
@@ -164,7 +164,6 @@ pub async fn act(
         return Ok(created);
     }
     let next = created.saturating_add(todo.create.len() as u32);
-    record_created(ctx, pool, next).await?;
     let cloud_init = cloud_init::read(
         &ctx.client,
         &pool.namespace().unwrap_or_default(),
@@ -210,7 +209,11 @@ fn create_request(
     ]);
     use pb::placement::Location;
     pb::CreateInstanceRequest {
-        key: format!("{}-spare-{serial}", pool.uid().unwrap_or_default()),
+        key: format!(
+            "{}-spare-{serial}-{:x}",
+            pool.uid().unwrap_or_default(),
+            jiff::Timestamp::now().as_nanosecond()
+        ),
         name: format!("{namespace}/{}-spare-{serial}", pool.name_any()),
         tags,
         placement: Some(pb::Placement {
@@ -227,20 +230,6 @@ fn create_request(
         address_identity: None,
         requested_address: None,
     }
-}
-
-/// Writes `status.sparesCreated` alone, before the Creates it numbers.
-async fn record_created(ctx: &Context, pool: &ProxyPool, next: u32) -> Result<()> {
-    let api: Api<ProxyPool> =
-        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    let patch = serde_json::json!({"status": {"sparesCreated": next}});
-    api.patch_status(
-        &pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
 }
 
 /// Marks spare `id` retiring (if its tags are still `expected`), then deletes it;
