@@ -405,3 +405,45 @@ async fn a_deleted_pool_takes_its_spares_along() {
     );
     collector.ensure_running().unwrap();
 }
+
+/// A template change replaces the spares made from the old template: a new member
+/// never adopts an outdated VM.
+#[tokio::test]
+async fn a_template_change_replaces_the_spares() {
+    let (a, _) = two_addresses();
+    let h = Harness::start("spares-template", a, a, &[]).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen_on(a, port).await;
+    h.create_pool(
+        "egress",
+        port,
+        serde_json::json!({"replicas": 0, "spares": 1}),
+    )
+    .await;
+    h.wait_pool("egress", 0, 1).await;
+    let old = h.spares().await["template"].clone();
+
+    let patch =
+        serde_json::json!({"spec": {"template": {"metadata": {"labels": {"revision": "2"}}}}});
+    h.pools()
+        .patch("egress", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let what = "a spare of the new template Ready";
+    wait_until(&h.pools(), "egress", what, |p: Option<&ProxyPool>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.spares_created == 2 && s.spares_ready == 1)
+    })
+    .await;
+    let instances = h.instances().await;
+    assert_eq!(
+        instances.len(),
+        1,
+        "the old spare is deleted: {instances:?}"
+    );
+    assert_ne!(instances[0].id, old.id);
+    assert_ne!(
+        instances[0].tags["egressproxy.dev/template-hash"],
+        old.tags["egressproxy.dev/template-hash"]
+    );
+}

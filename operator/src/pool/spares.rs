@@ -159,7 +159,16 @@ pub async fn act(
                 .await;
         }
     }
-    let created = pool.status.as_ref().map_or(0, |s| s.spares_created);
+    // The pool read at the start of a pass may lag its own last status write; the
+    // spares listed do not.
+    let listed = found
+        .spares
+        .iter()
+        .filter(|s| s.serial != u32::MAX)
+        .map(|s| s.serial.saturating_add(1))
+        .max();
+    let recorded = pool.status.as_ref().map_or(0, |s| s.spares_created);
+    let created = recorded.max(listed.unwrap_or(0));
     if todo.create.is_empty() {
         return Ok(created);
     }
