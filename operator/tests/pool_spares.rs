@@ -32,7 +32,7 @@ const PLACED_AT_TAG: &str = "egressproxy.dev/placed-at";
 struct Harness {
     env: KubeTestEnv,
     provider: ReferenceProvider,
-    _controller: Controller,
+    controller: Controller,
 }
 
 impl Harness {
@@ -61,7 +61,7 @@ impl Harness {
         Harness {
             env,
             provider,
-            _controller: controller,
+            controller,
         }
     }
 
@@ -446,4 +446,54 @@ async fn a_template_change_replaces_the_spares() {
         instances[0].tags["egressproxy.dev/template-hash"],
         old.tags["egressproxy.dev/template-hash"]
     );
+}
+
+/// The garbage collection deletes a spare whose pool is gone (its finalizer removed by
+/// hand) and leaves a live pool's spare alone, though neither has a Proxy.
+#[tokio::test]
+async fn the_garbage_collection_takes_only_the_spares_of_pools_that_are_gone() {
+    let (a, _) = two_addresses();
+    let h = Harness::start("spares-gc", a, a, &[]).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen_on(a, port).await;
+    h.create_pool(
+        "egress",
+        port,
+        serde_json::json!({"replicas": 0, "spares": 1}),
+    )
+    .await;
+    h.wait_pool("egress", 0, 1).await;
+    let live = h.spares().await["template"].clone();
+
+    // A spare left by an earlier pool of the same name: same tags, another pool UID.
+    let mut tags = live.tags.clone();
+    tags.insert("egressproxy.dev/pool-uid".into(), "an-earlier-pool".into());
+    let mut client = pb::provider_client::ProviderClient::connect(h.provider.endpoint().to_owned())
+        .await
+        .unwrap();
+    let left = client
+        .create_instance(pb::CreateInstanceRequest {
+            key: "an-earlier-pool-spare-0".into(),
+            tags,
+            placement: Some(pb::Placement {
+                machine_type: "small".into(),
+                image: "debian-12".into(),
+                ..Default::default()
+            }),
+            proxy_port: u32::from(port),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+
+    let ctx = &h.controller.ctx;
+    let report =
+        egressproxy_operator::proxy::gc::sweep(ctx, &h.controller.cache, std::time::Duration::ZERO)
+            .await;
+    assert_eq!(report.deleted, vec![left.id.clone()], "{report:?}");
+    let ids: Vec<String> = h.instances().await.into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, vec![live.id], "the live pool's spare stays");
 }
