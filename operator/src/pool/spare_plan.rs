@@ -11,7 +11,8 @@
 //! 2. **Retiring**: deleted.
 //! 3. **No hand-over** (the provider does not declare `CAPABILITY_UPDATE_TAGS`): every
 //!    spare is deleted (none can be adopted) and none is created.
-//! 4. **Outdated**, not promised: retired.
+//! 4. **Outdated** or **stuck** (not Ready within the template's
+//!    `provisioningTimeoutSeconds`), not promised: retired.
 //! 5. **Surplus**: updated spares above `spec.spares` are retired, not-Ready ones first,
 //!    then the newest.
 //! 6. **Create** updated spares until there are `spec.spares` besides the promised
@@ -34,6 +35,8 @@ pub struct Spare {
     pub promised: bool,
     /// The pool marked it for deletion.
     pub retiring: bool,
+    /// Not Ready within the template's provisioning timeout.
+    pub stuck: bool,
 }
 
 /// What to do with the spares now.
@@ -51,7 +54,7 @@ pub struct SparePlan {
 pub fn pick(spares: &mut [Spare], at: &str) -> Option<String> {
     let spare = spares
         .iter_mut()
-        .filter(|s| s.ready && s.updated && !s.promised && !s.retiring && s.at == at)
+        .filter(|s| s.ready && s.updated && !s.promised && !s.retiring && !s.stuck && s.at == at)
         .min_by_key(|s| s.serial)?;
     spare.promised = true;
     Some(spare.id.clone())
@@ -71,14 +74,21 @@ pub fn plan(wanted: u32, hand_over: bool, targets: &[String], spares: &[Spare]) 
         return todo;
     }
     let live: Vec<&Spare> = spares.iter().filter(|s| !s.retiring).collect();
-    for spare in live.iter().filter(|s| !s.updated && !s.promised) {
-        todo.retire
-            .push((spare.id.clone(), "made from an older template or spread"));
+    for spare in live.iter().filter(|s| !s.promised) {
+        if !spare.updated {
+            todo.retire
+                .push((spare.id.clone(), "made from an older template or spread"));
+        } else if spare.stuck {
+            todo.retire.push((
+                spare.id.clone(),
+                "not Ready within the template's provisioningTimeoutSeconds",
+            ));
+        }
     }
     let mut kept: Vec<&Spare> = live
         .iter()
         .copied()
-        .filter(|s| s.updated && !s.promised)
+        .filter(|s| s.updated && !s.stuck && !s.promised)
         .collect();
     while kept.len() > wanted as usize {
         let Some(position) = (0..kept.len()).max_by_key(|&i| (!kept[i].ready, kept[i].serial))
@@ -116,6 +126,7 @@ mod tests {
             ready: true,
             promised: false,
             retiring: false,
+            stuck: false,
         }
     }
 
@@ -214,6 +225,25 @@ mod tests {
                 &t,
                 vec![promised_old],
                 SparePlan::default(),
+            ),
+            (
+                "a spare stuck booting is retired and replaced",
+                1,
+                true,
+                &t,
+                vec![Spare {
+                    ready: false,
+                    stuck: true,
+                    ..spare("s6", 6, "template")
+                }],
+                SparePlan {
+                    retire: vec![(
+                        "s6".into(),
+                        "not Ready within the template's provisioningTimeoutSeconds",
+                    )],
+                    create: targets(&["template"]),
+                    ..SparePlan::default()
+                },
             ),
             (
                 "surplus: the booting one goes first",

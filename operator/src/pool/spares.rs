@@ -5,7 +5,9 @@
 //!    whose role tag is neither spare nor retiring is not a spare (a member adopted it
 //!    and replaced its tags). Nothing is kept in memory between passes.
 //! 2. **Check**: a running spare's proxy is probed as a member's would be (the
-//!    template's port and health check, at the address [`probe_address`] picks).
+//!    template's port and health check, at the address [`probe_address`] picks). A
+//!    spare not Ready within the template's `provisioningTimeoutSeconds` of its
+//!    creation is stuck, and replaced.
 //! 3. **Create**: under a key never used before (`<pool-uid>-spare-N-T`, N counted in
 //!    `status.sparesCreated`, T the time in nanoseconds): a key once used may now name
 //!    a member's instance, and a repeated Create of it would return that one. A spare
@@ -20,6 +22,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
 
 use egressproxy_provider::pb;
 use kube::{Resource, ResourceExt};
@@ -89,6 +92,7 @@ pub async fn find(
     let places = places(spread);
     let template = &pool.spec.template.spec;
     let check = template.health_check.clone().unwrap_or_default();
+    let timeout = Duration::from_secs(u64::from(template.provisioning_timeout_seconds));
     let checks = listed.iter().map(|instance| {
         let check = check.clone();
         async move {
@@ -115,6 +119,7 @@ pub async fn find(
             _ => continue,
         };
         let at = tag(tags::PLACED_AT).unwrap_or_default().to_owned();
+        let stuck = !ready && age(&instance) > timeout;
         let placed_here = spread.from_provider || places.contains(&at);
         found.spares.push(Spare {
             serial: serial(&instance.key),
@@ -122,6 +127,7 @@ pub async fn find(
             ready,
             promised: promised.contains(&instance.id),
             retiring,
+            stuck,
             at,
             id: instance.id.clone(),
         });
@@ -129,6 +135,15 @@ pub async fn find(
     }
     found.spares.sort_by_key(|s| s.serial);
     Ok(found)
+}
+
+/// How long ago the provider says it created `instance` (zero when it does not say).
+fn age(instance: &pb::Instance) -> Duration {
+    instance
+        .create_time
+        .and_then(|t| SystemTime::try_from(t).ok())
+        .and_then(|created| SystemTime::now().duration_since(created).ok())
+        .unwrap_or_default()
 }
 
 /// The number in a spare's key (`<pool-uid>-spare-N-T`); none: the last.
