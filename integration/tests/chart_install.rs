@@ -101,8 +101,10 @@ async fn install_reconcile_upgrade_and_uninstall() {
         "-n",
         proxies_ns
     ]));
+    // It patches a pool only for the finalizer that guards its spares.
+    assert!(can(&["patch", pools, "-n", proxies_ns]));
     assert!(
-        !can(&["patch", pools, "-n", proxies_ns]),
+        !can(&["update", pools, "-n", proxies_ns]),
         "pools belong to their users"
     );
     assert!(!can(&["delete", pools, "-n", proxies_ns]));

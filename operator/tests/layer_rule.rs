@@ -24,7 +24,15 @@ const MODULES: &[(&str, May)] = &[
     ),
     (
         "pool",
-        May::Only(&["endpoints", "context", "providers", "k8s", "shared", "crd"]),
+        May::Only(&[
+            "endpoints",
+            "context",
+            "providers",
+            "k8s",
+            "probe",
+            "shared",
+            "crd",
+        ]),
     ),
     ("endpoints", May::Only(&["context", "k8s", "shared", "crd"])),
     ("context", May::Only(&["providers", "k8s", "shared", "crd"])),

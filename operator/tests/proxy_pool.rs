@@ -368,7 +368,15 @@ async fn kubectl_scale_resizes_a_pool_and_a_template_change_rolls_within_its_bou
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "DESIRED", "READY", "UP-TO-DATE", "SERVICE", "AGE"]
+        [
+            "NAME",
+            "DESIRED",
+            "READY",
+            "UP-TO-DATE",
+            "SPARES",
+            "SERVICE",
+            "AGE"
+        ]
     );
     assert!(
         table
@@ -376,8 +384,8 @@ async fn kubectl_scale_resizes_a_pool_and_a_template_change_rolls_within_its_bou
             .nth(1)
             .unwrap()
             .split_whitespace()
-            .take(5)
-            .eq(["egress", "3", "3", "3", "egress"]),
+            .take(6)
+            .eq(["egress", "3", "3", "3", "0", "egress"]),
         "{table}"
     );
 

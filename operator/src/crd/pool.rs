@@ -17,6 +17,11 @@ use super::proxy::{ProxyService, ProxySpec};
 
 /// The most members a pool may ask for.
 pub const MAX_POOL_REPLICAS: u32 = 100;
+/// The annotation by which a pool asks its new member to adopt a spare: the spare's
+/// provider id. The member acts on it only before it has any instance of its own.
+pub const ADOPT_INSTANCE_ANNOTATION: &str = "egressproxy.dev/adopt-instance";
+/// The most spares a pool may keep: each holds a booted VM's memory.
+pub const MAX_POOL_SPARES: u32 = 10;
 
 /// Desired state of a pool of egress proxies.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -37,6 +42,7 @@ pub const MAX_POOL_REPLICAS: u32 = 100;
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Up-to-date","type":"integer","jsonPath":".status.updatedReplicas"}"#,
+    printcolumn = r#"{"name":"Spares","type":"integer","jsonPath":".status.sparesReady"}"#,
     printcolumn = r#"{"name":"Service","type":"string","jsonPath":".status.serviceName"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -79,6 +85,15 @@ pub struct ProxyPoolSpec {
     #[serde(default)]
     #[schemars(range(min = 0, max = MAX_POOL_REPLICAS), extend("format" = "int32"))]
     pub max_unavailable: u32,
+    /// How many booted, health-checked instances of the template the pool keeps besides
+    /// its members, in no Service: a new member (scaling up) adopts one instead of
+    /// waiting for a VM to boot, and the pool boots another in the background. Each
+    /// holds a VM's memory while idle. Needs a provider that declares
+    /// `CAPABILITY_UPDATE_TAGS`; with another, the pool keeps none and says so with a
+    /// `SparesUnavailable` Warning. Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_POOL_SPARES), extend("format" = "int32"))]
+    pub spares: u32,
     /// The pool's Service (`http://NAME.NAMESPACE.svc:PORT`, the port being the
     /// template's `proxyPort`). Default: a ClusterIP Service named after the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,6 +106,10 @@ fn default_replicas() -> u32 {
 
 fn default_max_surge() -> u32 {
     1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The Proxy a member is made from.
@@ -174,6 +193,19 @@ pub struct ProxyPoolStatus {
     #[serde(default)]
     #[schemars(extend("format" = "int32"))]
     pub updated_replicas: u32,
+    /// Spares that run and pass the health check: a new member adopts one of these.
+    #[serde(default)]
+    #[schemars(extend("format" = "int32"))]
+    pub spares_ready: u32,
+    /// Spares made from the current template (booting or ready).
+    #[serde(default)]
+    #[schemars(extend("format" = "int32"))]
+    pub spares: u32,
+    /// How many spares the pool has asked the provider for: the next spare's number
+    /// (its name, `POOL-spare-N`, and the order members adopt spares in).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(extend("format" = "int32"))]
+    pub spares_created: u32,
     /// The label selector of the members (for `kubectl scale` and autoscalers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
@@ -225,6 +257,9 @@ pub mod pool_condition {
     pub const READY: &str = "Ready";
     /// At least one member is Ready: the Service has an endpoint.
     pub const AVAILABLE: &str = "Available";
+    /// As many spares as `spec.spares` run and pass the health check (false with a
+    /// provider that cannot hand instances over: the reason says so).
+    pub const SPARES_READY: &str = "SparesReady";
 }
 
 #[cfg(test)]

@@ -8,10 +8,12 @@
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events, one per distinct note.
 //! - [`leader`]: leader election on a Lease.
+//! - [`cloud_init`]: a Proxy spec's cloud-init input, inline or from its Secret.
 //! - [`cluster_name`]: the `egressproxy.dev/cluster` tag's value (the flag, or the
 //!   cluster's own identity).
 
 pub mod client;
+pub mod cloud_init;
 pub mod cluster_name;
 pub mod events;
 pub mod leader;

@@ -16,7 +16,9 @@ use sha2::{Digest, Sha256};
 
 use super::plan::Member;
 use super::spread::Spread;
-use crate::crd::{Proxy, ProxyPool, ProxyService, SpreadTarget, condition};
+use crate::crd::{
+    ADOPT_INSTANCE_ANNOTATION, Proxy, ProxyPool, ProxyService, SpreadTarget, condition,
+};
 use crate::endpoints::service::{checked_address, controller_reference};
 use crate::k8s::status::is_true;
 
@@ -51,8 +53,15 @@ pub fn is_member(pool: &ProxyPool, proxy: &Proxy) -> bool {
         .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
 }
 
-/// Member `index` of `pool`, at spread target `target`.
-pub fn new_member(pool: &ProxyPool, index: u32, target: Option<&SpreadTarget>) -> Option<Proxy> {
+/// Member `index` of `pool`, at spread target `target`, adopting spare `adopt` if set
+/// (the annotation is its intent, written before any provider call: module doc of
+/// `spares`).
+pub fn new_member(
+    pool: &ProxyPool,
+    index: u32,
+    target: Option<&SpreadTarget>,
+    adopt: Option<&str>,
+) -> Option<Proxy> {
     let template = &pool.spec.template;
     let mut labels = template.metadata.labels.clone();
     labels.insert(POOL_LABEL.to_owned(), pool.name_any());
@@ -70,12 +79,16 @@ pub fn new_member(pool: &ProxyPool, index: u32, target: Option<&SpreadTarget>) -
         spec.placement.host = to.host.clone();
         spec.placement.zone = to.zone.clone();
     }
+    let mut annotations = template.metadata.annotations.clone();
+    if let Some(id) = adopt {
+        annotations.insert(ADOPT_INSTANCE_ANNOTATION.to_owned(), id.to_owned());
+    }
     let mut proxy = Proxy::new(&member_name(pool, index), spec);
     proxy.metadata = ObjectMeta {
         name: Some(member_name(pool, index)),
         namespace: pool.namespace(),
         labels: Some(labels),
-        annotations: Some(template.metadata.annotations.clone()).filter(|a| !a.is_empty()),
+        annotations: Some(annotations).filter(|a| !a.is_empty()),
         owner_references: Some(vec![controller_reference(pool)?]),
         ..ObjectMeta::default()
     };
@@ -115,6 +128,22 @@ pub fn view(pool: &ProxyPool, hash: &str, spread: &Spread, proxy: &Proxy) -> Mem
         deleting: proxy.metadata.deletion_timestamp.is_some(),
         target,
     }
+}
+
+/// The spare `proxy` was told to adopt and has not yet settled (it records no
+/// instance key yet): promised to it, so no other member is told the same.
+pub fn promised_spare(proxy: &Proxy) -> Option<&str> {
+    let settled = proxy
+        .status
+        .as_ref()
+        .is_some_and(|s| s.instance_key.is_some() || s.provider_id.is_some());
+    if settled || proxy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    proxy
+        .annotations()
+        .get(ADOPT_INSTANCE_ANNOTATION)
+        .map(String::as_str)
 }
 
 /// Whether `proxy` is Ready (it proxies now).
@@ -160,7 +189,7 @@ mod tests {
     #[test]
     fn a_member_takes_the_template_the_pool_s_labels_and_its_spread_target() {
         let pool = pool(serde_json::json!([{"host": "h1"}, {"zone": "z2"}]));
-        let member = new_member(&pool, 3, pool.spec.spread.get(1)).unwrap();
+        let member = new_member(&pool, 3, pool.spec.spread.get(1), None).unwrap();
         assert_eq!(member.name_any(), "egress-3");
         assert_eq!(member.spec.placement.zone.as_deref(), Some("z2"));
         assert_eq!(member.spec.placement.host, None);
@@ -214,8 +243,9 @@ mod tests {
             host: Some(host.to_owned()),
             zone: None,
         };
-        let member = new_member(&pool, 0, Some(&at("h1"))).unwrap();
+        let member = new_member(&pool, 0, Some(&at("h1")), Some("spare-1")).unwrap();
         assert_eq!(member.spec.placement.host.as_deref(), Some("h1"));
+        assert_eq!(member.annotations()[ADOPT_INSTANCE_ANNOTATION], "spare-1");
         let hash = template_hash(&pool);
         let listed = Spread {
             targets: vec![at("h0"), at("h1")],

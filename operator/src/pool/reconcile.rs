@@ -15,8 +15,13 @@
 //!    a precondition), then create. A name that exists already is an earlier pass's
 //!    member (nothing to do), or a stranger's Proxy: then the member takes the next
 //!    free name, with a Warning. An Event for each.
-//! 5. **Status**: counts, the members, `Ready` and `Available`, written only when it
-//!    changed.
+//! 5. **Spares** (a pool with `spec.spares`, or that had some: it holds the
+//!    [`super::finalizer`]): found and checked ([`super::spares`]) before the members
+//!    are created, so a new member is told to adopt a Ready one ([`super::spare_plan`]);
+//!    then the spare plan runs (create, retire, delete). A provider that fails here
+//!    only costs the spares: members are still created, cold.
+//! 6. **Status**: counts, the members, the spares, `Ready`, `Available` and
+//!    `SparesReady`, written only when it changed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -30,7 +35,10 @@ use super::member::{
     POOL_LABEL, is_member, new_member, selector, serving_address, template_hash, view,
 };
 use super::plan::{Bounds, Member, NewMember, Plan, Removal, plan};
+use super::spare_pass::SparesNext;
+use super::spare_plan::{self, Spare};
 use super::spread::{self, Spread};
+use super::{finalizer, spare_pass, spares};
 use crate::context::Context;
 use crate::crd::{PoolMemberStatus, Proxy, ProxyPool, ProxyPoolStatus, pool_condition};
 use crate::endpoints::service::{
@@ -42,6 +50,10 @@ use crate::shared::error::{Error, Result};
 
 /// How long a pool waits for a change before it looks again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How long a pool waits to check its spares again while one boots.
+const SPARES_BOOTING: Duration = Duration::from_secs(2);
+/// How long a pool waits to try its spares again after a step on them failed.
+const SPARES_FAILED: Duration = Duration::from_secs(30);
 /// How long a pool waits after a failed pass.
 const RETRY: Duration = Duration::from_secs(5);
 /// How many rounds of names held by other Proxies one pass steps over before it
@@ -52,7 +64,16 @@ const MAX_TAKEN_NAMES: usize = 8;
 pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action> {
     if pool.metadata.deletion_timestamp.is_some() {
         // Kubernetes' garbage collector deletes the members (they carry the pool's
-        // controller reference), and each member's own finalizer deletes its VM.
+        // controller reference), and each member's own finalizer deletes its VM; the
+        // spares have no object, so the pool deletes them itself.
+        if finalizer::holds(&pool) {
+            finalizer::release(&ctx, &pool).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if pool.spec.spares > 0 && !finalizer::holds(&pool) {
+        // The change starts the next pass, which may create spares.
+        finalizer::add(&ctx, &pool).await?;
         return Ok(Action::await_change());
     }
     let namespace = pool.namespace().unwrap_or_default();
@@ -67,6 +88,7 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let hash = template_hash(&pool);
     let spread = spread::resolve(&pool, ctx.providers.get(&pool.spec.template.spec.provider)).await;
+    let provider = ctx.providers.get(&pool.spec.template.spec.provider);
     if let Some(why) = &spread.unavailable {
         ctx.publish_about(
             &pool.object_ref(&()),
@@ -95,11 +117,37 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
-    create_members(&ctx, &pool, &proxies, &views, &spread, todo.create.clone()).await?;
+    let mut spares = match (&provider, finalizer::holds(&pool)) {
+        (Ok(provider), true) => spare_pass::find(&ctx, &pool, provider, &spread, &members).await,
+        _ => None,
+    };
+    let spare_list = spares.as_mut().map(|s| &mut s.found.spares);
+    create_members(
+        &ctx,
+        &pool,
+        &proxies,
+        &views,
+        &spread,
+        todo.create.clone(),
+        spare_list,
+    )
+    .await?;
+    let spare_report = match (&provider, spares) {
+        (Ok(provider), Some(found)) => {
+            Some(spare_pass::act(&ctx, &pool, provider, &spread, found).await)
+        }
+        _ => None,
+    };
 
-    let status = status(&pool, &members, &views, &todo, &spread, service_name);
+    let mut status = status(&pool, &members, &views, &todo, &spread, service_name);
+    let spares_next = spare_pass::report(&pool, spare_report.as_ref(), &mut status);
     write_status(&ctx, &pool, status).await?;
-    Ok(Action::requeue(RESYNC))
+    // A booting spare has no object whose change would start a pass: look again soon.
+    Ok(Action::requeue(match spares_next {
+        SparesNext::Settled => RESYNC,
+        SparesNext::Booting => SPARES_BOOTING,
+        SparesNext::Failed => SPARES_FAILED,
+    }))
 }
 
 /// Logs a failed pass and retries it soon.
@@ -158,6 +206,7 @@ async fn create_members(
     views: &[Member],
     spread: &Spread,
     mut creates: Vec<NewMember>,
+    mut spares: Option<&mut Vec<Spare>>,
 ) -> Result<()> {
     let regarding = pool.object_ref(&());
     let mut used: BTreeSet<u32> = views
@@ -169,7 +218,9 @@ async fn create_members(
         let mut blocked = Vec::new();
         for new in &creates {
             let target = new.target.and_then(|t| spread.targets.get(t));
-            let Some(member) = new_member(pool, new.index, target) else {
+            let at = spares::placed_at(target);
+            let adopt = spares.as_deref_mut().and_then(|s| spare_plan::pick(s, &at));
+            let Some(member) = new_member(pool, new.index, target, adopt.as_deref()) else {
                 continue;
             };
             let name = member.name_any();
@@ -182,7 +233,11 @@ async fn create_members(
                         .map(|h| format!(" on host {h}"))
                         .or_else(|| placement.zone.as_ref().map(|z| format!(" in zone {z}")))
                         .unwrap_or_default();
-                    let note = format!("created member {name}{at}");
+                    let adopting = adopt
+                        .as_ref()
+                        .map(|id| format!(", adopting spare {id}"))
+                        .unwrap_or_default();
+                    let note = format!("created member {name}{at}{adopting}");
                     ctx.publish_about(&regarding, EventType::Normal, "MemberCreated", &note)
                         .await;
                 }
@@ -194,6 +249,12 @@ async fn create_members(
                         continue;
                     }
                     blocked.push(new.target);
+                    // Not told to anyone after all: free for the next member.
+                    if let (Some(list), Some(id)) = (spares.as_deref_mut(), &adopt) {
+                        list.iter_mut()
+                            .filter(|s| &s.id == id)
+                            .for_each(|s| s.promised = false);
+                    }
                     let note = format!(
                         "Proxy {name} exists and is not a member of this pool: using another \
                          name (rename or delete that Proxy to free this one)"
@@ -365,6 +426,7 @@ fn status(
         egress_addresses,
         observed_generation: generation,
         conditions,
+        ..ProxyPoolStatus::default()
     }
 }
 

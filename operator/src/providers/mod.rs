@@ -4,6 +4,7 @@
 //!
 //! - [`config`]: the file's format and its checks.
 //! - [`provider`]: one provider's client, calls and handshake.
+//! - [`instance_tags`]: the tags that say who owns an instance.
 //! - [`list_walk`]: walking ListInstances pages, bounded.
 //! - `locations`: ListLocations, for a provider that declares it.
 //! - [`reload`]: re-reading the file; an invalid file keeps the previous config.
@@ -14,6 +15,7 @@
 //! then reports as not configured.
 
 pub mod config;
+pub mod instance_tags;
 pub mod list_walk;
 mod locations;
 pub mod provider;

@@ -309,6 +309,48 @@ impl Provider {
         .await
     }
 
+    /// UpdateInstanceTags: `id`'s tags become `tags` if they are exactly `expected`
+    /// (compare-and-set, contract "Ownership hand-over"), or already are `tags`.
+    pub async fn update_tags(
+        &self,
+        id: &str,
+        expected: HashMap<String, String>,
+        tags: HashMap<String, String>,
+    ) -> Result<pb::Instance> {
+        let request = pb::UpdateInstanceTagsRequest {
+            id: id.to_owned(),
+            expected_tags: expected,
+            tags,
+        };
+        let answer = self
+            .call("UpdateInstanceTags", |mut c| async move {
+                c.update_instance_tags(request).await
+            })
+            .await?;
+        self.instance_in(answer.instance, "UpdateInstanceTags")
+    }
+
+    /// Whether `error`, from [`Provider::update_tags`], says the instance is no longer
+    /// the one the caller read: gone, being deleted, or its tags changed (another
+    /// caller won). The caller reads again and decides anew; any other error is retried.
+    pub fn lost_the_instance(error: &Error) -> bool {
+        use egressproxy_provider::error::reason;
+        match error {
+            Error::Provider { source, .. } => {
+                source.class == ErrorClass::NotFound
+                    || (source.class == ErrorClass::Permanent
+                        && (source.reason == reason::TAGS_CHANGED
+                            || source.reason == reason::INSTANCE_DELETING))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the provider declares `capability` (after the handshake).
+    pub async fn offers(&self, capability: pb::Capability) -> Result<bool> {
+        Ok(self.handshake().await?.capabilities.contains(&capability))
+    }
+
     /// Opens a WatchInstances stream. The call carries a deadline as long as the
     /// caller means to watch (`watch_for`), as the contract asks, while the stream's
     /// opening is bounded by the provider's call timeout, so a hung provider cannot hold

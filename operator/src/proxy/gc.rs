@@ -13,7 +13,10 @@
 //!    instance was created while its Proxy was already in the cache, so a Proxy
 //!    created during the sweep cannot make its instance look orphaned.
 //! 3. Delete, when older than `grace`: an instance whose `egressproxy.dev/uid` names no
-//!    cached Proxy (orphaned), and an instance of a cached Proxy made under a key the
+//!    cached Proxy (orphaned), a pool's spare whose pool is gone (no pool of its
+//!    namespace and name, or one with another UID, read from the apiserver: a pool's
+//!    own finalizer deletes its spares, so this only finds those of a pool whose
+//!    finalizer was removed by hand), and an instance of a cached Proxy made under a key the
 //!    Proxy has moved past: a key `<uid>-<n>` with `n` below the Proxy's
 //!    `status.replacements`, and not its recorded instance (superseded: a VM that
 //!    vanished, was replaced, and came back). Replacements only grow, so a cached
@@ -27,10 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egressproxy_provider::pb;
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 
 use crate::context::Context;
-use crate::crd::Proxy;
+use crate::crd::{Proxy, ProxyPool};
 use crate::k8s::proxy_cache::ProxyCache;
 use crate::k8s::watch_scope::WatchScope;
 use crate::providers::Provider;
@@ -93,6 +96,17 @@ pub async fn sweep(ctx: &Context, cache: &ProxyCache, grace: Duration) -> SweepR
         let now = std::time::SystemTime::now();
         for instance in instances {
             let Some(uid) = instance.tags.get(tags::UID) else {
+                if age(&instance, now) >= grace && orphaned_spare(ctx, &instance).await {
+                    match provider.delete(&instance.id).await {
+                        Ok(()) => {
+                            tracing::info!(provider = provider.name(), instance = %instance.id,
+                                "deleted the spare of a pool that is gone");
+                            report.deleted.push(instance.id);
+                        }
+                        Err(error) => tracing::warn!(instance = %instance.id,
+                            error = %with_causes(&error), "garbage collection: delete failed"),
+                    }
+                }
                 continue;
             };
             let why = match proxies.get(uid.as_str()) {
@@ -143,6 +157,34 @@ fn superseded(proxy: &Proxy, instance: &pb::Instance) -> bool {
         rest.parse::<u32>().ok()
     });
     serial.is_some_and(|serial| serial < status.replacements)
+}
+
+/// Whether `instance` is a pool's spare (or a retiring one) whose pool is gone: no pool
+/// of its namespace and name, or one with another UID (deleted and made again). A read
+/// that fails judges nothing.
+async fn orphaned_spare(ctx: &Context, instance: &pb::Instance) -> bool {
+    let tag = |key: &str| instance.tags.get(key).map(String::as_str);
+    if !matches!(
+        tag(tags::ROLE),
+        Some(tags::ROLE_SPARE | tags::ROLE_RETIRING)
+    ) {
+        return false;
+    }
+    let (Some(namespace), Some(name), Some(uid)) =
+        (tag(tags::NAMESPACE), tag(tags::POOL), tag(tags::POOL_UID))
+    else {
+        return false;
+    };
+    let pools: Api<ProxyPool> = Api::namespaced(ctx.client.clone(), namespace);
+    match pools.get_opt(name).await {
+        Ok(None) => true,
+        Ok(Some(pool)) => pool.uid().as_deref() != Some(uid),
+        Err(error) => {
+            tracing::warn!(instance = %instance.id, %error,
+                "garbage collection: cannot read the pool of a spare");
+            false
+        }
+    }
 }
 
 /// How long ago the provider says it created `instance` (zero when it does not say).

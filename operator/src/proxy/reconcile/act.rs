@@ -10,12 +10,13 @@ use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 
-use super::observe::{self, probe_address};
+use super::observe;
 use super::plan::{Cause, Step};
 use super::tags;
-use super::{Pass, egress_address, egress_observed, no_room};
+use super::{Pass, adopt, egress_address, egress_observed, no_room};
 use crate::crd::{Placement, ProxyAddress, ReplacedInstance, condition};
 use crate::k8s::events::EventType;
+use crate::probe::address::probe_address;
 use crate::shared::error::{Error, Result};
 
 /// What follows a step.
@@ -81,6 +82,9 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
 /// Checks the placement, reads the cloud-init input, records the key (so a crash
 /// during the call leaves a trace that an instance may exist), then creates.
 async fn create(pass: &mut Pass<'_>) -> Result<Next> {
+    if let Some(next) = adopt::adopt_spare(pass).await? {
+        return Ok(next);
+    }
     let provider = pass.provider;
     provider
         .validate_placement(placement(&pass.proxy.spec.placement))
@@ -99,12 +103,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     let request = pb::CreateInstanceRequest {
         key,
         name: pass.key.to_string(),
-        tags: HashMap::from([
-            (tags::CLUSTER.to_owned(), pass.ctx.cluster_name.clone()),
-            (tags::NAMESPACE.to_owned(), pass.key.namespace.clone()),
-            (tags::NAME.to_owned(), pass.key.name.clone()),
-            (tags::UID.to_owned(), pass.key.uid.clone()),
-        ]),
+        tags: pass.key.instance_tags(&pass.ctx.cluster_name),
         placement: Some(placement(&pass.proxy.spec.placement)),
         cloud_init: Some(cloud_init),
         proxy_port: u32::from(pass.proxy.spec.proxy_port),

@@ -23,9 +23,9 @@ use std::time::Duration;
 use egressproxy_provider::pb;
 
 use super::Pass;
-use super::observe::probe_address;
 use crate::crd::{ProxyStatus, condition};
 use crate::k8s::events::EventType;
+use crate::probe::address::probe_address;
 use crate::probe::egress_echo::{self, redact_url};
 
 /// What to do about the egress address.

@@ -1,8 +1,11 @@
 //! The identity of the Proxy being reconciled, resolved once at the start.
 
+use std::collections::HashMap;
+
 use kube::ResourceExt;
 
 use crate::crd::Proxy;
+use crate::providers::instance_tags as tags;
 
 /// A Proxy's UID, namespace and name: the UID keys every in-memory entry and tags
 /// every instance; namespace and name address the object and its Events.
@@ -25,6 +28,16 @@ impl ProxyKey {
             namespace: proxy.namespace().unwrap_or_default(),
             name: proxy.name_any(),
         }
+    }
+
+    /// The tags of this Proxy's instances, made by the operator of cluster `cluster`.
+    pub fn instance_tags(&self, cluster: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (tags::CLUSTER.to_owned(), cluster.to_owned()),
+            (tags::NAMESPACE.to_owned(), self.namespace.clone()),
+            (tags::NAME.to_owned(), self.name.clone()),
+            (tags::UID.to_owned(), self.uid.clone()),
+        ])
     }
 
     /// The idempotency key of the instance after `replacements` replacements.

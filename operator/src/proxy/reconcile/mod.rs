@@ -16,6 +16,10 @@
 //!    the placement allows and what each lacks ([`no_room`]). After a Create (or a placement replacement) the
 //!    pass runs again at once; every other step ends the reconcile with a requeue.
 //!
+//! A pool's new member whose annotation names a spare adopts it instead of creating
+//! ([`adopt`]): the first Create step of its life takes the spare over by a
+//! compare-and-set of its tags, or falls back to a Create.
+//!
 //! The phase is never set directly: [`status::phase`] derives it from the conditions
 //! when status is saved, only if it changed.
 //!
@@ -35,6 +39,7 @@
 
 mod abandon;
 mod act;
+pub mod adopt;
 mod cleanup;
 mod egress_address;
 mod egress_observed;
@@ -76,16 +81,7 @@ pub const ABANDON_ANNOTATION: &str = "egressproxy.dev/abandon-instance";
 /// `reconcile.fluxcd.io/requestedAt`): set it to the current time.
 pub const RETRY_ANNOTATION: &str = "egressproxy.dev/reconcile-requested-at";
 /// Tag keys set on every instance.
-pub mod tags {
-    /// The operator's `--cluster-name`.
-    pub const CLUSTER: &str = "egressproxy.dev/cluster";
-    /// The Proxy's namespace.
-    pub const NAMESPACE: &str = "egressproxy.dev/namespace";
-    /// The Proxy's name.
-    pub const NAME: &str = "egressproxy.dev/name";
-    /// The Proxy's UID.
-    pub const UID: &str = "egressproxy.dev/uid";
-}
+pub use crate::providers::instance_tags as tags;
 
 /// Reconciles one Proxy (the controller's entry point). Its span carries the trace id,
 /// and every provider call made inside it continues the same trace.
