@@ -125,6 +125,7 @@ pub fn view(pool: &ProxyPool, hash: &str, spread: &Spread, proxy: &Proxy) -> Mem
         updated: made_from_this_template
             && (spread.from_provider || spread.targets.is_empty() || target.is_some()),
         ready: is_ready(proxy),
+        replacing: is_replacing(proxy),
         deleting: proxy.metadata.deletion_timestamp.is_some(),
         target,
     }
@@ -144,6 +145,23 @@ pub fn promised_spare(proxy: &Proxy) -> Option<&str> {
         .annotations()
         .get(ADOPT_INSTANCE_ANNOTATION)
         .map(String::as_str)
+}
+
+/// Whether `proxy` is replacing a VM it lost: it is not Ready, it gave up a VM
+/// (`status.replacements`), and its current VM, if any, has never passed a health
+/// check (the Healthy condition goes with each lost VM). From the moment the Proxy
+/// forgets the lost VM until its successor first answers, through the Proxy's own
+/// status, so the pool's watch of members sees it without a timer. A member booting
+/// its first VM (no replacement yet), or Degraded (its VM answered once), is not.
+pub fn is_replacing(proxy: &Proxy) -> bool {
+    let Some(status) = proxy.status.as_ref() else {
+        return false;
+    };
+    let answered_once = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == condition::HEALTHY);
+    !is_ready(proxy) && status.replacements > 0 && !answered_once
 }
 
 /// Whether `proxy` is Ready (it proxies now).
@@ -234,6 +252,58 @@ mod tests {
             targets: pool.spec.spread.clone(),
             ..Spread::default()
         }
+    }
+
+    #[test]
+    fn only_a_member_that_lost_its_vm_and_has_not_answered_since_is_replacing() {
+        use crate::crd::ProxyStatus;
+        use crate::k8s::status::set_condition;
+        let pool = pool(serde_json::json!([]));
+        let with = |replacements: u32, conditions: &[(&str, bool)]| {
+            let mut proxy = new_member(&pool, 0, None, None).unwrap();
+            let mut status = ProxyStatus {
+                replacements,
+                ..ProxyStatus::default()
+            };
+            for (type_, value) in conditions {
+                set_condition(&mut status.conditions, type_, *value, "x", "", None);
+            }
+            proxy.status = Some(status);
+            proxy
+        };
+        let rows = [
+            (
+                "booting its first VM",
+                with(0, &[(condition::READY, false)]),
+                false,
+            ),
+            (
+                "its VM vanished: forgotten, the next not created yet",
+                with(1, &[(condition::READY, false)]),
+                true,
+            ),
+            (
+                "Degraded: its VM answered once, not replaced",
+                with(0, &[(condition::READY, false), (condition::HEALTHY, false)]),
+                false,
+            ),
+            (
+                "Degraded after an earlier replacement",
+                with(1, &[(condition::READY, false), (condition::HEALTHY, false)]),
+                false,
+            ),
+            (
+                "Ready again after a replacement",
+                with(1, &[(condition::READY, true), (condition::HEALTHY, true)]),
+                false,
+            ),
+        ];
+        for (what, proxy, replacing) in rows {
+            assert_eq!(is_replacing(&proxy), replacing, "{what}");
+        }
+        let mut no_status = new_member(&pool, 0, None, None).unwrap();
+        no_status.status = None;
+        assert!(!is_replacing(&no_status), "a new member");
     }
 
     #[test]

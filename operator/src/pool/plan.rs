@@ -9,12 +9,19 @@
 //! 3. **Outdated, Ready**: they go only while the Ready members left stay at or above
 //!    `replicas - maxUnavailable`, the newest first. With `maxUnavailable: 0` an old
 //!    member goes only once a new one is Ready: surge first.
-//! 4. **Create** updated members until there are `replicas`, while all live members
+//! 4. **Swap**: an updated member *replacing* a lost VM (its Proxy lost one and the
+//!    current one has not passed a health check yet) goes at once, and a new member
+//!    takes its place at its spread target, adopting a Ready spare there: one swap per
+//!    adoptable spare at that target, the lowest index first. It serves nothing, so
+//!    deleting it first keeps `replicas - maxUnavailable`; a crash after the delete
+//!    leaves the pool one member short, which rule 5 fills with the same spare.
+//! 5. **Create** updated members until there are `replicas`, while all live members
 //!    stay within `replicas + maxSurge`; each goes to the spread target with the
 //!    fewest members (ties: the first listed) and takes the lowest free index.
 //!
-//! A member that is merely not Ready and updated stays: its Proxy replaces its VM by
-//! itself, and the pool's Service lists it again once it is Ready.
+//! Any other updated member that is not Ready stays (booting for the first time,
+//! Degraded, or replacing with no spare to swap in): its Proxy heals it by itself,
+//! and the pool's Service lists it again once it is Ready.
 
 use std::collections::BTreeSet;
 
@@ -29,6 +36,8 @@ pub struct Member {
     pub updated: bool,
     /// Its Proxy is Ready.
     pub ready: bool,
+    /// Its Proxy lost a VM and the one replacing it has not passed a health check yet.
+    pub replacing: bool,
     /// Its Proxy is being deleted.
     pub deleting: bool,
     /// Which spread target (index into `spec.spread`) it is at, if any.
@@ -55,15 +64,19 @@ pub enum Removal {
     Surplus,
     /// Made from an older template or spread.
     Outdated,
+    /// Replacing a lost VM while a Ready spare can take its place.
+    Swapped,
 }
 
 /// A member to create.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMember {
     /// The number in its name.
     pub index: u32,
     /// The spread target it goes to, if targets are listed.
     pub target: Option<usize>,
+    /// The member it takes the place of (a swap), which adopts a spare.
+    pub replaces: Option<String>,
 }
 
 /// What to do now.
@@ -75,8 +88,9 @@ pub struct Plan {
     pub create: Vec<NewMember>,
 }
 
-/// The plan for `members` under `bounds` (module doc).
-pub fn plan(bounds: Bounds, members: &[Member]) -> Plan {
+/// The plan for `members` under `bounds` (module doc), with `adoptable[t]` Ready
+/// spares nobody was promised at spread target `t` (at index 0 without targets).
+pub fn plan(bounds: Bounds, members: &[Member], adoptable: &[u32]) -> Plan {
     let live: Vec<&Member> = members.iter().filter(|m| !m.deleting).collect();
     let mut going: BTreeSet<&str> = BTreeSet::new();
     let mut delete = Vec::new();
@@ -125,20 +139,53 @@ pub fn plan(bounds: Bounds, members: &[Member]) -> Plan {
         delete.push((member.name.clone(), Removal::Outdated));
     }
 
-    // 4. New members, within maxSurge.
+    // 4. Swaps: a member replacing a lost VM for a Ready spare at its target.
+    let mut taken: BTreeSet<u32> = members.iter().map(|m| m.index).collect();
+    let mut spares_left = adoptable.to_vec();
+    let mut create = Vec::new();
+    let mut replacing: Vec<&Member> = live
+        .iter()
+        .copied()
+        .filter(|m| m.updated && m.replacing && !m.ready && !going.contains(m.name.as_str()))
+        .collect();
+    replacing.sort_by_key(|m| m.index);
+    for member in replacing {
+        let slot = match (bounds.targets, member.target) {
+            (0, _) => 0,
+            (_, Some(t)) => t,
+            // At a place no longer listed: no spare is placed there.
+            (_, None) => continue,
+        };
+        let Some(left) = spares_left.get_mut(slot).filter(|n| **n > 0) else {
+            continue;
+        };
+        *left -= 1;
+        going.insert(&member.name);
+        delete.push((member.name.clone(), Removal::Swapped));
+        let index = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
+        taken.insert(index);
+        create.push(NewMember {
+            index,
+            target: member.target,
+            replaces: Some(member.name.clone()),
+        });
+    }
+
+    // 5. New members, within maxSurge.
     let staying: Vec<&Member> = live
         .iter()
         .copied()
         .filter(|m| !going.contains(m.name.as_str()))
         .collect();
-    let updated_staying = staying.iter().filter(|m| m.updated).count();
+    let updated_staying = staying.iter().filter(|m| m.updated).count() + create.len();
     let need = replicas.saturating_sub(updated_staying);
-    let room = (replicas + bounds.max_surge as usize).saturating_sub(staying.len());
-    let mut taken: BTreeSet<u32> = members.iter().map(|m| m.index).collect();
+    let room = (replicas + bounds.max_surge as usize).saturating_sub(staying.len() + create.len());
     let mut per_target: Vec<usize> = (0..bounds.targets)
-        .map(|t| staying.iter().filter(|m| m.target == Some(t)).count())
+        .map(|t| {
+            staying.iter().filter(|m| m.target == Some(t)).count()
+                + create.iter().filter(|c| c.target == Some(t)).count()
+        })
         .collect();
-    let mut create = Vec::new();
     for _ in 0..need.min(room) {
         let index = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
         taken.insert(index);
@@ -146,7 +193,11 @@ pub fn plan(bounds: Bounds, members: &[Member]) -> Plan {
         if let Some(t) = target {
             per_target[t] += 1;
         }
-        create.push(NewMember { index, target });
+        create.push(NewMember {
+            index,
+            target,
+            replaces: None,
+        });
     }
     Plan { delete, create }
 }
@@ -156,7 +207,8 @@ mod tests {
     use super::*;
 
     /// A member from a short code: `u`/`o` (updated or outdated), `r`/`n` (Ready or
-    /// not), optionally `d` (being deleted), then `@T` for spread target T.
+    /// not), optionally `d` (being deleted) and `x` (replacing a lost VM), then `@T`
+    /// for spread target T.
     fn member(index: u32, code: &str) -> Member {
         let (flags, target) = match code.split_once('@') {
             Some((flags, target)) => (flags, Some(target.parse().unwrap())),
@@ -168,6 +220,7 @@ mod tests {
             updated: flags.contains('u'),
             ready: flags.contains('r'),
             deleting: flags.contains('d'),
+            replacing: flags.contains('x'),
             target,
         }
     }
@@ -219,6 +272,13 @@ mod tests {
             (
                 "an updated member that is not Ready stays: its Proxy heals it",
                 vec!["ur", "un", "ur"],
+                bounds(3, 1, 0, 0),
+                vec![],
+                vec![],
+            ),
+            (
+                "a member replacing its lost VM with no spare stays: its Proxy boots one",
+                vec!["ur", "unx", "ur"],
                 bounds(3, 1, 0, 0),
                 vec![],
                 vec![],
@@ -302,12 +362,112 @@ mod tests {
             ),
         ];
         for (what, codes, bounds, deleted, created) in rows {
-            let got = plan(bounds, &members(&codes));
+            let got = plan(bounds, &members(&codes), &[]);
             let got_deleted: Vec<&str> = got.delete.iter().map(|(n, _)| n.as_str()).collect();
             let mut got_deleted = got_deleted;
             got_deleted.sort();
             let got_created: Vec<(u32, Option<usize>)> =
                 got.create.iter().map(|c| (c.index, c.target)).collect();
+            assert_eq!((got_deleted, got_created), (deleted, created), "{what}");
+        }
+    }
+
+    /// Members, bounds, adoptable spares per target, then the names deleted with why,
+    /// and the members created (index, target, the member replaced).
+    type SwapRow = (
+        &'static str,
+        Vec<&'static str>,
+        Bounds,
+        Vec<u32>,
+        Vec<(&'static str, Removal)>,
+        Vec<(u32, Option<usize>, Option<&'static str>)>,
+    );
+
+    #[test]
+    fn a_member_replacing_its_vm_is_swapped_for_a_ready_spare_per_its_table() {
+        let rows: Vec<SwapRow> = vec![
+            (
+                "a member replacing its lost VM is swapped for a Ready spare",
+                vec!["ur", "unx"],
+                bounds(2, 1, 0, 0),
+                vec![1],
+                vec![("pool-1", Removal::Swapped)],
+                vec![(2, None, Some("pool-1"))],
+            ),
+            (
+                "without a Ready spare it replaces its VM itself",
+                vec!["ur", "unx"],
+                bounds(2, 1, 0, 0),
+                vec![0],
+                vec![],
+                vec![],
+            ),
+            (
+                "a member booting for the first time is not swapped",
+                vec!["ur", "un"],
+                bounds(2, 1, 0, 0),
+                vec![1],
+                vec![],
+                vec![],
+            ),
+            (
+                "a Degraded member, not replacing, is not swapped",
+                vec!["ur", "un"],
+                bounds(2, 1, 0, 0),
+                vec![1],
+                vec![],
+                vec![],
+            ),
+            (
+                "one swap per Ready spare, the lowest index first",
+                vec!["unx", "ur", "unx"],
+                bounds(3, 1, 0, 0),
+                vec![1],
+                vec![("pool-0", Removal::Swapped)],
+                vec![(3, None, Some("pool-0"))],
+            ),
+            (
+                "a swap takes a spare at the member's own spread target",
+                vec!["ur@0", "unx@1", "unx@0"],
+                bounds(3, 1, 0, 2),
+                vec![0, 1],
+                vec![("pool-1", Removal::Swapped)],
+                vec![(3, Some(1), Some("pool-1"))],
+            ),
+            (
+                "a member already being deleted is not swapped again",
+                vec!["ur", "dunx"],
+                bounds(2, 1, 0, 0),
+                vec![1],
+                vec![],
+                vec![(2, None, None)],
+            ),
+            (
+                "an outdated member replacing its VM just goes, as any outdated one",
+                vec!["ur", "onx"],
+                bounds(2, 1, 0, 0),
+                vec![1],
+                vec![("pool-1", Removal::Outdated)],
+                vec![(2, None, None)],
+            ),
+            (
+                "swaps keep maxSurge 0 and maxUnavailable 0: the count does not change",
+                vec!["ur", "unx"],
+                bounds(2, 0, 0, 0),
+                vec![2],
+                vec![("pool-1", Removal::Swapped)],
+                vec![(2, None, Some("pool-1"))],
+            ),
+        ];
+        for (what, codes, bounds, adoptable, deleted, created) in rows {
+            let got = plan(bounds, &members(&codes), &adoptable);
+            let got_deleted: Vec<(&str, Removal)> =
+                got.delete.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+            let got_created: Vec<(u32, Option<usize>, Option<&str>)> = got
+                .create
+                .iter()
+                .map(|c| (c.index, c.target, c.replaces.as_deref()))
+                .collect();
             assert_eq!((got_deleted, got_created), (deleted, created), "{what}");
         }
     }
@@ -331,7 +491,7 @@ mod tests {
                     }
                 }
                 let members: Vec<Member> = pool.iter().map(|(m, _)| m.clone()).collect();
-                let p = plan(b, &members);
+                let p = plan(b, &members, &[]);
                 pool.retain(|(m, _)| !p.delete.iter().any(|(n, _)| *n == m.name));
                 let ready = pool.iter().filter(|(m, _)| m.ready).count();
                 assert!(

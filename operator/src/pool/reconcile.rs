@@ -12,7 +12,10 @@
 //!    next pass, which its Proxy's status change starts. A Service of that name that is
 //!    not the pool's is left alone, with a Warning, and no `serviceName`.
 //! 4. **Act**: delete (each member only while it is still the Proxy listed: its UID is
-//!    a precondition), then create. A name that exists already is an earlier pass's
+//!    a precondition), then create. A swap (a member replacing a lost VM, for a Ready
+//!    spare) is a delete then a create that adopts the spare, with a `MemberSwapped`
+//!    Event naming both members and the spare; the spares are found before the plan
+//!    when a member is replacing, so the plan knows which spares a swap may take. A name that exists already is an earlier pass's
 //!    member (nothing to do), or a stranger's Proxy: then the member takes the next
 //!    free name, with a Warning. An Event for each.
 //! 5. **Spares** (a pool with `spec.spares`, or that had some: it holds the
@@ -108,7 +111,23 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         max_unavailable: pool.spec.max_unavailable,
         targets: spread.targets.len(),
     };
-    let todo = plan(bounds, &views);
+    // A member replacing a lost VM may be swapped for a Ready spare: the plan needs the
+    // spares first then. Otherwise they are looked at after the Service, which a
+    // member leaving its endpoints should not wait for.
+    let find_spares = async || match (&provider, finalizer::holds(&pool)) {
+        (Ok(provider), true) => spare_pass::find(&ctx, &pool, provider, &spread, &members).await,
+        _ => None,
+    };
+    let mut spares = if views.iter().any(|v| v.replacing && !v.deleting) {
+        find_spares().await
+    } else {
+        None
+    };
+    let adoptable = spares
+        .as_ref()
+        .map(|s| s.adoptable(&spread))
+        .unwrap_or_default();
+    let todo = plan(bounds, &views, &adoptable);
     // The members that stay, in the Service before anything is deleted: a member on its
     // way out leaves the endpoints before its VM does.
     let staying: Vec<&Proxy> = members
@@ -117,10 +136,9 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
-    let mut spares = match (&provider, finalizer::holds(&pool)) {
-        (Ok(provider), true) => spare_pass::find(&ctx, &pool, provider, &spread, &members).await,
-        _ => None,
-    };
+    if spares.is_none() {
+        spares = find_spares().await;
+    }
     let spare_list = spares.as_mut().map(|s| &mut s.found.spares);
     create_members(
         &ctx,
@@ -189,6 +207,10 @@ async fn delete_members(
             Removal::Outdated => {
                 format!("deleted member {name}: made from an older template or spread")
             }
+            Removal::Swapped => format!(
+                "deleted member {name}: it lost its VM, and a new member adopting a Ready \
+                 spare takes its place"
+            ),
         };
         ctx.publish_about(&regarding, EventType::Normal, "MemberDeleted", &note)
             .await;
@@ -240,6 +262,17 @@ async fn create_members(
                     let note = format!("created member {name}{at}{adopting}");
                     ctx.publish_about(&regarding, EventType::Normal, "MemberCreated", &note)
                         .await;
+                    if let Some(lost) = &new.replaces {
+                        let spare = adopt.as_ref().map_or_else(
+                            || "which found no spare left and boots a VM".to_owned(),
+                            |id| format!("adopting spare {id}"),
+                        );
+                        let note = format!(
+                            "member {lost} lost its VM: replaced by member {name}, {spare}"
+                        );
+                        ctx.publish_about(&regarding, EventType::Normal, "MemberSwapped", &note)
+                            .await;
+                    }
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     let holder = proxies.get_opt(&name).await?;
@@ -248,7 +281,7 @@ async fn create_members(
                         // again: the next pass sees the truth.
                         continue;
                     }
-                    blocked.push(new.target);
+                    blocked.push((new.target, new.replaces.clone()));
                     // Not told to anyone after all: free for the next member.
                     if let (Some(list), Some(id)) = (spares.as_deref_mut(), &adopt) {
                         list.iter_mut()
@@ -270,10 +303,14 @@ async fn create_members(
         }
         creates = blocked
             .into_iter()
-            .map(|target| {
+            .map(|(target, replaces)| {
                 let index = (0..).find(|i| !used.contains(i)).unwrap_or(u32::MAX);
                 used.insert(index);
-                NewMember { index, target }
+                NewMember {
+                    index,
+                    target,
+                    replaces,
+                }
             })
             .collect();
     }

@@ -113,6 +113,18 @@ pub(super) struct SpareState {
     pub found: spares::Found,
 }
 
+impl SpareState {
+    /// How many spares a new member could adopt at each spread target of `spread` (at
+    /// index 0 without targets): none without a hand-over.
+    pub(super) fn adoptable(&self, spread: &Spread) -> Vec<u32> {
+        let places = spares::places(spread);
+        if !self.hand_over {
+            return vec![0; places.len()];
+        }
+        spare_plan::adoptable_at(&self.found.spares, &places)
+    }
+}
+
 /// What the status says of the spares after this pass.
 pub(super) struct SpareReport {
     hand_over: bool,

@@ -50,11 +50,29 @@ pub struct SparePlan {
     pub create: Vec<String>,
 }
 
+/// Whether a new member may adopt `spare` (rule 1): Ready, updated, and nobody's yet.
+pub fn adoptable(spare: &Spare) -> bool {
+    spare.ready && spare.updated && !spare.promised && !spare.retiring && !spare.stuck
+}
+
+/// How many spares a new member could adopt at each of `places`.
+pub fn adoptable_at(spares: &[Spare], places: &[String]) -> Vec<u32> {
+    places
+        .iter()
+        .map(|at| {
+            spares
+                .iter()
+                .filter(|s| adoptable(s) && &s.at == at)
+                .count() as u32
+        })
+        .collect()
+}
+
 /// The spare a member going to `at` adopts, if any (rule 1); marks it promised.
 pub fn pick(spares: &mut [Spare], at: &str) -> Option<String> {
     let spare = spares
         .iter_mut()
-        .filter(|s| s.ready && s.updated && !s.promised && !s.retiring && !s.stuck && s.at == at)
+        .filter(|s| adoptable(s) && s.at == at)
         .min_by_key(|s| s.serial)?;
     spare.promised = true;
     Some(spare.id.clone())
@@ -318,5 +336,24 @@ mod tests {
             "each spare is promised once"
         );
         assert_eq!(pick(&mut spares, "zone/z0"), None);
+    }
+
+    #[test]
+    fn adoptable_spares_are_counted_per_place() {
+        let spares = vec![
+            spare("a", 0, "host/h0"),
+            Spare {
+                ready: false,
+                ..spare("booting", 1, "host/h0")
+            },
+            Spare {
+                promised: true,
+                ..spare("told", 2, "host/h1")
+            },
+            spare("b", 3, "host/h1"),
+            spare("c", 4, "host/h1"),
+        ];
+        let places = targets(&["host/h0", "host/h1", "host/h2"]);
+        assert_eq!(adoptable_at(&spares, &places), [1, 2, 0]);
     }
 }
