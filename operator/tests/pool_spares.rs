@@ -2,7 +2,9 @@
 //! process and both controllers in-process: spares boot outside the pool's Service, a
 //! new member adopts one instead of creating a VM (and the pool boots another), two
 //! members told the same spare share nothing, a provider that cannot hand instances
-//! over gets cold members and no spares, and a deleted pool takes its spares along.
+//! over gets cold members and no spares, a deleted pool takes its spares along, and a
+//! member whose VM is lost is swapped for a Ready spare (or, without one, replaces its
+//! VM itself).
 //!
 //! The reference provider gives each of two hosts its own address (two of this host's
 //! non-loopback addresses, where the test's listeners stand in for the VMs' proxies),
@@ -244,6 +246,119 @@ async fn spares_stay_out_of_the_service_and_a_new_member_adopts_one() {
         None,
         "the adopted instance is a spare no more"
     );
+}
+
+/// Deletes instance `id` behind the operator's back.
+async fn make_vanish(h: &Harness, id: &str) {
+    pb::provider_client::ProviderClient::connect(h.provider.endpoint().to_owned())
+        .await
+        .unwrap()
+        .delete_instance(pb::DeleteInstanceRequest { id: id.to_owned() })
+        .await
+        .unwrap();
+}
+
+/// A member's VM vanishes while the pool has a Ready spare: a new member adopts the
+/// spare, the member that lost its VM is deleted, the pool is back to its Ready
+/// members without booting one, and it boots another spare.
+#[tokio::test]
+async fn a_member_that_lost_its_vm_is_swapped_for_a_ready_spare() {
+    let (a, _) = two_addresses();
+    let h = Harness::start("spares-swap", a, a, &[]).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen_on(a, port).await;
+    h.create_pool(
+        "egress",
+        port,
+        serde_json::json!({"replicas": 2, "spares": 1}),
+    )
+    .await;
+    h.wait_pool("egress", 2, 1).await;
+    let spare = h.spares().await["template"].clone();
+    let lost = common::wait_ready(&h.proxies(), "egress-0").await;
+    let lost_id = lost.status.unwrap().provider_id.unwrap();
+
+    let started = std::time::Instant::now();
+    make_vanish(&h, &lost_id).await;
+    let events: Api<Event> = h.env.namespaced();
+    common::fixtures::wait_event(&events, "egress-0", "InstanceVanished").await;
+    let swapped = common::fixtures::wait_event(&events, "egress", "MemberSwapped").await;
+    let note = swapped.note.unwrap_or_default();
+    assert!(
+        note.contains("egress-0") && note.contains("egress-2") && note.contains(&spare.id),
+        "{note}"
+    );
+    let adopted = common::wait_ready(&h.proxies(), "egress-2").await;
+    assert_eq!(
+        adopted.status.as_ref().unwrap().provider_id.as_ref(),
+        Some(&spare.id),
+        "the new member adopts the spare"
+    );
+    let what = "the member that lost its VM to be deleted";
+    wait_until(&h.proxies(), "egress-0", what, |p: Option<&Proxy>| {
+        p.is_none()
+    })
+    .await;
+    let what = "pool egress to list its 2 Ready members egress-1 and egress-2";
+    wait_until(&h.pools(), "egress", what, |p: Option<&ProxyPool>| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            let names: Vec<&str> = s.members.iter().map(|m| m.name.as_str()).collect();
+            s.ready_replicas == 2 && names == ["egress-1", "egress-2"]
+        })
+    })
+    .await;
+    eprintln!(
+        "from the instance's deletion to 2 Ready members again: {:?}",
+        started.elapsed()
+    );
+
+    // Another spare boots in place of the one adopted; the lost VM's replacement, if
+    // its member had started one, went with the member.
+    h.wait_pool("egress", 2, 1).await;
+    let now = h.spares().await;
+    assert!(now.values().all(|s| s.id != spare.id), "{now:?}");
+    let instances = h.instances().await;
+    assert_eq!(instances.len(), 3, "2 members and 1 spare: {instances:?}");
+}
+
+/// Without a Ready spare, a member whose VM vanished replaces it itself, as before:
+/// no member is swapped.
+#[tokio::test]
+async fn without_a_ready_spare_a_member_replaces_its_lost_vm_itself() {
+    let (a, _) = two_addresses();
+    let h = Harness::start("spares-no-swap", a, a, &[]).await;
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen_on(a, port).await;
+    h.create_pool("egress", port, serde_json::json!({"replicas": 2}))
+        .await;
+    h.wait_pool("egress", 2, 0).await;
+    let lost = common::wait_ready(&h.proxies(), "egress-0").await;
+    let lost_id = lost.status.unwrap().provider_id.unwrap();
+
+    make_vanish(&h, &lost_id).await;
+    let events: Api<Event> = h.env.namespaced();
+    common::fixtures::wait_event(&events, "egress-0", "InstanceVanished").await;
+    let what = "egress-0 to be Ready on a new VM";
+    wait_until(&h.proxies(), "egress-0", what, |p: Option<&Proxy>| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.provider_id.as_ref().is_some_and(|id| *id != lost_id)
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    h.wait_pool("egress", 2, 0).await;
+    assert!(h.proxies().get_opt("egress-2").await.unwrap().is_none());
+    let swapped: Vec<Event> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("MemberSwapped"))
+        .collect();
+    assert_eq!(swapped, [], "no member was swapped");
 }
 
 /// Two Proxies of the pool told to adopt the same spare: exactly one gets it, the
