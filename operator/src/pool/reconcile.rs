@@ -118,7 +118,8 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         (Ok(provider), true) => spare_pass::find(&ctx, &pool, provider, &spread, &members).await,
         _ => None,
     };
-    let mut spares = if views.iter().any(|v| v.replacing && !v.deleting) {
+    let spares_first = views.iter().any(|v| v.replacing && !v.deleting);
+    let mut spares = if spares_first {
         find_spares().await
     } else {
         None
@@ -136,7 +137,7 @@ pub async fn reconcile(pool: Arc<ProxyPool>, ctx: Arc<Context>) -> Result<Action
         .collect();
     let service_name = sync_service(&ctx, &pool, &staying).await?;
     delete_members(&ctx, &pool, &proxies, &members, &todo).await?;
-    if spares.is_none() {
+    if !spares_first {
         spares = find_spares().await;
     }
     let spare_list = spares.as_mut().map(|s| &mut s.found.spares);
