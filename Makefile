@@ -9,7 +9,7 @@ HELM := $(TOOLS_BIN)/helm
 HADOLINT := $(TOOLS_BIN)/hadolint
 CHART := charts/egressproxy
 
-.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test images demo demo-down demo-reference e2e faults guest-image bench fuzz
+.PHONY: kube-up ci setup setup-system setup-tools fmt fmt-check lint clippy doc-check buf-lint chart-lint dockerfile-lint breaking generate generate-check test churn-short images demo demo-down demo-reference e2e faults guest-image bench fuzz
 
 ## ci: set up the machine, then every check and test (what .ci/run runs), each stage
 ## timed; the Go tools and the Rust workspace build side by side
@@ -88,6 +88,14 @@ test:
 	@if [ "$$(id -u)" -eq 0 ]; then integration/tools/build-images.sh product target/debug >/dev/null; \
 	else echo "test: not root, skipping the images (buildah needs root): the in-cluster tests will fail"; fi
 	cargo test --workspace --locked --no-fail-fast
+	$(MAKE) --no-print-directory churn-short
+
+## churn-short: the churn benchmark's short form on the debug build (7 waves of 30
+## Proxies), part of `make test`, so a per-Proxy entry that outlives its Proxy fails CI;
+## the long form is in `make bench`
+churn-short:
+	CHURN_WAVES=7 CHURN_WAVE_SIZE=30 CHURN_FLAT_WITHIN=0.25 RUST_LOG=warn \
+		cargo test --locked -p egressproxy-operator --bench churn
 
 ## images: the operator's, the agent's, kube-provider's and the squid proxy's images from
 ## deploy/docker/ with buildah (the runtime stages, given the binaries cargo builds in

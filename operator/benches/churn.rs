@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         rss_after.push(rss);
         leftovers = maps.into_iter().filter(|(_, n)| *n != 0).collect();
     }
+    let failed_reconciles = stack.metric("egressproxy_reconcile_errors_total").await? as u64;
     stack.stop();
 
     let third = waves / 3;
@@ -112,6 +113,14 @@ async fn main() -> anyhow::Result<()> {
         waves / 2,
         flat_within * 100.0,
         rss_after[0]
+    );
+    println!(
+        "{:<46} {:>12}   0 (the provider never fails)",
+        "failed reconciles", failed_reconciles
+    );
+    anyhow::ensure!(
+        failed_reconciles == 0,
+        "{failed_reconciles} reconciles failed against a provider that never fails: read the operator's log above"
     );
     anyhow::ensure!(
         leftovers.is_empty(),

@@ -278,6 +278,58 @@ async fn deleted_proxies_leave_the_metrics_and_every_in_memory_map() {
     }
 }
 
+/// Two reconciles of one deleted Proxy can overlap (a watch event queues another while
+/// the first removes the finalizer): the later one, working from the cached copy, finds
+/// the Proxy gone when it removes the finalizer. That is the finalizer's work done, not
+/// a failure to back off from and log.
+#[tokio::test]
+async fn a_cleanup_that_finds_its_proxy_already_gone_succeeds() {
+    let h = Harness::start("gone", None).await;
+    h.create("a", "reference").await;
+    h.wait_phase("a", Phase::Ready).await;
+    // A finalizer of the test's own holds the Proxy until the operator's cleanup is done,
+    // and the delete answers the copy a second reconcile would work from.
+    h.proxies()
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": [
+                egressproxy_operator::proxy::reconcile::FINALIZER, "test.egressproxy.dev/hold"
+            ]}})),
+        )
+        .await
+        .unwrap();
+    let stale = h
+        .proxies()
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("a Proxy with finalizers is kept until they go");
+    assert!(stale.metadata.deletion_timestamp.is_some());
+    h.wait_for("a", "the operator's finalizer removed", |p| {
+        p.metadata.finalizers.as_deref() == Some(&["test.egressproxy.dev/hold".to_owned()][..])
+    })
+    .await;
+    h.proxies()
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    h.wait_gone("a").await;
+
+    let outcome =
+        egressproxy_operator::proxy::reconcile::reconcile(Arc::new(stale), h.ctx.clone()).await;
+    assert!(
+        outcome.is_ok(),
+        "a cleanup whose Proxy is already gone failed: {:?}",
+        outcome.map_err(|e| e.describe())
+    );
+}
+
 #[tokio::test]
 async fn every_replacement_is_an_event_naming_the_new_instance() {
     let h = Harness::start("replaced", None).await;

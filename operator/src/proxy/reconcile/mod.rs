@@ -95,16 +95,46 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     record_trace_id();
     let key = ProxyKey::of(&proxy);
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let result = finalizer(&api, FINALIZER, proxy, |event| async {
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
+    let result = match finalizer(&api, FINALIZER, proxy, |event| async {
         match event {
             FinalizerEvent::Apply(proxy) => apply(&proxy, &key, &ctx, &api).await,
             FinalizerEvent::Cleanup(proxy) => cleanup::cleanup(&proxy, &key, &ctx, &api).await,
         }
     })
     .await
-    .map_err(|error| Error::Finalizer(Box::new(error)));
+    {
+        Err(error) if deleting && not_found(&error) && is_gone(&api, &key).await => {
+            ctx.forget_state(&key.uid);
+            Ok(Action::await_change())
+        }
+        result => result.map_err(|error| Error::Finalizer(Box::new(error))),
+    };
     ctx.report_memory();
     result
+}
+
+/// Whether the cleanup failed on an object the apiserver no longer has.
+fn not_found(error: &kube::runtime::finalizer::Error<Error>) -> bool {
+    use kube::runtime::finalizer::Error as Finalizer;
+    let api_not_found =
+        |error: &kube::Error| matches!(error, kube::Error::Api(status) if status.code == 404);
+    match error {
+        Finalizer::RemoveFinalizer(error) => api_not_found(error),
+        Finalizer::CleanupFailed(Error::Kube(error)) => api_not_found(error),
+        _ => false,
+    }
+}
+
+/// Whether the Proxy `key` names no longer exists (or its name now belongs to
+/// another). Two reconciles of one deleted Proxy can overlap: the later works from
+/// a cached copy and finds the Proxy gone once the earlier removed the finalizer,
+/// which is the cleanup done, not a failure to back off from.
+async fn is_gone(api: &Api<Proxy>, key: &ProxyKey) -> bool {
+    match api.get_opt(&key.name).await {
+        Ok(found) => found.is_none_or(|proxy| proxy.uid().as_deref() != Some(key.uid.as_str())),
+        Err(_) => false,
+    }
 }
 
 /// Records the current OpenTelemetry trace id on the reconcile span (when tracing is
