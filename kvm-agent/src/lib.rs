@@ -2,10 +2,10 @@
 //!
 //! The crate is cut into layers. Each layer is a folder and imports only from the layers
 //! below it (and from [`config`] and [`classification`], leaves which every layer shares;
-//! the top-level [`error`] and [`startup`] modules sit above them all). A unit test
-//! (`layer_rule`) reads the source of each lower layer and fails on an import that points
-//! upwards, and on a module under `src/` it does not list; inside each folder, too, no
-//! two modules name each other in a cycle (`layer_rule::cycles`):
+//! the top-level [`error`] and [`startup`] modules sit above them all). A test
+//! (`tests/layer_rule.rs`) reads the source of each lower layer and fails on an import
+//! that points upwards, and on a module under `src/` it does not list; inside each
+//! folder, too, no two modules name each other in a cycle:
 //!
 //! ```text
 //!   provider    the gRPC Provider: Create, Get, List, Delete, ValidatePlacement
@@ -80,8 +80,5 @@ pub mod provider;
 pub(crate) mod single_flight;
 pub mod startup;
 pub mod transport;
-
-#[cfg(test)]
-mod layer_rule;
 
 pub use error::{Error, ErrorClass, TransportError};

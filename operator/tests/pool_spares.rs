@@ -15,14 +15,12 @@ mod common;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use common::pool_harness::PoolHarness;
 use common::stand_in::{ProxyStandIn, host_addresses};
-use common::{Controller, reference_config, wait_for_all, wait_until};
+use common::{wait_for_all, wait_until};
 use egressproxy_integration::garbage_collector::GarbageCollector;
-use egressproxy_integration::kube_env::KubeTestEnv;
-use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{ADOPT_INSTANCE_ANNOTATION, Proxy, ProxyPool};
 use egressproxy_provider::pb;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -31,78 +29,8 @@ const POOL_LABEL: &str = "egressproxy.dev/pool";
 const ROLE_TAG: &str = "egressproxy.dev/role";
 const PLACED_AT_TAG: &str = "egressproxy.dev/placed-at";
 
-struct Harness {
-    env: KubeTestEnv,
-    provider: ReferenceProvider,
-    controller: Controller,
-}
-
-impl Harness {
-    /// The reference provider (with `extra` flags) with hosts `h0` at `a` and `h1` at
-    /// `b`, and both controllers.
-    async fn start(test: &str, a: IpAddr, b: IpAddr, extra: &[&str]) -> Harness {
-        let env = common::env_with_crd(test).await;
-        let host_addresses = format!("h0={a},h1={b}");
-        let a = a.to_string();
-        let mut args = vec![
-            "--provisioning-delay",
-            "200ms",
-            "--hosts",
-            "h0,h1",
-            "--instance-address",
-            &a,
-            "--host-address",
-            &host_addresses,
-        ];
-        args.extend(extra);
-        let provider = ReferenceProvider::start(&args).unwrap();
-        let cluster = format!("test-{}", env.namespace);
-        let controller =
-            Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster)
-                .with_pools(&env);
-        Harness {
-            env,
-            provider,
-            controller,
-        }
-    }
-
-    fn pools(&self) -> Api<ProxyPool> {
-        self.env.namespaced()
-    }
-
-    fn proxies(&self) -> Api<Proxy> {
-        self.env.namespaced()
-    }
-
-    async fn create_pool(&self, name: &str, port: u16, spec: serde_json::Value) {
-        let mut full = serde_json::json!({
-            "template": {
-                "spec": {
-                    "provider": "reference",
-                    "placement": {"machineType": "small", "image": "debian-12"},
-                    "proxyPort": port,
-                    "healthCheck": {"periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1},
-                    "service": {"enabled": false},
-                },
-            },
-        });
-        for (key, value) in spec.as_object().cloned().unwrap_or_default() {
-            full[key] = value;
-        }
-        let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-            "apiVersion": "egressproxy.dev/v1alpha1",
-            "kind": "ProxyPool",
-            "metadata": {"name": name},
-            "spec": full,
-        }))
-        .unwrap();
-        self.pools()
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
-    }
-
+/// What this file's tests ask of the shared harness beyond what it has.
+impl PoolHarness {
     /// Waits until `pool` reports `ready` Ready members and `spares` Ready spares.
     async fn wait_pool(&self, pool: &str, ready: u32, spares: u32) -> ProxyPool {
         let what = format!("pool {pool} to report {ready} Ready members and {spares} Ready spares");
@@ -115,20 +43,6 @@ impl Harness {
         .unwrap()
     }
 
-    /// Every instance at the provider.
-    async fn instances(&self) -> Vec<pb::Instance> {
-        let mut client =
-            pb::provider_client::ProviderClient::connect(self.provider.endpoint().to_owned())
-                .await
-                .unwrap();
-        client
-            .list_instances(pb::ListInstancesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .instances
-    }
-
     /// The spares at the provider, by where they were placed.
     async fn spares(&self) -> HashMap<String, pb::Instance> {
         self.instances()
@@ -137,26 +51,6 @@ impl Harness {
             .filter(|i| i.tags.get(ROLE_TAG).map(String::as_str) == Some("spare"))
             .map(|i| (i.tags[PLACED_AT_TAG].clone(), i))
             .collect()
-    }
-
-    /// Waits until `pool`'s slices list exactly `addresses`.
-    async fn wait_endpoints(&self, pool: &str, addresses: &[IpAddr]) {
-        let mut wanted: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-        wanted.sort();
-        let what = format!("the slices of pool {pool} to list {wanted:?}");
-        let pool = pool.to_owned();
-        let slices: Api<EndpointSlice> = self.env.namespaced();
-        wait_for_all(&slices, &what, |slices: &[EndpointSlice]| {
-            let mut listed: Vec<String> = slices
-                .iter()
-                .filter(|s| s.labels().get("kubernetes.io/service-name") == Some(&pool))
-                .flat_map(|s| s.endpoints.iter().flatten())
-                .flat_map(|e| e.addresses.clone())
-                .collect();
-            listed.sort();
-            listed == wanted
-        })
-        .await;
     }
 }
 
@@ -169,13 +63,49 @@ fn two_addresses() -> (IpAddr, IpAddr) {
     (addresses[0], addresses[1])
 }
 
+/// Pool `egress` of `replicas` members and one spare, on host address `a` of
+/// `two_addresses`, once the pool reports them all Ready.
+struct ReadySpare {
+    h: PoolHarness,
+    /// The members' and the spare's proxy port.
+    port: u16,
+    /// The pool, as it reported them Ready.
+    pool: ProxyPool,
+    /// The spare, as the provider lists it.
+    spare: pb::Instance,
+    /// Their proxies' stand-in: they stay Ready as long as it listens.
+    _stand_in: ProxyStandIn,
+}
+
+async fn pool_with_a_ready_spare(test: &str, replicas: u32) -> ReadySpare {
+    let (a, _) = two_addresses();
+    let h = PoolHarness::start(test, a, a, &[]).await;
+    let port = ProxyStandIn::port().await;
+    let stand_in = ProxyStandIn::listen_on(a, port).await;
+    h.create_pool(
+        "egress",
+        port,
+        serde_json::json!({"replicas": replicas, "spares": 1}),
+    )
+    .await;
+    let pool = h.wait_pool("egress", replicas, 1).await;
+    let spare = h.spares().await["template"].clone();
+    ReadySpare {
+        h,
+        port,
+        pool,
+        spare,
+        _stand_in: stand_in,
+    }
+}
+
 /// Spares boot at the spread targets and stay out of the pool's Service; scaling up
 /// adopts the spare at the new member's host (no VM created for the member) and the
 /// pool boots a replacement spare.
 #[tokio::test]
 async fn spares_stay_out_of_the_service_and_a_new_member_adopts_one() {
     let (a, b) = two_addresses();
-    let h = Harness::start("spares-adopt", a, b, &[]).await;
+    let h = PoolHarness::start("spares-adopt", a, b, &[]).await;
     let port = ProxyStandIn::port().await;
     let _on_a = ProxyStandIn::listen_on(a, port).await;
     let _on_b = ProxyStandIn::listen_on(b, port).await;
@@ -200,7 +130,7 @@ async fn spares_stay_out_of_the_service_and_a_new_member_adopts_one() {
         "{condition:?}"
     );
     // The member is at h0; the spare at h1 (address b) is in no slice.
-    h.wait_endpoints("egress", &[a]).await;
+    h.wait_endpoints("egress", &[a], |_| Ok(())).await;
     let spares = h.spares().await;
     assert_eq!(spares.len(), 2, "{spares:?}");
     let spare_at_h1 = spares["host/h1"].clone();
@@ -223,7 +153,7 @@ async fn spares_stay_out_of_the_service_and_a_new_member_adopts_one() {
         adopted.annotations()[ADOPT_INSTANCE_ANNOTATION],
         spare_at_h1.id
     );
-    h.wait_endpoints("egress", &[a, b]).await;
+    h.wait_endpoints("egress", &[a, b], |_| Ok(())).await;
     let events: Api<Event> = h.env.namespaced();
     common::fixtures::wait_event(&events, "egress-1", "AdoptedSpare").await;
 
@@ -249,7 +179,7 @@ async fn spares_stay_out_of_the_service_and_a_new_member_adopts_one() {
 }
 
 /// Deletes instance `id` behind the operator's back.
-async fn make_vanish(h: &Harness, id: &str) {
+async fn make_vanish(h: &PoolHarness, id: &str) {
     pb::provider_client::ProviderClient::connect(h.provider.endpoint().to_owned())
         .await
         .unwrap()
@@ -263,23 +193,13 @@ async fn make_vanish(h: &Harness, id: &str) {
 /// members without booting one, and it boots another spare.
 #[tokio::test]
 async fn a_member_that_lost_its_vm_is_swapped_for_a_ready_spare() {
-    let (a, _) = two_addresses();
-    let h = Harness::start("spares-swap", a, a, &[]).await;
-    let port = ProxyStandIn::port().await;
-    let _stand_in = ProxyStandIn::listen_on(a, port).await;
-    h.create_pool(
-        "egress",
-        port,
-        serde_json::json!({"replicas": 2, "spares": 1}),
-    )
-    .await;
-    h.wait_pool("egress", 2, 1).await;
-    let spare = h.spares().await["template"].clone();
+    let ready = pool_with_a_ready_spare("spares-swap", 2).await;
+    let (h, spare) = (&ready.h, &ready.spare);
     let lost = common::wait_ready(&h.proxies(), "egress-0").await;
     let lost_id = lost.status.unwrap().provider_id.unwrap();
 
     let started = std::time::Instant::now();
-    make_vanish(&h, &lost_id).await;
+    make_vanish(h, &lost_id).await;
     let events: Api<Event> = h.env.namespaced();
     common::fixtures::wait_event(&events, "egress-0", "InstanceVanished").await;
     let swapped = common::fixtures::wait_event(&events, "egress", "MemberSwapped").await;
@@ -326,7 +246,7 @@ async fn a_member_that_lost_its_vm_is_swapped_for_a_ready_spare() {
 #[tokio::test]
 async fn without_a_ready_spare_a_member_replaces_its_lost_vm_itself() {
     let (a, _) = two_addresses();
-    let h = Harness::start("spares-no-swap", a, a, &[]).await;
+    let h = PoolHarness::start("spares-no-swap", a, a, &[]).await;
     let port = ProxyStandIn::port().await;
     let _stand_in = ProxyStandIn::listen_on(a, port).await;
     h.create_pool("egress", port, serde_json::json!({"replicas": 2}))
@@ -365,18 +285,8 @@ async fn without_a_ready_spare_a_member_replaces_its_lost_vm_itself() {
 /// other creates a VM of its own; the pool replaces the spare taken.
 #[tokio::test]
 async fn two_members_told_the_same_spare_exactly_one_adopts_it() {
-    let (a, _) = two_addresses();
-    let h = Harness::start("spares-race", a, a, &[]).await;
-    let port = ProxyStandIn::port().await;
-    let _stand_in = ProxyStandIn::listen_on(a, port).await;
-    h.create_pool(
-        "egress",
-        port,
-        serde_json::json!({"replicas": 0, "spares": 1}),
-    )
-    .await;
-    let pool = h.wait_pool("egress", 0, 1).await;
-    let spare = h.spares().await["template"].clone();
+    let ready = pool_with_a_ready_spare("spares-race", 0).await;
+    let (h, port, pool, spare) = (&ready.h, ready.port, &ready.pool, &ready.spare);
 
     // Not members (no pool label: the pool neither counts nor deletes them), but
     // controlled by the pool, as a member is.
@@ -449,7 +359,7 @@ async fn two_members_told_the_same_spare_exactly_one_adopts_it() {
 #[tokio::test]
 async fn without_a_hand_over_a_pool_keeps_no_spares_and_says_so() {
     let (a, _) = two_addresses();
-    let h = Harness::start("spares-none", a, a, &["--no-update-tags"]).await;
+    let h = PoolHarness::start("spares-none", a, a, &["--no-update-tags"]).await;
     let port = ProxyStandIn::port().await;
     let _stand_in = ProxyStandIn::listen_on(a, port).await;
     h.create_pool(
@@ -484,7 +394,7 @@ async fn without_a_hand_over_a_pool_keeps_no_spares_and_says_so() {
 #[tokio::test]
 async fn a_deleted_pool_takes_its_spares_along() {
     let (a, _) = two_addresses();
-    let h = Harness::start("spares-delete", a, a, &[]).await;
+    let h = PoolHarness::start("spares-delete", a, a, &[]).await;
     let mut collector = GarbageCollector::start(h.env.apiserver()).unwrap();
     let port = ProxyStandIn::port().await;
     let _stand_in = ProxyStandIn::listen_on(a, port).await;
@@ -525,18 +435,8 @@ async fn a_deleted_pool_takes_its_spares_along() {
 /// never adopts an outdated VM.
 #[tokio::test]
 async fn a_template_change_replaces_the_spares() {
-    let (a, _) = two_addresses();
-    let h = Harness::start("spares-template", a, a, &[]).await;
-    let port = ProxyStandIn::port().await;
-    let _stand_in = ProxyStandIn::listen_on(a, port).await;
-    h.create_pool(
-        "egress",
-        port,
-        serde_json::json!({"replicas": 0, "spares": 1}),
-    )
-    .await;
-    h.wait_pool("egress", 0, 1).await;
-    let old = h.spares().await["template"].clone();
+    let ready = pool_with_a_ready_spare("spares-template", 0).await;
+    let (h, old) = (&ready.h, &ready.spare);
 
     let patch =
         serde_json::json!({"spec": {"template": {"metadata": {"labels": {"revision": "2"}}}}});
@@ -567,18 +467,8 @@ async fn a_template_change_replaces_the_spares() {
 /// hand) and leaves a live pool's spare alone, though neither has a Proxy.
 #[tokio::test]
 async fn the_garbage_collection_takes_only_the_spares_of_pools_that_are_gone() {
-    let (a, _) = two_addresses();
-    let h = Harness::start("spares-gc", a, a, &[]).await;
-    let port = ProxyStandIn::port().await;
-    let _stand_in = ProxyStandIn::listen_on(a, port).await;
-    h.create_pool(
-        "egress",
-        port,
-        serde_json::json!({"replicas": 0, "spares": 1}),
-    )
-    .await;
-    h.wait_pool("egress", 0, 1).await;
-    let live = h.spares().await["template"].clone();
+    let ready = pool_with_a_ready_spare("spares-gc", 0).await;
+    let (h, port, live) = (&ready.h, ready.port, &ready.spare);
 
     // A spare left by an earlier pool of the same name: same tags, another pool UID.
     let mut tags = live.tags.clone();
@@ -610,5 +500,5 @@ async fn the_garbage_collection_takes_only_the_spares_of_pools_that_are_gone() {
             .await;
     assert_eq!(report.deleted, vec![left.id.clone()], "{report:?}");
     let ids: Vec<String> = h.instances().await.into_iter().map(|i| i.id).collect();
-    assert_eq!(ids, vec![live.id], "the live pool's spare stays");
+    assert_eq!(ids, vec![live.id.clone()], "the live pool's spare stays");
 }

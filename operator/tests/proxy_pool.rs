@@ -4,23 +4,19 @@
 //! only Ready members, and a deleted pool taking its members, their VMs and its Service
 //! along through Kubernetes' own garbage collector.
 //!
-//! The reference provider gives each of two hosts its own address: two of this host's
-//! non-loopback addresses (an EndpointSlice accepts no loopback one), where the test's
-//! listeners stand in for the VMs' proxies.
+//! The reference provider gives each of two hosts, both in one zone, its own address
+//! (see `common::pool_harness`).
 
 mod common;
 
 use std::cell::Cell;
-use std::net::IpAddr;
 
+use common::pool_harness::PoolHarness;
 use common::stand_in::{ProxyStandIn, host_addresses};
-use common::{Controller, reference_config, wait_for_all};
+use common::wait_for_all;
 use egressproxy_integration::garbage_collector::GarbageCollector;
 use egressproxy_integration::helm::Kubectl;
-use egressproxy_integration::kube_env::KubeTestEnv;
-use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{Proxy, ProxyPool};
-use egressproxy_provider::pb;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
@@ -29,119 +25,16 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 const POOL_LABEL: &str = "egressproxy.dev/pool";
 const HASH_LABEL: &str = "egressproxy.dev/template-hash";
 
-struct Harness {
-    env: KubeTestEnv,
-    provider: ReferenceProvider,
-    _controller: Controller,
-}
+/// The reference provider's hosts share zone `z0`.
+const ONE_ZONE: &[&str] = &["--zones", "z0", "--host-zone", "h0=z0,h1=z0"];
 
-impl Harness {
-    /// The reference provider with hosts `h0` (at `addresses[0]`) and `h1` (at
-    /// `addresses[1]`, else the same), and both controllers.
-    async fn start(test: &str, addresses: &[IpAddr]) -> Harness {
-        let env = common::env_with_crd(test).await;
-        let first = addresses[0];
-        let second = addresses.get(1).copied().unwrap_or(first);
-        let host_addresses = format!("h0={first},h1={second}");
-        let provider = ReferenceProvider::start(&[
-            "--provisioning-delay",
-            "200ms",
-            "--hosts",
-            "h0,h1",
-            "--zones",
-            "z0",
-            "--host-zone",
-            "h0=z0,h1=z0",
-            "--instance-address",
-            &first.to_string(),
-            "--host-address",
-            &host_addresses,
-        ])
-        .unwrap();
-        let cluster = format!("test-{}", env.namespace);
-        let controller =
-            Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster)
-                .with_pools(&env);
-        Harness {
-            env,
-            provider,
-            _controller: controller,
-        }
-    }
-
-    fn pools(&self) -> Api<ProxyPool> {
-        self.env.namespaced()
-    }
-
-    fn proxies(&self) -> Api<Proxy> {
-        self.env.namespaced()
-    }
-
-    fn slices(&self) -> Api<EndpointSlice> {
-        self.env.namespaced()
-    }
-
+/// What this file's tests ask of the shared harness beyond what it has.
+impl PoolHarness {
     fn kubectl(&self, args: &[&str]) -> String {
         let kubectl = Kubectl::new(self.env.apiserver().kubeconfig_path());
         let mut all = args.to_vec();
         all.extend(["-n", &self.env.namespace]);
         kubectl.run(&all, None).unwrap()
-    }
-
-    async fn create_pool(&self, name: &str, port: u16, spec: serde_json::Value) {
-        let mut full = serde_json::json!({
-            "template": {
-                "spec": {
-                    "provider": "reference",
-                    "placement": {"machineType": "small", "image": "debian-12"},
-                    "proxyPort": port,
-                    "healthCheck": {"periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1},
-                    "service": {"enabled": false},
-                },
-            },
-        });
-        for (key, value) in spec.as_object().cloned().unwrap_or_default() {
-            full[key] = value;
-        }
-        let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-            "apiVersion": "egressproxy.dev/v1alpha1",
-            "kind": "ProxyPool",
-            "metadata": {"name": name},
-            "spec": full,
-        }))
-        .unwrap();
-        self.pools()
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
-    }
-
-    /// Waits until the pool's slices list exactly `addresses` (in any order),
-    /// checking at every change seen that `always` holds of the listed addresses.
-    async fn wait_endpoints(
-        &self,
-        pool: &str,
-        addresses: &[IpAddr],
-        always: impl Fn(&[String]) -> Result<(), String>,
-    ) {
-        let mut wanted: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-        wanted.sort();
-        let what = format!("the slices of pool {pool} to list {wanted:?}");
-        let pool = pool.to_owned();
-        wait_for_all(&self.slices(), &what, |slices: &[EndpointSlice]| {
-            let mut listed: Vec<String> = slices
-                .iter()
-                .filter(|s| s.labels().get("kubernetes.io/service-name") == Some(&pool))
-                .flat_map(|s| s.endpoints.iter().flatten())
-                .flat_map(|e| e.addresses.clone())
-                .collect();
-            listed.sort();
-            if let Err(broken) = always(&listed) {
-                panic!("{broken}: the slices listed {listed:?}");
-            }
-            listed == wanted
-        })
-        .await;
     }
 
     /// Waits until the pool's live members are exactly `count`, all Ready and made from
@@ -201,20 +94,6 @@ impl Harness {
             .items;
         members_of(&all, &pool).into_iter().cloned().collect()
     }
-
-    async fn instances(&self) -> usize {
-        let mut client =
-            pb::provider_client::ProviderClient::connect(self.provider.endpoint().to_owned())
-                .await
-                .unwrap();
-        client
-            .list_instances(pb::ListInstancesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .instances
-            .len()
-    }
 }
 
 fn members_of<'a>(proxies: &'a [Proxy], pool: &str) -> Vec<&'a Proxy> {
@@ -241,7 +120,7 @@ async fn a_pool_spreads_its_members_and_its_service_lists_only_the_ready_ones() 
         "this test needs two non-loopback addresses on the host (one per hypervisor host), found {addresses:?}"
     );
     let (a, b) = (addresses[0], addresses[1]);
-    let h = Harness::start("pool-spread", &[a, b]).await;
+    let h = PoolHarness::start("pool-spread", a, b, ONE_ZONE).await;
     let port = ProxyStandIn::port().await;
     let _on_a = ProxyStandIn::listen_on(a, port).await;
     let on_b = ProxyStandIn::listen_on(b, port).await;
@@ -320,7 +199,7 @@ async fn a_pool_spread_across_hosts_uses_the_hosts_the_provider_lists() {
     let addresses = host_addresses();
     let a = addresses[0];
     let b = addresses.get(1).copied().unwrap_or(a);
-    let h = Harness::start("pool-across", &[a, b]).await;
+    let h = PoolHarness::start("pool-across", a, b, ONE_ZONE).await;
     let port = ProxyStandIn::port().await;
     let _on_a = ProxyStandIn::listen_on(a, port).await;
     // With one usable address both hosts report it, and one listener serves both.
@@ -355,7 +234,7 @@ async fn a_pool_spread_across_hosts_uses_the_hosts_the_provider_lists() {
 #[tokio::test]
 async fn kubectl_scale_resizes_a_pool_and_a_template_change_rolls_within_its_bounds() {
     let address = host_addresses()[0];
-    let h = Harness::start("pool-roll", &[address]).await;
+    let h = PoolHarness::start("pool-roll", address, address, ONE_ZONE).await;
     let port = ProxyStandIn::port().await;
     let _stand_in = ProxyStandIn::listen_on(address, port).await;
     h.create_pool("egress", port, serde_json::json!({"replicas": 2}))
@@ -436,7 +315,7 @@ async fn kubectl_scale_resizes_a_pool_and_a_template_change_rolls_within_its_bou
 #[tokio::test]
 async fn a_deleted_pool_takes_its_members_their_vms_and_its_service_along() {
     let address = host_addresses()[0];
-    let h = Harness::start("pool-delete", &[address]).await;
+    let h = PoolHarness::start("pool-delete", address, address, ONE_ZONE).await;
     // The collector learns the API's kinds when it starts: after the CRDs.
     let mut collector = GarbageCollector::start(h.env.apiserver()).unwrap();
     let port = ProxyStandIn::port().await;
@@ -444,7 +323,7 @@ async fn a_deleted_pool_takes_its_members_their_vms_and_its_service_along() {
     h.create_pool("egress", port, serde_json::json!({"replicas": 2}))
         .await;
     h.wait_members("egress", 2).await;
-    assert_eq!(h.instances().await, 2);
+    assert_eq!(h.instances().await.len(), 2);
 
     h.pools()
         .delete("egress", &DeleteParams::default())
@@ -470,7 +349,7 @@ async fn a_deleted_pool_takes_its_members_their_vms_and_its_service_along() {
     )
     .await;
     // A member's finalizer goes only once its VM is gone: nothing is left behind.
-    assert_eq!(h.instances().await, 0, "VMs outlived their members");
+    assert_eq!(h.instances().await.len(), 0, "VMs outlived their members");
     collector.ensure_running().unwrap();
 }
 
@@ -480,7 +359,7 @@ async fn a_deleted_pool_takes_its_members_their_vms_and_its_service_along() {
 #[tokio::test]
 async fn names_held_by_others_are_stepped_over_and_left_alone() {
     let address = host_addresses()[0];
-    let h = Harness::start("pool-names", &[address]).await;
+    let h = PoolHarness::start("pool-names", address, address, ONE_ZONE).await;
     let port = ProxyStandIn::port().await;
     let _stand_in = ProxyStandIn::listen_on(address, port).await;
     let stranger = common::fixtures::proxy("egress-0", port, serde_json::json!({}));

@@ -38,6 +38,7 @@ use crate::probe::address::probe_address;
 use crate::probe::health_check;
 use crate::providers::Provider;
 use crate::providers::instance_tags as tags;
+use crate::providers::placement;
 use crate::shared::error::Result;
 
 /// The `placed-at` tag of a spare at `target` (`None`: the template's placement).
@@ -216,10 +217,10 @@ fn create_request(
     cloud_init: pb::CloudInit,
 ) -> pb::CreateInstanceRequest {
     let template = &pool.spec.template.spec;
-    let mut placement = template.placement.clone();
+    let mut at_target = template.placement.clone();
     if let Some(target) = spread.targets.iter().find(|t| placed_at(Some(t)) == at) {
-        placement.host = target.host.clone();
-        placement.zone = target.zone.clone();
+        at_target.host = target.host.clone();
+        at_target.zone = target.zone.clone();
     }
     let namespace = pool.namespace().unwrap_or_default();
     let tags = HashMap::from([
@@ -231,7 +232,6 @@ fn create_request(
         (tags::TEMPLATE_HASH.to_owned(), template_hash(pool)),
         (tags::PLACED_AT.to_owned(), at.to_owned()),
     ]);
-    use pb::placement::Location;
     pb::CreateInstanceRequest {
         key: format!(
             "{}-spare-{serial}-{:x}",
@@ -240,15 +240,7 @@ fn create_request(
         ),
         name: format!("{namespace}/{}-spare-{serial}", pool.name_any()),
         tags,
-        placement: Some(pb::Placement {
-            location: match (&placement.host, &placement.zone) {
-                (Some(host), _) => Some(Location::Host(host.clone())),
-                (None, Some(zone)) => Some(Location::Zone(zone.clone())),
-                (None, None) => None,
-            },
-            machine_type: placement.machine_type.clone(),
-            image: placement.image.clone(),
-        }),
+        placement: Some(placement::to_pb(&at_target)),
         cloud_init: Some(cloud_init),
         proxy_port: u32::from(template.proxy_port),
         address_identity: None,

@@ -7,6 +7,7 @@
 //! - [`instance_tags`]: the tags that say who owns an instance.
 //! - [`list_walk`]: walking ListInstances pages, bounded.
 //! - `locations`: ListLocations, for a provider that declares it.
+//! - [`placement`]: a Proxy's placement as CreateInstance asks for it.
 //! - [`reload`]: re-reading the file; an invalid file keeps the previous config.
 //!
 //! A provider's handle ([`Provider`]) lives as long as the operator, so a reconcile
@@ -18,6 +19,7 @@ pub mod config;
 pub mod instance_tags;
 pub mod list_walk;
 mod locations;
+pub mod placement;
 pub mod provider;
 pub mod reload;
 

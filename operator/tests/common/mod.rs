@@ -7,6 +7,7 @@
 pub mod egress;
 pub mod fixtures;
 pub mod freezing_relay;
+pub mod pool_harness;
 pub mod stand_in;
 
 use std::process::Stdio;

@@ -14,9 +14,10 @@ use super::observe;
 use super::plan::{Cause, Step};
 use super::tags;
 use super::{Pass, adopt, egress_address, egress_observed, no_room};
-use crate::crd::{Placement, ProxyAddress, ReplacedInstance, condition};
+use crate::crd::{ProxyAddress, ReplacedInstance, condition};
 use crate::k8s::events::EventType;
 use crate::probe::address::probe_address;
+use crate::providers::placement;
 use crate::shared::error::{Error, Result};
 
 /// What follows a step.
@@ -87,7 +88,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     }
     let provider = pass.provider;
     provider
-        .validate_placement(placement(&pass.proxy.spec.placement))
+        .validate_placement(placement::to_pb(&pass.proxy.spec.placement))
         .await?;
     let capabilities = provider.handshake().await?.capabilities;
     let address = egress_address::address_fields(
@@ -104,7 +105,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
         key,
         name: pass.key.to_string(),
         tags: pass.key.instance_tags(&pass.ctx.cluster_name),
-        placement: Some(placement(&pass.proxy.spec.placement)),
+        placement: Some(placement::to_pb(&pass.proxy.spec.placement)),
         cloud_init: Some(cloud_init),
         proxy_port: u32::from(pass.proxy.spec.proxy_port),
         address_identity: address.identity,
@@ -121,7 +122,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
             return replace_stale_attempt(pass).await;
         }
         Err(error) => {
-            let asked = placement(&pass.proxy.spec.placement);
+            let asked = placement::to_pb(&pass.proxy.spec.placement);
             return Err(no_room::explained(provider, &asked, error).await);
         }
     };
@@ -289,19 +290,6 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
         provider_id: old_id.to_owned(),
         cause,
     });
-}
-
-fn placement(placement: &Placement) -> pb::Placement {
-    use pb::placement::Location;
-    pb::Placement {
-        location: match (&placement.host, &placement.zone) {
-            (Some(host), _) => Some(Location::Host(host.clone())),
-            (None, Some(zone)) => Some(Location::Zone(zone.clone())),
-            (None, None) => None,
-        },
-        machine_type: placement.machine_type.clone(),
-        image: placement.image.clone(),
-    }
 }
 
 /// The addresses as the status lists them: the one the operator uses (and health-checks)

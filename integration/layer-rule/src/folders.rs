@@ -1,6 +1,6 @@
-//! The folder rule, checked on the source: inside every folder, the modules that are
-//! siblings there (`cache`, `download`, `eviction` in `images/`) name each other without a
-//! cycle, so each folder reads top to bottom like the layers do.
+//! The folder rule ([`crate::LayerRule::checking_folders`]): inside every folder, the
+//! modules that are siblings there (`cache`, `download`, `eviction` in `images/`) name
+//! each other without a cycle, so each folder reads top to bottom like the layers do.
 //!
 //! Module paths come from the files (`a/b.rs` and `a/b/mod.rs` are `a::b`). Each
 //! `crate::`, `super::` and `self::` path in a file's code (groups expanded) is resolved
@@ -8,19 +8,38 @@
 //! sibling `B` of the same folder is an edge `A -> B`. A module naming its parent, an
 //! ancestor or its own children is no edge. Not read, because none of it is an import:
 //! comment lines (a module's docs may link to its callers), test modules (a `tests`
-//! module in a file of its own, or one written inside a file after `#[cfg(test)]`).
+//! module in a file of its own, or one written inside a file after `#[cfg(test)]`), and
+//! the other crate roots (`main.rs`, `bin/`), whose `crate::` is another crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::{rust_files, src};
+use crate::rust_files;
+use crate::source::code;
 
 /// A module's path from the crate root (`["images", "cache"]`).
 type ModulePath = Vec<String>;
 
+/// Each folder with a cycle among its modules: the folder (`src/images/`) and the
+/// cycle's edges in order, each as `src/file:line: path`.
+pub(crate) fn cycles(src: &Path) -> Vec<(String, Vec<String>)> {
+    sibling_edges(src)
+        .into_iter()
+        .filter_map(|(folder, edges)| {
+            let cycle = find_cycle(&edges)?;
+            let name = if folder.is_empty() {
+                "src/".to_owned()
+            } else {
+                format!("src/{}/", folder.join("/"))
+            };
+            Some((name, cycle))
+        })
+        .collect()
+}
+
 /// The module a source file defines, from its path under `src/`.
-fn module_of(file: &Path) -> ModulePath {
-    let relative = file.strip_prefix(src()).unwrap().with_extension("");
+fn module_of(src: &Path, file: &Path) -> ModulePath {
+    let relative = file.strip_prefix(src).unwrap_or(file).with_extension("");
     let mut path: ModulePath = relative
         .iter()
         .map(|s| s.to_string_lossy().into_owned())
@@ -29,38 +48,6 @@ fn module_of(file: &Path) -> ModulePath {
         path.pop();
     }
     path
-}
-
-/// The code of `text`: without comment lines and a test module written inside it.
-pub(super) fn code(text: &str) -> String {
-    without_inline_tests(text)
-        .lines()
-        .map(|line| {
-            if line.trim_start().starts_with("//") {
-                ""
-            } else {
-                line
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The source without a test module written inside it.
-fn without_inline_tests(text: &str) -> &str {
-    let mut at = 0;
-    while let Some(found) = text[at..].find("#[cfg(test)]") {
-        let start = at + found;
-        let after = text[start + "#[cfg(test)]".len()..].trim_start();
-        if let Some(rest) = after.strip_prefix("mod ") {
-            let header = rest.split(['\n', ';']).next().unwrap_or("");
-            if header.contains('{') {
-                return &text[..start];
-            }
-        }
-        at = start + 1;
-    }
-    text
 }
 
 /// Every path that starts with `crate`, `super` or `self` in `text`, with groups
@@ -96,8 +83,7 @@ fn expand(rest: &str) -> Vec<Vec<String>> {
             let Some(group) = trimmed.strip_prefix('{') else {
                 return vec![prefix];
             };
-            return group_items(group)
-                .into_iter()
+            return crate::top_level_entries(group)
                 .flat_map(|item| {
                     expand(item).into_iter().map(|tail| {
                         let mut path = prefix.clone();
@@ -114,30 +100,6 @@ fn expand(rest: &str) -> Vec<Vec<String>> {
             None => return vec![prefix],
         }
     }
-}
-
-/// The top-level items of a group whose opening brace is already consumed.
-fn group_items(group: &str) -> Vec<&str> {
-    let mut items = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (i, c) in group.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' if depth == 0 => {
-                items.push(&group[start..i]);
-                return items;
-            }
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&group[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&group[start..]);
-    items
 }
 
 /// The module `path`, written in module `from`, points into: resolved as far as its
@@ -166,19 +128,24 @@ fn resolve(from: &[String], path: &[String], modules: &BTreeSet<ModulePath>) -> 
 /// Edges between siblings, by folder: `folder -> (from, to) -> where it is written`.
 type Edges = BTreeMap<ModulePath, BTreeMap<(String, String), String>>;
 
-fn sibling_edges() -> Edges {
-    let files: Vec<_> = rust_files(&src())
+fn sibling_edges(src: &Path) -> Edges {
+    let files: Vec<_> = rust_files(src)
         .into_iter()
-        .filter(|f| f.file_name().is_some_and(|n| n != "main.rs"))
+        .filter(|f| {
+            let relative = f.strip_prefix(src).unwrap_or(f);
+            relative != Path::new("main.rs") && !relative.starts_with("bin")
+        })
         .collect();
-    let modules: BTreeSet<ModulePath> = files.iter().map(|f| module_of(f)).collect();
+    let modules: BTreeSet<ModulePath> = files.iter().map(|f| module_of(src, f)).collect();
     let mut edges = Edges::new();
     for file in &files {
-        let from = module_of(file);
+        let from = module_of(src, file);
         if from.iter().any(|segment| segment == "tests") {
             continue;
         }
-        let text = code(&std::fs::read_to_string(file).unwrap());
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text = code(&text);
         for (at, path) in relative_paths(&text) {
             let to = resolve(&from, &path, &modules);
             let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
@@ -186,7 +153,7 @@ fn sibling_edges() -> Edges {
                 continue;
             }
             let line = text[..at].lines().count().max(1);
-            let shown = file.strip_prefix(src()).unwrap().display();
+            let shown = file.strip_prefix(src).unwrap_or(file).display();
             edges
                 .entry(from[..common].to_vec())
                 .or_default()
@@ -236,65 +203,84 @@ fn find_cycle(edges: &BTreeMap<(String, String), String>) -> Option<Vec<String>>
     None
 }
 
-#[test]
-fn no_folder_has_a_cycle_among_its_modules() {
-    let mut cycles = Vec::new();
-    for (folder, edges) in sibling_edges() {
-        if let Some(cycle) = find_cycle(&edges) {
-            let name = if folder.is_empty() {
-                "src/".to_owned()
-            } else {
-                format!("src/{}/", folder.join("/"))
-            };
-            cycles.push(format!("{name}:\n  {}", cycle.join("\n  ")));
-        }
-    }
-    assert!(
-        cycles.is_empty(),
-        "modules that name each other in a cycle (move what both need below them):\n{}",
-        cycles.join("\n")
-    );
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::tree;
 
-#[test]
-fn the_folder_rule_reads_paths_the_way_rust_does() {
-    let modules: BTreeSet<ModulePath> = [
-        vec!["images"],
-        vec!["images", "cache"],
-        vec!["images", "download"],
-        vec!["guest"],
-        vec!["guest", "cloud_init"],
-        vec!["guest", "cloud_init", "bootstrap"],
-    ]
-    .into_iter()
-    .map(|p| p.into_iter().map(String::from).collect())
-    .collect();
-    let module = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<ModulePath>();
-    let from = module(&["images", "download"]);
-    let paths: Vec<_> = relative_paths(
-        "use super::{cache::{A, B}, error::E};\nuse crate::images::cache::C;\n\
-         let x = self::f(); // not_super::x",
-    )
-    .into_iter()
-    .map(|(_, path)| resolve(&from, &path, &modules))
-    .collect();
-    assert_eq!(
-        paths,
-        [
-            module(&["images", "cache"]),
-            module(&["images", "cache"]),
+    fn module(p: &[&str]) -> ModulePath {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn paths_resolve_the_way_rust_reads_them() {
+        let modules: BTreeSet<ModulePath> = [
             module(&["images"]),
             module(&["images", "cache"]),
             module(&["images", "download"]),
+            module(&["guest"]),
+            module(&["guest", "cloud_init"]),
+            module(&["guest", "cloud_init", "bootstrap"]),
         ]
-    );
-    let from = module(&["guest", "cloud_init", "bootstrap"]);
-    let [(_, path)] = &relative_paths("super::super::cloud_init::bootstrap::X")[..] else {
-        panic!("one path");
-    };
-    assert_eq!(resolve(&from, path, &modules), from);
-    assert_eq!(
-        code("a\n//! [`x`](crate::y)\n#[cfg(test)]\nmod tests;\nb\n#[cfg(test)]\nmod tests {\nc"),
-        "a\n\n#[cfg(test)]\nmod tests;\nb"
-    );
+        .into_iter()
+        .collect();
+        let from = module(&["images", "download"]);
+        let paths: Vec<_> = relative_paths(
+            "use super::{cache::{A, B}, error::E};\nuse crate::images::cache::C;\n\
+             let x = self::f(); // not_super::x",
+        )
+        .into_iter()
+        .map(|(_, path)| resolve(&from, &path, &modules))
+        .collect();
+        assert_eq!(
+            paths,
+            [
+                module(&["images", "cache"]),
+                module(&["images", "cache"]),
+                module(&["images"]),
+                module(&["images", "cache"]),
+                module(&["images", "download"]),
+            ]
+        );
+        let from = module(&["guest", "cloud_init", "bootstrap"]);
+        let [(_, path)] = &relative_paths("super::super::cloud_init::bootstrap::X")[..] else {
+            panic!("one path");
+        };
+        assert_eq!(resolve(&from, path, &modules), from);
+    }
+
+    #[test]
+    fn siblings_that_name_each_other_are_a_cycle_with_file_and_line() {
+        let src = tree(
+            "folders-cycle",
+            &[
+                ("lib.rs", "pub mod images;\n"),
+                ("images/mod.rs", "mod cache;\nmod download;\n"),
+                ("images/cache.rs", "\nuse super::download::get;\n"),
+                ("images/download.rs", "use crate::images::cache::Entry;\n"),
+                // Neither a parent naming its child, nor docs, nor tests are edges.
+                ("guest/mod.rs", "use self::seed::x;\n"),
+                ("guest/seed.rs", "//! see [`crate::guest::iso`]\n"),
+                (
+                    "guest/iso.rs",
+                    "use super::seed::y;\n#[cfg(test)]\nmod tests {\nuse super::super::seed;\n}\n",
+                ),
+                ("guest/tests.rs", "use super::iso::z;\n"),
+                ("main.rs", "use crate::images::cache;\n"),
+            ],
+        );
+        let found = cycles(&src);
+        std::fs::remove_dir_all(src.parent().unwrap()).unwrap();
+
+        assert_eq!(
+            found,
+            [(
+                "src/images/".to_owned(),
+                vec![
+                    "src/images/cache.rs:2: super::download::get".to_owned(),
+                    "src/images/download.rs:1: crate::images::cache::Entry".to_owned(),
+                ]
+            )]
+        );
+    }
 }
