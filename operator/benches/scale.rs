@@ -44,7 +44,9 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5000);
-    let stack = Stack::start("scale").await?;
+    // The reference provider's hosts hold 1,000 instances unless told otherwise.
+    let room = format!("local={count}");
+    let stack = Stack::start_with("scale", &["--max-instances", &room]).await?;
     let (env, port) = (&stack.env, stack.proxy_port);
     let proxies: Api<Proxy> = env.namespaced();
     // The operator is up once it serves its metrics as leader with its first list done.

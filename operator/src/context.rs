@@ -15,6 +15,7 @@ use kube::Resource;
 
 use crate::crd::Proxy;
 use crate::k8s::events::{EventPublisher, EventType};
+use crate::k8s::published::Published;
 use crate::providers::Providers;
 use crate::shared::backoff::Backoff;
 use crate::shared::liveness::Liveness;
@@ -58,6 +59,8 @@ pub struct Context {
     pub liveness: Arc<Liveness>,
     /// Consecutive health check failures per Proxy UID.
     pub health_failures: Mutex<HashMap<String, u32>>,
+    /// What was last written of each Proxy's Service and EndpointSlices.
+    pub published: Published,
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.
     triggers: Mutex<HashMap<String, u64>>,
@@ -97,6 +100,7 @@ impl Context {
             replace_backoff: Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
             permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
+            published: Published::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             liveness: Arc::default(),
@@ -173,6 +177,7 @@ impl Context {
         self.poll_backoff.reset(uid);
         self.replace_backoff.reset(uid);
         lock(&self.health_failures).remove(uid);
+        self.published.forget(uid);
         self.events.forget(uid);
         self.metrics.set_phase(uid, None);
         self.report_memory();
@@ -204,6 +209,7 @@ impl Context {
             known.extend(backoff.keys());
         }
         known.extend(lock(&self.health_failures).keys().cloned());
+        known.extend(self.published.uids());
         known.extend(self.events.tracked_uids());
         known
     }
@@ -216,6 +222,7 @@ impl Context {
             ("poll_backoff", self.poll_backoff.len()),
             ("replace_backoff", self.replace_backoff.len()),
             ("health_failures", lock(&self.health_failures).len()),
+            ("published", self.published.len()),
             ("events", self.events.tracked()),
         ];
         for (map, size) in sizes {

@@ -91,10 +91,12 @@ async fn a_sweep_against_the_live_proxies_empties_every_map_of_the_gone() {
         .lock()
         .unwrap()
         .insert("uid-gone".into(), 2);
+    ctx.published.begin("uid-gone", 1);
     ctx.poll_backoff.next("uid-live");
     let live = std::collections::HashSet::from(["uid-live".to_owned()]);
     ctx.forget_all_but(|| live.clone());
     assert_eq!(ctx.poll_backoff.keys(), ["uid-live"]);
     assert!(ctx.replace_backoff.is_empty());
     assert!(ctx.health_failures.lock().unwrap().is_empty());
+    assert!(ctx.published.is_empty());
 }

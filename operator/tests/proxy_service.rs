@@ -12,7 +12,9 @@ use common::stand_in::{ProxyStandIn, host_addresses};
 use common::{Controller, WAIT, reference_config, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
+use egressproxy_operator::context::Context;
 use egressproxy_operator::crd::Proxy;
+use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_provider::pb::reference::v1::{
     self as control, control_service_client::ControlServiceClient,
 };
@@ -29,11 +31,25 @@ struct Harness {
 
 impl Harness {
     async fn start(test: &str, address: IpAddr) -> Harness {
+        Harness::start_configured(test, address, |_, _| {}).await
+    }
+
+    /// Like [`Harness::start`], with the controller's context changed by `configure`.
+    async fn start_configured(
+        test: &str,
+        address: IpAddr,
+        configure: impl FnOnce(&mut Context, &KubeTestEnv),
+    ) -> Harness {
         let env = common::env_with_crd(test).await;
         let provider = start_provider("127.0.0.1:0", address);
         let cluster = format!("test-{}", env.namespace);
-        let controller =
-            Controller::start(&env, &reference_config(provider.endpoint(), "5s"), &cluster);
+        let controller = Controller::start_configured(
+            &env,
+            WatchScope::Namespaces(vec![env.namespace.clone()]),
+            &reference_config(provider.endpoint(), "5s"),
+            &cluster,
+            |ctx| configure(ctx, &env),
+        );
         Harness {
             env,
             provider,
@@ -101,6 +117,27 @@ impl Harness {
             .into_inner()
             .counts;
         counts.get("GetInstance").copied().unwrap_or(0)
+    }
+
+    /// Waits until the controller has run `count` more reconciles.
+    async fn wait_reconciles(&self, count: u64) {
+        let reconciles = || {
+            let text = self.controller.ctx.metrics.encode();
+            text.lines()
+                .find_map(|l| l.strip_prefix("egressproxy_reconciles_total "))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let target = reconciles() + count;
+        let deadline = std::time::Instant::now() + WAIT;
+        while reconciles() < target {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fewer than {count} more reconciles"
+            );
+            // A counter in memory: nothing to watch.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until the provider has answered `calls` more GetInstance calls: as many
@@ -349,6 +386,42 @@ async fn a_service_changed_by_hand_is_restored_and_a_steady_proxy_writes_nothing
         |s: Option<&Service>| s.is_some_and(|s| s.uid() != deleted),
     )
     .await;
+}
+
+/// A Ready Proxy is reconciled once per health-check period. When nothing changed,
+/// those reconciles neither write nor read its Service and EndpointSlices: with
+/// thousands of Proxies those reads were most of the apiserver's load. (What a change
+/// by hand brings back is in the test above.)
+#[tokio::test]
+async fn a_steady_proxy_does_not_read_its_service_again() {
+    let address = first_address();
+    let mut log = None;
+    let h = Harness::start_configured("svc-reads", address, |ctx, env| {
+        let (client, requests) = common::request_log::recording(ctx.client.clone(), &env.namespace);
+        ctx.client = client;
+        log = Some(requests);
+    })
+    .await;
+    let log = log.unwrap();
+    let port = ProxyStandIn::port().await;
+    let _stand_in = ProxyStandIn::listen(port).await;
+    let spec = serde_json::json!({"healthCheck": {"periodSeconds": 1, "timeoutSeconds": 1}});
+    h.create("egress", port, spec).await;
+    common::wait_ready(&h.proxies(), "egress").await;
+    h.wait_endpoints("egress", &[address]).await;
+    let first = log.reads_and_writes_of(0, &["services", "endpointslices"]);
+    assert!(
+        !first.is_empty(),
+        "the log records the first sync's requests"
+    );
+
+    let mark = log.len();
+    h.wait_reconciles(3).await;
+    let again = log.reads_and_writes_of(mark, &["services", "endpointslices"]);
+    assert!(
+        again.is_empty(),
+        "a steady Proxy's reconciles asked the apiserver for its Service again: {again:#?}"
+    );
 }
 
 #[tokio::test]

@@ -21,7 +21,12 @@ pub(crate) struct Stack {
     /// The port every Proxy's health check reaches.
     pub(crate) proxy_port: u16,
     name: String,
+    provider_args: Vec<String>,
     _providers: tempfile::NamedTempFile,
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 /// Instances are RUNNING at once.
@@ -58,9 +63,19 @@ fn spawn_operator(
 
 impl Stack {
     pub(crate) async fn start(name: &str) -> anyhow::Result<Stack> {
+        Stack::start_with(name, &[]).await
+    }
+
+    /// Like [`Stack::start`], with `extra` arguments for the reference provider.
+    pub(crate) async fn start_with(name: &str, extra: &[&str]) -> anyhow::Result<Stack> {
         let env = KubeTestEnv::new(name).await?;
         apply_crds_yaml(&env.client, CRD).await?;
-        let provider = ReferenceProvider::start(&PROVIDER_ARGS)?;
+        let provider_args: Vec<String> = PROVIDER_ARGS
+            .iter()
+            .chain(extra)
+            .map(|arg| (*arg).to_owned())
+            .collect();
+        let provider = ReferenceProvider::start(&as_strs(&provider_args))?;
         let providers = tempfile::NamedTempFile::new()?;
         std::fs::write(
             providers.path(),
@@ -88,6 +103,7 @@ impl Stack {
             metrics_address,
             proxy_port,
             name: name.to_owned(),
+            provider_args,
             _providers: providers,
         })
     }
@@ -110,7 +126,7 @@ impl Stack {
     pub(crate) fn restart_provider(&mut self) -> anyhow::Result<()> {
         let address = self.provider.address().to_owned();
         self.provider.kill();
-        self.provider = ReferenceProvider::start_at(&address, &PROVIDER_ARGS)?;
+        self.provider = ReferenceProvider::start_at(&address, &as_strs(&self.provider_args))?;
         Ok(())
     }
 

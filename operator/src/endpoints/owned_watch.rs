@@ -7,8 +7,12 @@
 //! 2. A change reconciles the owning Proxy (its controller reference) only when the
 //!    object no longer is what the cached Proxy wants, or is gone while wanted: the
 //!    operator's own writes, which match, start no reconcile.
+//!    Such a change is reported to [`crate::k8s::published`] first, so the reconcile
+//!    reads the objects again instead of trusting what it last wrote.
 //! 3. A failing watch (no permission in a namespace) is logged with its namespace and
 //!    retried with backoff; drift there is then repaired at the Proxy's next poll.
+
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -19,6 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use crate::context::Context;
 use crate::crd::Proxy;
 use crate::endpoints::service::{
     MANAGED_BY, MANAGED_BY_LABEL, SLICE_MANAGED_BY, SLICE_MANAGED_BY_LABEL, desired,
@@ -28,12 +33,12 @@ use crate::k8s::watch_scope::WatchScope;
 
 /// The Proxies whose Service or EndpointSlice drifted from what they want.
 pub fn triggers(
-    client: &kube::Client,
+    ctx: Arc<Context>,
     scope: &WatchScope,
     proxies: Store<Proxy>,
 ) -> impl Stream<Item = ObjectRef<Proxy>> + Send + 'static {
     let services = watch::<Service>(
-        client,
+        ctx.clone(),
         scope,
         &format!("{MANAGED_BY_LABEL}={MANAGED_BY}"),
         proxies.clone(),
@@ -46,7 +51,7 @@ pub fn triggers(
         },
     );
     let slices = watch::<EndpointSlice>(
-        client,
+        ctx,
         scope,
         &format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGED_BY}"),
         proxies,
@@ -72,7 +77,7 @@ pub fn triggers(
 /// The watches of kind `K` selected by `labels` in `scope`, mapped to the owning
 /// Proxies for which `drifted(proxy, object, deleted)` holds.
 fn watch<K>(
-    client: &kube::Client,
+    ctx: Arc<Context>,
     scope: &WatchScope,
     labels: &str,
     proxies: Store<Proxy>,
@@ -86,6 +91,7 @@ where
         + Send
         + 'static,
 {
+    let client = &ctx.client;
     let apis: Vec<Api<K>> = match scope {
         WatchScope::AllNamespaces => vec![Api::all(client.clone())],
         WatchScope::Namespaces(namespaces) => namespaces
@@ -100,6 +106,7 @@ where
         .map(|api| {
             let namespace = api.namespace().unwrap_or("(all)").to_owned();
             let kind = kind.clone();
+            let ctx = ctx.clone();
             watcher(api, config.clone())
                 .default_backoff()
                 .filter_map(move |event| {
@@ -110,6 +117,7 @@ where
                         Ok(watcher::Event::Delete(object)) => Some((object, true)),
                         Ok(_) => None,
                         Err(error) => {
+                            ctx.published.all_drifted();
                             tracing::warn!(%namespace, %error, kind = %kind,
                                 "cannot watch the Proxies' {kind}s: one changed by hand is \
                                  repaired only at its Proxy's next poll; let the operator list \
@@ -127,6 +135,10 @@ where
             let owner = owning_proxy(&object);
             let proxy = owner.as_ref().and_then(|owner| proxies.get(owner));
             let trigger = proxy.filter(|proxy| drifted(proxy, &object, gone));
+            if let Some(proxy) = &trigger {
+                // Before the reconcile it asks for, so that one reads the objects again.
+                ctx.published.drifted(&proxy.uid().unwrap_or_default());
+            }
             futures::future::ready(trigger.map(|proxy| ObjectRef::from_obj(proxy.as_ref())))
         })
         .boxed()

@@ -365,12 +365,44 @@ fn slices_of(name: &str) -> ListParams {
 
 /// Makes the Service and EndpointSlice of `proxy` what its `status` asks, writing only
 /// what differs (module doc, step 3); with nothing wanted, deletes what it owns.
-/// Returns how many objects it wrote or deleted.
+/// Returns how many objects it wrote or deleted. When its last sync made them exactly
+/// this and no drift was reported since, it reads nothing either
+/// ([`crate::k8s::published`]).
 pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<u32> {
-    match desired(proxy, status) {
-        Some(wanted) => Ok(apply(ctx, &wanted).await?.unwrap_or(0)),
-        None => withdraw(ctx, proxy).await,
+    let uid = proxy.uid().unwrap_or_default();
+    let wanted = desired(proxy, status);
+    let digest = digest(wanted.as_ref());
+    let Some(ticket) = ctx.published.begin(&uid, digest) else {
+        return Ok(0);
+    };
+    let written = match &wanted {
+        Some(wanted) => match apply(ctx, wanted).await? {
+            Some(written) => written,
+            // Another owner's Service: look again next time.
+            None => return Ok(0),
+        },
+        None => withdraw(ctx, proxy).await?,
+    };
+    ctx.published.done(&uid, ticket, digest);
+    Ok(written)
+}
+
+/// A digest of what is wanted (nothing, or the objects as they would be applied).
+fn digest(wanted: Option<&Desired>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(wanted) = wanted {
+        serde_json::to_vec(&wanted.service)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+        for slice in &wanted.slices {
+            serde_json::to_vec(slice)
+                .unwrap_or_default()
+                .hash(&mut hasher);
+        }
     }
+    wanted.is_some().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Makes the objects of `wanted` exist as described, writing only what differs.

@@ -5,6 +5,8 @@
 //! - [`watch_scope`]: the namespaces watched; [`merged_watch`]: several namespaces'
 //!   watches as one stream; [`proxy_cache`]: the one store of Proxies they fill;
 //!   [`watch_health`]: which watches have listed and which fail.
+//! - [`published`]: what was last written of each Proxy's Service and EndpointSlices,
+//!   so that a reconcile wanting the same again reads nothing.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events, one per distinct note.
 //! - [`leader`]: leader election on a Lease.
@@ -19,6 +21,7 @@ pub mod events;
 pub mod leader;
 pub mod merged_watch;
 pub mod proxy_cache;
+pub mod published;
 pub mod status;
 pub mod watch_health;
 pub mod watch_scope;

@@ -2,22 +2,16 @@
 //! from, which garbage collection and the memory sweep read too (none of them lists
 //! Proxies from the API), and what is known of the watches that feed it.
 //!
-//! The cache keeps only what the operator reads: `metadata.managedFields` (a record of
-//! every field manager's writes, often larger than the spec) and the
-//! `kubectl.kubernetes.io/last-applied-configuration` annotation (a second copy of the
-//! whole object as the user applied it) are dropped before an object is stored.
+//! The cache keeps only what the operator reads: the watch drops the rest before an
+//! object is stored ([`crate::k8s::watch_scope::trim`]).
 
 use std::sync::Arc;
 
-use kube::ResourceExt;
 use kube::runtime::reflector::{self, Store};
 
 use crate::crd::Proxy;
 use crate::k8s::watch_health::{ALL_NAMESPACES, WatchHealth};
 use crate::k8s::watch_scope::WatchScope;
-
-/// The annotation `kubectl apply` keeps its last input in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The Proxies in scope as the watch last saw them. Cheap to clone; clones share it.
 #[derive(Clone)]
@@ -41,7 +35,7 @@ impl ProxyCache {
     /// [`WatchScope::watch`] for the stream to feed it with).
     pub fn new(scope: WatchScope) -> (ProxyCache, reflector::store::Writer<Proxy>) {
         let (store, writer) = reflector::store();
-        let health = Arc::new(WatchHealth::new(&scope));
+        let health = Arc::new(WatchHealth::new(scope.watch_keys()));
         (
             ProxyCache {
                 scope,
@@ -90,10 +84,4 @@ impl ProxyCache {
             }
         }
     }
-}
-
-/// Drops what the operator never reads from a Proxy before it is cached.
-pub fn trim(proxy: &mut Proxy) {
-    proxy.managed_fields_mut().clear();
-    proxy.annotations_mut().remove(LAST_APPLIED);
 }

@@ -12,8 +12,6 @@ use std::sync::Mutex;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use crate::k8s::watch_scope::WatchScope;
-
 /// The key of the watch of every namespace (an operator without `--namespace`).
 pub const ALL_NAMESPACES: &str = "";
 
@@ -35,12 +33,9 @@ pub struct WatchHealth {
 }
 
 impl WatchHealth {
-    /// Nothing listed yet, for the watches of `scope`.
-    pub fn new(scope: &WatchScope) -> Self {
-        let keys: Vec<String> = match scope {
-            WatchScope::AllNamespaces => vec![ALL_NAMESPACES.to_owned()],
-            WatchScope::Namespaces(namespaces) => namespaces.clone(),
-        };
+    /// Nothing listed yet, for the watches `keys` names: one per namespace, or
+    /// [`ALL_NAMESPACES`] for a watch of all.
+    pub fn new(keys: impl IntoIterator<Item = String>) -> Self {
         WatchHealth {
             watches: Mutex::new(
                 keys.into_iter()
@@ -99,8 +94,7 @@ mod tests {
 
     #[test]
     fn a_namespace_is_listed_at_its_first_init_done_and_failing_until_it_recovers() {
-        let scope = WatchScope::from_flags(["a,b"]).unwrap();
-        let health = WatchHealth::new(&scope);
+        let health = WatchHealth::new(["a".to_owned(), "b".to_owned()]);
         let mut changes = health.changes();
         let error: Result<watcher::Event<ConfigMap>, _> = Err(watcher::Error::NoResourceVersion);
         health.saw("b", &error);

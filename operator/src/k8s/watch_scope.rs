@@ -13,8 +13,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::crd::Proxy;
+use crate::k8s::merged_watch;
 use crate::k8s::watch_health::{ALL_NAMESPACES, WatchHealth};
-use crate::{k8s::merged_watch, k8s::proxy_cache};
+
+/// The annotation `kubectl apply` keeps its last input in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The longest name Kubernetes accepts for a namespace (an RFC 1123 label).
 const MAX_NAMESPACE_LEN: usize = 63;
@@ -63,6 +66,15 @@ impl WatchScope {
         }
     }
 
+    /// The key of each of its watches, as [`WatchHealth`] reports them: each
+    /// namespace, or [`ALL_NAMESPACES`] for the one watch of all.
+    pub fn watch_keys(&self) -> Vec<String> {
+        match self {
+            WatchScope::AllNamespaces => vec![ALL_NAMESPACES.to_owned()],
+            WatchScope::Namespaces(namespaces) => namespaces.clone(),
+        }
+    }
+
     /// One API handle per watched namespace, or one for all namespaces.
     pub fn apis(&self, client: &kube::Client) -> Vec<Api<Proxy>> {
         match self {
@@ -76,7 +88,7 @@ impl WatchScope {
 
     /// The Proxies in scope as one watch stream that a single reflector store can
     /// follow (see [`merged_watch`] for how several namespaces become one), trimmed
-    /// ([`proxy_cache::trim`]), each namespace's watch reported to `health`. `store`
+    /// ([`trim`]), each namespace's watch reported to `health`. `store`
     /// is the store the stream feeds: the merged stream looks up there the objects it
     /// needs again. A failing watch is logged with its namespace: a missing Role in one
     /// namespace is the likeliest mistake, and the watch retries with backoff until it
@@ -97,7 +109,7 @@ impl WatchScope {
                 let health = health.clone();
                 let stream = watcher(api, config.clone())
                     .default_backoff()
-                    .modify(proxy_cache::trim)
+                    .modify(trim)
                     .inspect(move |event| health.saw(&key, event))
                     .inspect_err({
                         let namespace = namespace.clone();
@@ -149,6 +161,16 @@ fn check_namespace_name(name: &str) -> Result<(), String> {
              several separated by commas or by repeating --namespace"
         ))
     }
+}
+
+/// Drops what the operator never reads from a Proxy before it is cached:
+/// `metadata.managedFields` (a record of every field manager's writes, often larger
+/// than the spec) and the `kubectl apply` annotation (a second copy of the whole
+/// object as the user applied it).
+pub fn trim(proxy: &mut Proxy) {
+    use kube::ResourceExt;
+    proxy.managed_fields_mut().clear();
+    proxy.annotations_mut().remove(LAST_APPLIED);
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub async fn run_with_cache(
     let liveness = ctx.liveness.clone();
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
-    let owned = owned_watch::triggers(&ctx.client, cache.scope(), reader.clone());
+    let owned = owned_watch::triggers(ctx.clone(), cache.scope(), reader.clone());
     let (instance_changes, instances) = InstanceWatch::default().split(reader.clone());
     let followers = instance_watch::run(ctx.clone(), instance_changes);
     let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);

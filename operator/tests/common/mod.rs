@@ -8,6 +8,7 @@ pub mod egress;
 pub mod fixtures;
 pub mod freezing_relay;
 pub mod pool_harness;
+pub mod request_log;
 pub mod stand_in;
 
 use std::process::Stdio;

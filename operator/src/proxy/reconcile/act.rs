@@ -10,6 +10,7 @@ use egressproxy_provider::{ErrorClass, pb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 
+use super::next::Next;
 use super::observe;
 use super::plan::{Cause, Step};
 use super::tags;
@@ -19,16 +20,6 @@ use crate::k8s::events::EventType;
 use crate::probe::address::probe_address;
 use crate::providers::placement;
 use crate::shared::error::{Error, Result};
-
-/// What follows a step.
-#[derive(Debug)]
-pub(super) enum Next {
-    /// Observe and plan again now (after a Create, or a replacement that creates
-    /// at once).
-    Again,
-    /// This reconcile is done.
-    Done(Action),
-}
 
 /// Performs `step`.
 pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {

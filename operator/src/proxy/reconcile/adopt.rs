@@ -26,7 +26,7 @@ use egressproxy_provider::pb;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-use super::act::Next;
+use super::next::Next;
 use super::{Pass, tags};
 use crate::crd::{ADOPT_INSTANCE_ANNOTATION, Proxy, condition};
 use crate::k8s::events::EventType;

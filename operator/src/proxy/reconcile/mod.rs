@@ -44,6 +44,7 @@ mod cleanup;
 mod egress_address;
 mod egress_observed;
 pub mod key;
+mod next;
 pub mod no_room;
 pub mod observe;
 pub mod plan;
@@ -57,6 +58,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 
 pub use self::key::ProxyKey;
+use self::next::Next;
 pub use self::plan::Step;
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus};
@@ -284,7 +286,7 @@ async fn passes(pass: &mut Pass<'_>) -> Result<Action> {
             observe::observe(pass.ctx, pass.key, pass.proxy, &pass.status, pass.provider).await?;
         let step = plan::plan(&pass.proxy.spec, &pass.status, &observation);
         tracing::debug!(proxy = %pass.key, ?step, "planned");
-        if let act::Next::Done(action) = act::act(pass, step).await? {
+        if let Next::Done(action) = act::act(pass, step).await? {
             return Ok(action);
         }
     }

@@ -1,0 +1,54 @@
+//! A Kubernetes client that records every request it sends, for tests that count what
+//! the operator asks of the apiserver. The apiserver's own request counters cannot tell
+//! one test from another (one apiserver serves every test of a process) nor the
+//! operator from the apiserver's own internal clients.
+
+use std::sync::{Arc, Mutex};
+
+use kube::client::Body;
+
+/// `METHOD path?query` of every request, in the order sent.
+#[derive(Clone, Default)]
+pub struct RequestLog(Arc<Mutex<Vec<String>>>);
+
+impl RequestLog {
+    /// How many requests were sent so far.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The requests sent after the first `mark`, other than watches, whose path names
+    /// one of `resources` (`services`, `endpointslices`, …).
+    pub fn reads_and_writes_of(&self, mark: usize, resources: &[&str]) -> Vec<String> {
+        self.0.lock().unwrap()[mark..]
+            .iter()
+            .filter(|request| !request.contains("watch=true") && !request.contains("watch=1"))
+            .filter(|request| {
+                let path = request.split(['?', ' ']).nth(1).unwrap_or_default();
+                path.split('/').any(|part| resources.contains(&part))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// A client that sends through `client` and records each request in the log.
+pub fn recording(client: kube::Client, namespace: &str) -> (kube::Client, RequestLog) {
+    let log = RequestLog::default();
+    let recorded = log.clone();
+    let service = tower::service_fn(move |request: http::Request<Body>| {
+        let line = format!(
+            "{} {}",
+            request.method(),
+            request
+                .uri()
+                .path_and_query()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        );
+        recorded.0.lock().unwrap().push(line);
+        let client = client.clone();
+        async move { client.send(request).await }
+    });
+    (kube::Client::new(service, namespace), log)
+}
