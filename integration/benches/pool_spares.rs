@@ -32,7 +32,7 @@
 //! pool or the slices ([`egressproxy_integration::e2e::pool_view`]); the only sleep is
 //! the idle interval being measured. Runs as root, like the end-to-end tests; it boots
 //! five TCG guests, at most three at a time (the last spare is torn down as it boots),
-//! and took six minutes on two shared cores:
+//! and took six to seven minutes on two shared cores:
 //! `cargo bench -p egressproxy-integration --bench pool_spares` (`make bench`).
 
 use std::collections::BTreeSet;
