@@ -29,12 +29,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::e2e::pool_view::follow_listed;
 use egressproxy_integration::e2e::stack::{HOST, IMAGE, MACHINE_TYPE, PROVIDER, Stack};
+use egressproxy_integration::e2e::timeline::Timeline;
 use egressproxy_integration::netns::command_in;
-use futures::StreamExt;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, ResourceExt};
 
 const POOL: &str = "egress";
 const REPLICAS: usize = 3;
@@ -64,76 +62,6 @@ fn manifest(stack: &Stack) -> String {
     )
 }
 
-/// The addresses the pool's slices list now.
-fn listed(store: &reflector::Store<EndpointSlice>) -> Vec<String> {
-    let mut addresses: Vec<String> = store
-        .state()
-        .iter()
-        .filter(|s| {
-            s.labels()
-                .get("kubernetes.io/service-name")
-                .map(String::as_str)
-                == Some(POOL)
-        })
-        .flat_map(|s| s.endpoints.clone().unwrap_or_default())
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .flat_map(|e| e.addresses)
-        .collect();
-    addresses.sort();
-    addresses
-}
-
-/// Every change of the listed addresses, with its time; receivers wake on each.
-type History = tokio::sync::watch::Receiver<Vec<(Instant, Vec<String>)>>;
-
-/// Follows the slices into a store, recording each change of what they list.
-fn follow_slices(api: Api<EndpointSlice>) -> (reflector::Store<EndpointSlice>, History) {
-    let (store, writer) = reflector::store();
-    let (record, history) = tokio::sync::watch::channel(Vec::new());
-    let reader = store.clone();
-    tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-            .boxed();
-        while events.next().await.is_some() {
-            let now = listed(&reader);
-            record.send_if_modified(|changes: &mut Vec<(Instant, Vec<String>)>| {
-                let changed = changes.last().is_none_or(|(_, last)| *last != now);
-                if changed {
-                    changes.push((Instant::now(), now));
-                }
-                changed
-            });
-        }
-    });
-    (store, history)
-}
-
-/// Waits until a change after `after` lists `count` addresses; returns its time and
-/// the addresses.
-async fn wait_listed(
-    history: &History,
-    after: Instant,
-    count: usize,
-) -> anyhow::Result<(Instant, Vec<String>)> {
-    let mut history = history.clone();
-    let found = tokio::time::timeout(
-        WAIT,
-        history.wait_for(|changes| {
-            changes
-                .last()
-                .is_some_and(|(at, now)| *at >= after && now.len() == count)
-        }),
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!("the pool's slices did not list {count} addresses within {WAIT:?}")
-    })?
-    .map_err(|_| anyhow::anyhow!("the slices' watch ended"))?;
-    Ok(found.last().cloned().unwrap_or_else(|| (after, Vec::new())))
-}
-
 /// One attempt through the proxy at `address`.
 fn attempt(netns: &str, address: &str, url: &str) -> bool {
     command_in(netns, "curl")
@@ -155,7 +83,7 @@ struct Traffic {
 fn client(
     netns: String,
     url: String,
-    store: reflector::Store<EndpointSlice>,
+    listed: Timeline<Vec<String>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> Traffic {
     let mut traffic = Traffic::default();
@@ -164,7 +92,7 @@ fn client(
         traffic.requests += 1;
         let mut done = false;
         for _ in 0..ATTEMPTS {
-            let addresses = listed(&store);
+            let addresses = listed.latest().unwrap_or_default();
             if addresses.is_empty() {
                 traffic.failed_attempts += 1;
                 continue;
@@ -186,11 +114,17 @@ fn client(
 
 async fn run() -> anyhow::Result<bool> {
     let stack = Stack::start("bench-failover").await?;
-    let slices: Api<EndpointSlice> = stack.kube.namespaced();
-    let (store, history) = follow_slices(slices);
+    let listed = follow_listed(&stack, POOL);
     let started = Instant::now();
     stack.kubectl_apply(&manifest(&stack))?;
-    let (_, before) = wait_listed(&history, started, REPLICAS).await?;
+    let (_, before) = listed
+        .first_after(
+            &format!("the pool's slices to list {REPLICAS}"),
+            WAIT,
+            started,
+            |a| a.len() == REPLICAS,
+        )
+        .await?;
     println!(
         "pool of {REPLICAS} Ready in {:.1} s: {before:?}",
         started.elapsed().as_secs_f64()
@@ -198,13 +132,13 @@ async fn run() -> anyhow::Result<bool> {
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = tokio::task::spawn_blocking({
-        let (netns, url, store, stop) = (
+        let (netns, url, listed, stop) = (
             stack.netns().to_owned(),
             stack.target.url(),
-            store.clone(),
+            listed.clone(),
             stop.clone(),
         );
-        move || client(netns, url, store, stop)
+        move || client(netns, url, listed, stop)
     });
     tokio::time::sleep(STEADY).await;
 
@@ -226,16 +160,19 @@ async fn run() -> anyhow::Result<bool> {
     stack.virsh(&["destroy", &domain])?;
     println!("destroyed {domain} ({lost})");
 
-    let (back_at, _) = wait_listed(&history, destroyed, REPLICAS).await?;
+    let (back_at, _) = listed
+        .first_after(
+            &format!("the pool's slices to list {REPLICAS} again"),
+            WAIT,
+            destroyed,
+            // The member's replacement VM keeps its address: count, not addresses.
+            |a| a.len() == REPLICAS,
+        )
+        .await?;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let traffic = traffic.await?;
 
-    let changes: Vec<(Instant, Vec<String>)> = history
-        .borrow()
-        .iter()
-        .filter(|(at, _)| *at >= destroyed)
-        .cloned()
-        .collect();
+    let changes = listed.since(destroyed);
     let left = changes
         .iter()
         .find(|(_, addresses)| !addresses.contains(&lost))

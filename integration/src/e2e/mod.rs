@@ -7,13 +7,18 @@
 //! - [`http_servers`]: the image mirror and the target of proxied requests.
 //! - [`otlp`]: a span receiver that keeps what the operator and the agent export.
 //! - [`system_user`]: the agent's SSH account, under a name unique to the run.
+//! - [`timeline`]: what a benchmark reads from watched objects, change by change, timed.
+//! - [`pool_view`]: a ProxyPool, its members and its EndpointSlices as the pool
+//!   benchmarks read them.
 
 pub mod guest_image;
 pub mod http_servers;
 pub mod otlp;
+pub mod pool_view;
 pub mod release;
 pub mod stack;
 pub mod system_user;
+pub mod timeline;
 
 /// Polls `done` (a kubectl or virsh question: nothing to watch) every 250 ms until it
 /// holds; panics naming `what` after `within`.
