@@ -168,7 +168,7 @@ fn create_directly(
         None,
         GuestAgent::Install,
     )?;
-    let seed = build_seed(&documents, key, &names.domain);
+    let seed = build_seed(&documents, key, &names.domain, None);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
         pool,
         &raw_volume(&names.seed_volume, seed.len() as u64)?,

@@ -341,7 +341,7 @@ pub async fn create_from_base(
     );
     faults.after(CreateStep::Overlay)?;
 
-    let seed = build_seed(&plan.documents, &request.key, &plan.hostname);
+    let seed = build_seed(&plan.documents, &request.key, &plan.hostname, None);
     let seed_len = seed.len() as u64;
     let (pool, name) = (storage_pool.clone(), names.seed_volume.clone());
     let seed_path: PathBuf = host
