@@ -196,6 +196,7 @@ fn create_directly(
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: format!("bench/{key}"),
             created: "2026-11-30T00:00:00Z".into(),

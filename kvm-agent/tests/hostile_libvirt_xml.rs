@@ -53,6 +53,7 @@ fn metadata(
             |(key, name, (host, machine_type, image, base_volume), tags, proxy_port)| {
                 InstanceMetadata {
                     address_identity: Some(key.clone()),
+                    static_address: None,
                     key,
                     name,
                     created: "2026-11-30T01:02:03Z".into(),
@@ -332,6 +333,7 @@ fn every_hostile_character_is_refused_or_kept() {
             mac: None,
             metadata: InstanceMetadata {
                 address_identity: None,
+                static_address: None,
                 key: format!("hostile-char-{i}"),
                 name: value.clone(),
                 created: "2026-11-30T01:02:03Z".into(),

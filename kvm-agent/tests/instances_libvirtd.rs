@@ -118,6 +118,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: "ns/proxy".into(),
             created: "2026-11-30T01:02:03Z".into(),

@@ -57,12 +57,17 @@ pub(crate) const CAPABILITIES: [pb::Capability; 6] = [
     pb::Capability::WatchInstances,
     pb::Capability::UpdateTags,
 ];
-/// [`CAPABILITIES`], and CAPABILITY_ADDRESS_IDENTITY where every host attaches its
-/// instances to a libvirt network (see `plan::address_identities_supported`).
+/// [`CAPABILITIES`], CAPABILITY_ADDRESS_IDENTITY where every host attaches its
+/// instances to a libvirt network or to a bridge with a static block (see
+/// `plan::address_identities_supported`), and CAPABILITY_REQUESTED_ADDRESS where every
+/// host has a static block (`plan::requested_addresses_supported`).
 pub(crate) fn capabilities(config: &crate::config::Config) -> Vec<pb::Capability> {
     let mut all = CAPABILITIES.to_vec();
     if crate::provider::plan::address_identities_supported(config) {
         all.push(pb::Capability::AddressIdentity);
+    }
+    if crate::provider::plan::requested_addresses_supported(config) {
+        all.push(pb::Capability::RequestedAddress);
     }
     all
 }
