@@ -82,3 +82,28 @@ impl AllocationLocks {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn one_static_choice_per_host_at_a_time() {
+        let locks = AllocationLocks::default();
+        let soon = || Instant::now() + Duration::from_millis(50);
+        let held = locks.lock("hv1", "k1", soon()).await.unwrap();
+        // Another host's choice does not wait.
+        drop(locks.lock("hv2", "k2", soon()).await.unwrap());
+        // The same host's waits, and past its deadline names its own key.
+        match locks.lock("hv1", "k3", soon()).await {
+            Err(Error::CreateInProgress { host, key, .. }) => {
+                assert_eq!((host.as_str(), key.as_str()), ("hv1", "k3"));
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(held);
+        drop(locks.lock("hv1", "k3", soon()).await.unwrap());
+    }
+}
