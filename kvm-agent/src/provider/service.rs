@@ -393,4 +393,44 @@ mod tests {
             }
         }
     }
+
+    /// Address capabilities follow the hosts' attachments: networks give identities,
+    /// static blocks on bridges identities and requested addresses, a bare bridge none.
+    #[test]
+    fn address_capabilities_follow_the_hosts_attachments() {
+        let config =
+            |hosts: &str| crate::config::Config::parse(&format!("hosts:\n{hosts}")).unwrap();
+        let block = "staticAddresses: {first: 192.0.2.10, last: 192.0.2.20, prefixLength: 24}";
+        let table = [
+            ("- {name: a, local: true}\n".to_owned(), true, false),
+            (
+                "- {name: a, local: true, bridge: br0}\n".to_owned(),
+                false,
+                false,
+            ),
+            (
+                format!("- {{name: a, local: true, bridge: br0, {block}}}\n"),
+                true,
+                true,
+            ),
+            (
+                format!(
+                    "- {{name: a, local: true, bridge: br0, {block}}}\n- {{name: b, local: true}}\n"
+                ),
+                true,
+                false,
+            ),
+        ];
+        for (hosts, identity, requested) in table {
+            let declared = capabilities(&config(&hosts));
+            assert_eq!(
+                (
+                    declared.contains(&pb::Capability::AddressIdentity),
+                    declared.contains(&pb::Capability::RequestedAddress)
+                ),
+                (identity, requested),
+                "{hosts}"
+            );
+        }
+    }
 }
