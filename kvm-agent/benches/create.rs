@@ -168,7 +168,7 @@ fn create_directly(
         None,
         GuestAgent::Install,
     )?;
-    let seed = build_seed(&documents, key, &names.domain);
+    let seed = build_seed(&documents, key, &names.domain, None);
     let seed_vol = virt::storage_vol::StorageVol::create_xml(
         pool,
         &raw_volume(&names.seed_volume, seed.len() as u64)?,
@@ -196,6 +196,7 @@ fn create_directly(
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: format!("bench/{key}"),
             created: "2026-11-30T00:00:00Z".into(),

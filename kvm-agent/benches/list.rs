@@ -155,6 +155,7 @@ fn define_domains(uri: &str, count: usize) -> anyhow::Result<Duration> {
             mac: None,
             metadata: InstanceMetadata {
                 address_identity: None,
+                static_address: None,
                 key: key.clone(),
                 name: format!("bench/proxy-{i}"),
                 created: "2026-11-30T00:00:00Z".into(),

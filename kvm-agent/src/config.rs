@@ -26,10 +26,12 @@ mod duration;
 pub mod error;
 mod redact;
 mod ssh_address;
+mod static_addresses;
 mod validate;
 
 pub use duration::DurationBounds;
 pub use redact::redact_url;
+pub use static_addresses::{MAX_RANGE_SIZE, StaticAddresses};
 
 /// The default libvirt socket of a monolithic libvirtd.
 pub const DEFAULT_LIBVIRT_SOCKET: &str = "/var/run/libvirt/libvirt-sock";
@@ -75,6 +77,11 @@ pub struct HostConfig {
     /// Host bridge for the VMs' NIC; exclusive with `network`.
     #[serde(default)]
     pub bridge: Option<String>,
+    /// With a `bridge`: the addresses the agent gives instances itself, configured in
+    /// the guest through its NoCloud `network-config` (unset: the bridge's own DHCP
+    /// server, if any, gives them, and address identities are refused).
+    #[serde(default)]
+    pub static_addresses: Option<StaticAddresses>,
     /// `kvm`, `qemu` (software emulation), or `auto`.
     #[serde(default)]
     pub domain_type: DomainType,
@@ -309,6 +316,13 @@ impl HostConfig {
             (None, Some(network)) => Attachment::Network(network.clone()),
             (None, None) => Attachment::Network("default".to_owned()),
         }
+    }
+}
+
+impl HostConfig {
+    /// The static address block, when the host attaches its VMs to a bridge and has one.
+    pub fn static_block(&self) -> Option<&StaticAddresses> {
+        self.bridge.as_ref().and(self.static_addresses.as_ref())
     }
 }
 

@@ -105,11 +105,13 @@ pub enum Error {
         lacks: Vec<String>,
     },
 
-    /// Another Create, Delete or tag update of the same key in this agent still ran when
-    /// the caller's deadline passed; its outcome decides this one's.
+    /// Another Create, Delete or tag update of the same key in this agent (or another
+    /// Create choosing a static address on the same host) still ran when the caller's
+    /// deadline passed; its outcome decides this one's.
     #[error(
-        "key {key} on host {host}: another Create, Delete or tag update of the same key is \
-         in progress (waited {waited:?}); retry"
+        "key {key} on host {host}: another Create, Delete or tag update of the same key (or \
+         another Create choosing a static address on the host) is in progress (waited \
+         {waited:?}); retry"
     )]
     CreateInProgress {
         /// Host name from the configuration.
@@ -159,6 +161,44 @@ pub enum Error {
         other: String,
         /// Host name from the configuration.
         host: String,
+    },
+
+    /// The requested address is not in the static block of the host the instance goes to.
+    #[error(
+        "requested_address {requested} is not in the range host {host} offers \
+         ({range}): ask for an address in it, or leave requested_address unset"
+    )]
+    AddressNotInRange {
+        /// The address asked for.
+        requested: String,
+        /// Host name from the configuration.
+        host: String,
+        /// The host's block, `first-last/prefix`.
+        range: String,
+    },
+
+    /// The requested address is held by an instance of another identity (or of none).
+    #[error(
+        "requested_address {requested} is held by instance {holder}: ask for another \
+         address, or retry once that instance is gone"
+    )]
+    AddressTaken {
+        /// The address asked for.
+        requested: String,
+        /// The id of the instance that holds it.
+        holder: String,
+    },
+
+    /// Every address of the host's static block is held by an instance.
+    #[error(
+        "host {host}: every address of its static range ({range}) is held by an instance; \
+         delete instances or widen hosts[].staticAddresses"
+    )]
+    StaticAddressesExhausted {
+        /// Host name from the configuration.
+        host: String,
+        /// The host's block, `first-last/prefix`.
+        range: String,
     },
 
     /// The instance a request names does not exist.
@@ -249,6 +289,10 @@ impl Error {
             Error::AddressIdentityInUse { .. } => of(C::Transient, "ADDRESS_IDENTITY_IN_USE")
                 .retry_after(ADDRESS_IDENTITY_IN_USE_RETRY),
             Error::IdentityMacShared { .. } => of(C::Permanent, "IDENTITY_MAC_SHARED"),
+            Error::AddressNotInRange { .. } => of(C::InvalidArgument, "ADDRESS_NOT_IN_RANGE"),
+            Error::AddressTaken { .. } => of(C::AlreadyExists, "ADDRESS_TAKEN"),
+            Error::StaticAddressesExhausted { .. } => of(C::QuotaExhausted, "ADDRESSES_EXHAUSTED")
+                .retry_after(crate::libvirt::error::ADDRESSES_EXHAUSTED_RETRY),
             Error::TagsChanged { .. } => of(C::Permanent, "TAGS_CHANGED"),
             Error::InstanceVanished { .. } => of(C::Transient, "INSTANCE_VANISHED"),
             Error::InvalidArgument { .. } | Error::InvalidFields { .. } => {
@@ -299,6 +343,9 @@ impl Error {
             Error::InvalidArgument { field, reason } => vec![((*field).to_owned(), reason.clone())],
             Error::InvalidFields { violations } => violations.clone(),
             Error::Guest(e) => e.field_violations(),
+            Error::AddressNotInRange { .. } => {
+                vec![("requested_address".to_owned(), self.to_string())]
+            }
             _ => Vec::new(),
         }
     }

@@ -1073,3 +1073,100 @@ async fn an_address_identity_is_reserved_before_start_and_released_with_its_last
     assert_eq!(dhcp_hosts(&agent, false), before);
     assert!(agent.guest_host.domains().is_empty());
 }
+
+/// A host whose VMs attach to a bridge with a static block: two concurrent Creates of two
+/// identities get two addresses of the block, each in its own seed's `network-config`
+/// and reported first by Create; a requested address held by another is ADDRESS_TAKEN,
+/// one outside the block ADDRESS_NOT_IN_RANGE; the full block is ADDRESSES_EXHAUSTED; a
+/// Delete frees an address for the next identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_block_on_a_bridge_gives_concurrent_creates_distinct_addresses() {
+    // The libvirt network's bridge serves as the host bridge; the block lies outside
+    // its DHCP range.
+    let agent = agent_with(FaultHook::default(), |yaml| {
+        yaml.replace(
+            "  domainType: qemu\n",
+            "  domainType: qemu\n  bridge: virbr-ep0\n  staticAddresses: {first: \
+             192.168.200.251, last: 192.168.200.253, prefixLength: 24, gateway: \
+             192.168.200.1, dns: [192.168.200.1]}\n",
+        )
+    })
+    .await;
+    let with_identity = |key: &str, identity: &str, requested: Option<&str>| {
+        let mut request = request(key);
+        request.address_identity = Some(identity.into());
+        request.requested_address = requested.map(str::to_owned);
+        request
+    };
+    let (a, b) = (
+        with_identity("uid-static-a", "static-a", None),
+        with_identity("uid-static-b", "static-b", None),
+    );
+    let (made_a, made_b) = tokio::join!(agent.create(&a), agent.create(&b));
+    let (made_a, made_b) = (made_a.unwrap(), made_b.unwrap());
+    let address_of = |instance: &pb::Instance| instance.addresses[0].address.clone();
+    let (address_a, address_b) = (address_of(&made_a), address_of(&made_b));
+    assert_ne!(address_a, address_b);
+    for (key, address) in [(&a.key, &address_a), (&b.key, &address_b)] {
+        assert!(address.starts_with("192.168.200.25"), "{address}");
+        let seed = std::fs::read(
+            agent
+                .guest_host
+                .images
+                .join(InstanceNames::for_key(key).unwrap().seed_volume),
+        )
+        .unwrap();
+        let wanted = format!("{address}/24");
+        assert!(
+            seed.windows(wanted.len()).any(|w| w == wanted.as_bytes()),
+            "the seed of {key} configures {wanted}"
+        );
+    }
+
+    let taken = agent
+        .create(&with_identity("uid-static-c", "static-c", Some(&address_a)))
+        .await
+        .unwrap_err();
+    assert_eq!(taken.reason, "ADDRESS_TAKEN", "{taken}");
+    assert!(taken.message.contains("hv1/uid-static-a"), "{taken}");
+    let outside = agent
+        .create(&with_identity(
+            "uid-static-c",
+            "static-c",
+            Some("192.168.200.100"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(outside.reason, "ADDRESS_NOT_IN_RANGE", "{outside}");
+    assert_eq!(outside.field_violations[0].field, "requested_address");
+
+    let made_c = agent
+        .create(&with_identity("uid-static-c2", "static-c", None))
+        .await
+        .unwrap();
+    let full = agent
+        .create(&with_identity("uid-static-d", "static-d", None))
+        .await
+        .unwrap_err();
+    assert_eq!(full.reason, "ADDRESSES_EXHAUSTED", "{full}");
+
+    // Deleting A frees its address: D, asking for it, gets it.
+    agent
+        .instances
+        .delete(&made_a.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    let made_d = agent
+        .create(&with_identity("uid-static-d", "static-d", Some(&address_a)))
+        .await
+        .unwrap();
+    assert_eq!(address_of(&made_d), address_a);
+    for instance in [made_b, made_c, made_d] {
+        agent
+            .instances
+            .delete(&instance.id, deadline_in(GENEROUS))
+            .await
+            .unwrap();
+    }
+    assert!(agent.guest_host.domains().is_empty());
+}

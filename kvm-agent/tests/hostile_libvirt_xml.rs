@@ -48,11 +48,13 @@ fn metadata(
         (text.clone(), text.clone(), text.clone(), text.clone()),
         proptest::collection::btree_map(text.clone(), text, 0..8),
         any::<u32>(),
+        proptest::option::of(any::<std::net::IpAddr>()),
     )
         .prop_map(
-            |(key, name, (host, machine_type, image, base_volume), tags, proxy_port)| {
+            |(key, name, (host, machine_type, image, base_volume), tags, proxy_port, address)| {
                 InstanceMetadata {
                     address_identity: Some(key.clone()),
+                    static_address: address,
                     key,
                     name,
                     created: "2026-11-30T01:02:03Z".into(),
@@ -332,6 +334,7 @@ fn every_hostile_character_is_refused_or_kept() {
             mac: None,
             metadata: InstanceMetadata {
                 address_identity: None,
+                static_address: None,
                 key: format!("hostile-char-{i}"),
                 name: value.clone(),
                 created: "2026-11-30T01:02:03Z".into(),

@@ -180,7 +180,7 @@ proptest! {
         hostname in hostile_text(16),
     ) {
         let docs = SeedDocuments { user_data: user, vendor_data: vendor };
-        let image = build_seed(&docs, &instance_id, &hostname);
+        let image = build_seed(&docs, &instance_id, &hostname, None);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("seed.iso");
         std::fs::write(&path, &image).unwrap();

@@ -208,6 +208,7 @@ fn define_on_test_driver(config: &Config, request: &pb::CreateInstanceRequest, c
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: request.key.clone(),
             name: request.name.clone(),
             created: "2026-11-30T01:02:03Z".into(),

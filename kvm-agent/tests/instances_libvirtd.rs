@@ -52,6 +52,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         &seed_documents(b"#cloud-config\n", None, GuestAgent::Install).unwrap(),
         key,
         "egressproxy-uid",
+        None,
     );
     let seed_len = seed.len() as u64;
     let (overlay_path, seed_path) = host
@@ -117,6 +118,7 @@ async fn get_list_and_delete_a_uefi_domain_with_its_volumes() {
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: "ns/proxy".into(),
             created: "2026-11-30T01:02:03Z".into(),

@@ -34,6 +34,7 @@ fn define(conn: &Connect, key: &str) -> InstanceNames {
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: format!("default/{key}"),
             created: "2026-11-30T01:02:03Z".into(),

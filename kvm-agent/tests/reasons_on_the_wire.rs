@@ -85,6 +85,18 @@ const NOT_ON_DEMAND: &[(&str, &str)] = &[
         "needs every address of the network's DHCP range reserved (253 instances here); the choice is table-tested in `libvirt::reservations`",
     ),
     (
+        "ADDRESS_NOT_IN_RANGE",
+        "needs a host with a static block (`staticAddresses`), whose bridge this test's host does not have; `static_addresses_test_driver` meets the choice and `error::tests` maps it",
+    ),
+    (
+        "ADDRESS_TAKEN",
+        "needs a host with a static block (`staticAddresses`), whose bridge this test's host does not have; `static_addresses_test_driver` meets the choice and `error::tests` maps it",
+    ),
+    (
+        "ALLOCATION_TABLE_UNREADABLE",
+        "needs a domain of the agent that vanishes while a Create on a static-address host reads the others",
+    ),
+    (
         "IDENTITY_MAC_SHARED",
         "needs two identities whose SHA-256 share 32 bits, which no test can find on demand",
     ),

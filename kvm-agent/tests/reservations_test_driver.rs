@@ -60,6 +60,7 @@ fn define(conn: &Connect, key: &str, identity: &str) -> InstanceNames {
             proxy_port: 3128,
             spec_sha256: "ab".repeat(32),
             address_identity: Some(identity.into()),
+            static_address: None,
             placement: PlacementRecord {
                 host: "test".into(),
                 zone: None,

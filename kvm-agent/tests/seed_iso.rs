@@ -37,7 +37,8 @@ fn the_kernel_and_blkid_read_the_seed_as_cloud_init_expects() {
     user.extend(b"# a long comment to span several sectors\n".repeat(200));
     let vendor = b"#!/bin/sh\necho vendor\n";
     let docs = seed_documents(&user, Some(vendor), GuestAgent::Install).unwrap();
-    let image = build_seed(&docs, "uid-1", "egressproxy-uid-1");
+    let network = "version: 2\nethernets: {}\n";
+    let image = build_seed(&docs, "uid-1", "egressproxy-uid-1", Some(network));
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("seed.iso");
@@ -52,11 +53,13 @@ fn the_kernel_and_blkid_read_the_seed_as_cloud_init_expects() {
     assert_eq!(fs_type.trim(), "iso9660");
 
     let meta = b"instance-id: uid-1\nlocal-hostname: egressproxy-uid-1\n".to_vec();
-    let want = vec![
+    let mut want = vec![
         ("meta-data".to_owned(), meta),
         ("user-data".to_owned(), docs.user_data.clone()),
         ("vendor-data".to_owned(), docs.vendor_data.clone().unwrap()),
+        ("network-config".to_owned(), network.as_bytes().to_vec()),
     ];
+    want.sort();
     // isoinfo (genisoimage): the Joliet tree has the exact names, the primary tree the
     // upper-case ones the kernel shows lower-cased.
     for (name, content) in &want {

@@ -37,6 +37,7 @@ fn spec(key: &str, firmware: Firmware) -> DomainSpec {
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: r#"ns/"quoted" & <angled>"#.into(),
             created: "2026-11-30T01:02:03Z".into(),

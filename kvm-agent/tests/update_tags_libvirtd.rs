@@ -57,6 +57,7 @@ async fn define(config: &Arc<Config>, key: &str, initial: &HashMap<String, Strin
         mac: None,
         metadata: InstanceMetadata {
             address_identity: None,
+            static_address: None,
             key: key.into(),
             name: "ns/proxy".into(),
             created: "2026-11-30T01:02:03Z".into(),

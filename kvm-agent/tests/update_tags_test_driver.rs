@@ -49,6 +49,7 @@ fn define(
         mac: None,
         metadata: InstanceMetadata {
             address_identity: Some("identity".into()),
+            static_address: None,
             key: key.into(),
             name: "ns/proxy".into(),
             created: "2026-11-30T01:02:03Z".into(),

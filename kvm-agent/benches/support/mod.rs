@@ -74,6 +74,7 @@ pub fn ssh_and_local_config(
         storage_pool: storage_pool.to_owned(),
         network: network.map(str::to_owned),
         bridge: None,
+        static_addresses: None,
         domain_type: DomainType::Qemu,
         zone: None,
         capacity: Default::default(),

@@ -222,3 +222,36 @@ fn names_that_xml_cannot_keep_are_refused_with_their_field() {
         problems[0].message
     );
 }
+
+#[test]
+fn a_static_address_block_is_read_and_checked_with_its_fields() {
+    let config = Config::parse(
+        "hosts:\n\
+         - name: a\n  local: true\n  bridge: br0\n  staticAddresses:\n    first: 192.0.2.10\n    last: 192.0.2.20\n    prefixLength: 24\n    gateway: 192.0.2.1\n    dns: [192.0.2.1, 2001:db8::53]\n\
+         - name: b\n  local: true\n  staticAddresses: {first: 192.0.2.30, last: 192.0.2.20, prefixLength: 24, gateway: 192.0.2.25}\n",
+    )
+    .unwrap();
+    let block = config.hosts[0].static_block().unwrap();
+    assert_eq!(block.size(), 11);
+    assert_eq!(block.dns.len(), 2);
+    assert_eq!(config.hosts[1].static_block(), None, "no bridge, no block");
+    let err = config.validate().unwrap_err();
+    let fields: Vec<_> = err.problems.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["hosts[1].staticAddresses", "hosts[1].staticAddresses.last",],
+        "{err}"
+    );
+    let typo = Config::parse(
+        "hosts:\n- name: a\n  local: true\n  bridge: br0\n  staticAddresses: {first: 192.0.2.10, last: 192.0.2.20, prefix: 24}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(typo.contains("unknown field `prefix`"), "{typo}");
+    let not_an_address = Config::parse(
+        "hosts:\n- name: a\n  local: true\n  bridge: br0\n  staticAddresses: {first: 192.0.2.x, last: 192.0.2.20, prefixLength: 24}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(not_an_address.contains("line 5"), "{not_an_address}");
+}

@@ -169,6 +169,19 @@ fn validate_host(host: &HostConfig, at: &str, p: &mut impl FnMut(String, String)
             "set either `network` (a libvirt network) or `bridge` (a host bridge), not both".into(),
         );
     }
+    if let Some(block) = &host.static_addresses {
+        if host.bridge.is_none() {
+            p(
+                format!("{at}.staticAddresses"),
+                "is only for a host with a `bridge`: on a libvirt network the network's DHCP \
+                 server gives the addresses; remove it or set `bridge`"
+                    .into(),
+            );
+        }
+        for (field, message) in block.problems(&format!("{at}.staticAddresses")) {
+            p(field, message);
+        }
+    }
     if !host.libvirt_socket.is_absolute() {
         p(
             format!("{at}.libvirtSocket"),

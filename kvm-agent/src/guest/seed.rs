@@ -1,5 +1,6 @@
 //! The NoCloud seed of an instance: an ISO 9660 image labelled `cidata` holding
-//! `meta-data`, `user-data` and, when there is any, `vendor-data`.
+//! `meta-data`, `user-data` and, when there is any, `vendor-data`, and for an instance
+//! with a static address its `network-config` ([`crate::guest::network_config`]).
 //!
 //! Built in memory ([`crate::guest::iso9660`]): the agent runs in containers with a
 //! read-only root filesystem, and the image is small (the documents are limited to
@@ -35,8 +36,14 @@ pub fn meta_data(instance_id: &str, hostname: &str) -> String {
     .expect("two strings always serialize")
 }
 
-/// The seed image for an instance with `documents`.
-pub fn build_seed(documents: &SeedDocuments, instance_id: &str, hostname: &str) -> Vec<u8> {
+/// The seed image for an instance with `documents` and, when it has one, the
+/// `network_config` document.
+pub fn build_seed(
+    documents: &SeedDocuments,
+    instance_id: &str,
+    hostname: &str,
+    network_config: Option<&str>,
+) -> Vec<u8> {
     let meta = meta_data(instance_id, hostname);
     let mut files = vec![
         IsoFile {
@@ -52,6 +59,12 @@ pub fn build_seed(documents: &SeedDocuments, instance_id: &str, hostname: &str) 
         files.push(IsoFile {
             name: "vendor-data",
             data: vendor,
+        });
+    }
+    if let Some(network) = network_config {
+        files.push(IsoFile {
+            name: "network-config",
+            data: network.as_bytes(),
         });
     }
     iso9660::build(SEED_LABEL, &files).expect("fixed label and names are valid")
@@ -77,9 +90,9 @@ mod tests {
             user_data: b"#!/bin/sh\n".to_vec(),
             vendor_data: None,
         };
-        let without = build_seed(&docs, "k", "h");
+        let without = build_seed(&docs, "k", "h", None);
         docs.vendor_data = Some(b"#cloud-config\n".to_vec());
-        let with = build_seed(&docs, "k", "h");
+        let with = build_seed(&docs, "k", "h", None);
         let has = |image: &[u8]| image.windows(14).any(|w| w == b"VENDOR-DATA.;1");
         assert!(!has(&without));
         assert!(has(&with));

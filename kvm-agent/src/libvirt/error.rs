@@ -67,6 +67,15 @@ pub enum LibvirtError {
         network: String,
     },
 
+    /// A domain of the agent could not be read while choosing a static address: the
+    /// domains' metadata is the allocation table, and an incomplete table could hand out
+    /// that domain's address.
+    #[error(
+        "cannot choose a static address: a domain of the agent could not be read (it may \
+         hold any address of the range); retry"
+    )]
+    AllocationTableUnreadable,
+
     /// The failure of work shared by several callers (one KVM probe), as each of them
     /// sees it: message, class and reason are the underlying error's.
     #[error(transparent)]
@@ -98,6 +107,9 @@ impl LibvirtError {
                 Classification::new(ErrorClass::QuotaExhausted, "ADDRESSES_EXHAUSTED")
                     .retry_after(ADDRESSES_EXHAUSTED_RETRY)
             }
+            LibvirtError::AllocationTableUnreadable => {
+                Classification::new(ErrorClass::Transient, "ALLOCATION_TABLE_UNREADABLE")
+            }
             LibvirtError::Shared(error) => error.classify(),
         }
     }
@@ -114,7 +126,9 @@ impl LibvirtError {
             LibvirtError::Transport(e) => e.drops_connection(),
             LibvirtError::Shared(error) => error.drops_connection(),
             // libvirt answered: the connection is fine.
-            LibvirtError::NoDhcpRange { .. } | LibvirtError::AddressesExhausted { .. } => false,
+            LibvirtError::NoDhcpRange { .. }
+            | LibvirtError::AddressesExhausted { .. }
+            | LibvirtError::AllocationTableUnreadable => false,
             _ => true,
         }
     }

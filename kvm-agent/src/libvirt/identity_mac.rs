@@ -40,6 +40,17 @@ pub fn mac_for_identity(identity: &str) -> String {
         .join(":")
 }
 
+/// The MAC of the NIC of an instance on a bridge with static addresses: its identity's,
+/// or, without one, one derived from its key the same way (as `key:<key>`, which no
+/// identity can be: identities have no `:`). The seed's `network-config` matches the NIC
+/// by it, so it must be known before the domain exists.
+pub fn static_nic_mac(identity: Option<&str>, key: &str) -> String {
+    match identity {
+        Some(identity) => mac_for_identity(identity),
+        None => mac_for_identity(&format!("key:{key}")),
+    }
+}
+
 /// Whether `mac` (any case) is one the agent derived from an identity.
 pub fn is_identity_mac(mac: &str) -> bool {
     let prefix = format!(
@@ -67,5 +78,8 @@ mod tests {
         assert_eq!(mac.len(), 17);
         // A fixed value: changing the derivation would move every identity's address.
         assert_eq!(mac_for_identity("a"), "76:6b:ca:97:81:12");
+        assert_eq!(static_nic_mac(Some("a"), "k"), mac_for_identity("a"));
+        assert_eq!(static_nic_mac(None, "a"), mac_for_identity("key:a"));
+        assert_ne!(static_nic_mac(None, "a"), static_nic_mac(None, "b"));
     }
 }

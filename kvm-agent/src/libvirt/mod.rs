@@ -11,6 +11,8 @@
 //! - [`identity_mac`]: the MAC of an instance's NIC, derived from its address identity.
 //! - [`reservations`]: the DHCP host reservations that give an identity its address on
 //!   a libvirt network, and their sweep.
+//! - [`static_addresses`]: addresses from a bridge host's static block, with the domains'
+//!   metadata as the allocation table.
 //! - [`error`]: the layer's error type, [`LibvirtError`], which every function here
 //!   fails with (through [`CallFailure`](crate::transport::call::CallFailure)).
 //! - [`host`]: what a hypervisor can run ([`host::capabilities`]) and whether it is ready
@@ -23,6 +25,7 @@ pub mod host;
 pub mod identity_mac;
 pub mod naming;
 pub mod reservations;
+pub mod static_addresses;
 pub mod tags;
 pub(crate) mod volumes;
 pub mod xml;

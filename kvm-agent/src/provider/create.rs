@@ -16,7 +16,10 @@
 //!    (remade when the image or machine type changed in between);
 //! 4. **seed**: any old seed volume deleted, a new one created and the NoCloud image
 //!    (built in memory) uploaded, always, before the domain exists (a cancelled attempt may
-//!    have left a truncated seed, so one is never reused);
+//!    have left a truncated seed, so one is never reused). On a bridge host with a static
+//!    block, the host's allocation lock is taken first and the address chosen
+//!    ([`crate::libvirt::static_addresses`]): the seed's `network-config` configures it,
+//!    and the lock is held until step 5 records it in the domain's metadata;
 //! 5. **define** the domain: file disks whose paths libvirt reported for the volumes,
 //!    the metadata element with key, name, tags, creation time and spec digest;
 //! 6. with an address identity, **reserve** its address: reservations no domain holds
@@ -42,17 +45,20 @@ use tokio::time::Instant;
 
 use crate::config::Attachment;
 use crate::error::Error;
+use crate::guest::network_config::{StaticNetwork, network_config};
 use crate::guest::seed::build_seed;
 use crate::images::cache::BaseImage;
 use crate::libvirt::domains::FoundDomain;
 use crate::libvirt::domains::{self, NicKind};
-use crate::libvirt::identity_mac::mac_for_identity;
+use crate::libvirt::identity_mac::{mac_for_identity, static_nic_mac};
 use crate::libvirt::reservations;
+use crate::libvirt::static_addresses::{self, StaticChoice};
 use crate::libvirt::volumes;
 use crate::libvirt::xml::domain::{DomainSpec, VirtType};
 use crate::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
 use crate::provider::plan::CreatePlan;
 use crate::provider::state::to_contract_instance;
+use crate::provider::sync::AllocationLocks;
 use crate::transport::bulk::upload_volume;
 use crate::transport::call::LibvirtOp;
 use crate::transport::pool::HostPool;
@@ -303,14 +309,65 @@ async fn read(
         })
 }
 
+/// The address `plan` gets from `host`'s static block, chosen from what the host's
+/// domains hold (the caller holds the host's allocation lock); `None` where the host has
+/// no block.
+async fn choose_static(
+    host: &Arc<HostPool>,
+    plan: &CreatePlan,
+    key: &str,
+    deadline: Instant,
+) -> Result<Option<std::net::IpAddr>, Error> {
+    let Some(block) = host.config().static_block().cloned() else {
+        return Ok(None);
+    };
+    let held = host
+        .call(
+            LibvirtOp::new("virConnectListAllDomains"),
+            deadline,
+            static_addresses::held_addresses,
+        )
+        .await?;
+    let choice = static_addresses::choose_static_address(
+        &block,
+        &held,
+        plan.address_identity.as_deref(),
+        plan.requested_address,
+        key,
+    );
+    match choice {
+        StaticChoice::Granted(address) => Ok(Some(address)),
+        StaticChoice::NotInRange => Err(Error::AddressNotInRange {
+            requested: plan
+                .requested_address
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            host: host.name().to_owned(),
+            range: block.describe(),
+        }),
+        StaticChoice::Taken { holder } => Err(Error::AddressTaken {
+            requested: plan
+                .requested_address
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            holder: format!("{}/{holder}", host.name()),
+        }),
+        StaticChoice::Exhausted => Err(Error::StaticAddressesExhausted {
+            host: host.name().to_owned(),
+            range: block.describe(),
+        }),
+    }
+}
+
 /// Steps 3 to 6 on `base`. See the module docs.
 #[allow(clippy::too_many_arguments)]
-pub async fn create_from_base(
+pub(crate) async fn create_from_base(
     host: &Arc<HostPool>,
     plan: &CreatePlan,
     request: &pb::CreateInstanceRequest,
     base: &BaseImage,
     virt_type: VirtType,
+    allocation: &AllocationLocks,
     faults: &FaultHook,
     deadline: Instant,
 ) -> Result<pb::Instance, Error> {
@@ -341,7 +398,34 @@ pub async fn create_from_base(
     );
     faults.after(CreateStep::Overlay)?;
 
-    let seed = build_seed(&plan.documents, &request.key, &plan.hostname);
+    // Held until the define records the address (or until Create fails before it, which
+    // leaves the address free).
+    let allocation_turn = match host.config().static_block() {
+        Some(_) => Some(allocation.lock(host.name(), &request.key, deadline).await?),
+        None => None,
+    };
+    let static_address = choose_static(host, plan, &request.key, deadline).await?;
+    let mac = match static_address {
+        Some(_) => Some(static_nic_mac(
+            plan.address_identity.as_deref(),
+            &request.key,
+        )),
+        None => plan.address_identity.as_deref().map(mac_for_identity),
+    };
+    let network = match (static_address, host.config().static_block(), &mac) {
+        (Some(address), Some(block), Some(mac)) => Some(network_config(&StaticNetwork {
+            mac,
+            address,
+            block,
+        })),
+        _ => None,
+    };
+    let seed = build_seed(
+        &plan.documents,
+        &request.key,
+        &plan.hostname,
+        network.as_deref(),
+    );
     let seed_len = seed.len() as u64;
     let (pool, name) = (storage_pool.clone(), names.seed_volume.clone());
     let seed_path: PathBuf = host
@@ -372,7 +456,7 @@ pub async fn create_from_base(
         overlay_path: overlay.path,
         seed_path,
         attachment: host.config().attachment(),
-        mac: plan.address_identity.as_deref().map(mac_for_identity),
+        mac,
         metadata: InstanceMetadata {
             key: request.key.clone(),
             name: request.name.clone(),
@@ -380,6 +464,7 @@ pub async fn create_from_base(
             proxy_port: request.proxy_port,
             spec_sha256: plan.spec_sha256.clone(),
             address_identity: plan.address_identity.clone(),
+            static_address,
             placement: PlacementRecord {
                 host: host.name().to_owned(),
                 zone: match &plan.location {
@@ -407,6 +492,7 @@ pub async fn create_from_base(
         move |conn| domains::define_domain(conn, &xml),
     )
     .await?;
+    drop(allocation_turn);
     faults.after(CreateStep::Define)?;
 
     // Only now that the domain exists, so that a sweep never finds the reservation

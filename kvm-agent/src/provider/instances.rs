@@ -41,7 +41,7 @@ use crate::provider::create::{self, CreateStep, FaultHook, Where};
 use crate::provider::plan::{CreatePlan, plan_create};
 use crate::provider::room;
 use crate::provider::state::to_contract_instance;
-use crate::provider::sync::KeyLocks;
+use crate::provider::sync::{AllocationLocks, KeyLocks};
 use crate::provider::tags::check_update_tags_request;
 use crate::transport::call::LibvirtOp;
 use crate::transport::pool::{HostPool, Pool};
@@ -56,6 +56,7 @@ pub struct Instances {
     pool: Arc<Pool>,
     images: Arc<ImageCache>,
     key_locks: Arc<KeyLocks>,
+    allocation_locks: Arc<AllocationLocks>,
     virt_types: Arc<VirtTypes>,
     faults: FaultHook,
 }
@@ -70,6 +71,7 @@ impl Instances {
             config,
             pool,
             key_locks: Arc::default(),
+            allocation_locks: Arc::default(),
             virt_types: Arc::default(),
             faults: FaultHook::default(),
         }
@@ -217,6 +219,7 @@ impl Instances {
             request,
             &base,
             virt_type,
+            &self.allocation_locks,
             &self.faults,
             deadline,
         )

@@ -47,6 +47,8 @@ pub struct CreatePlan {
     pub spec_sha256: String,
     /// The address identity asked for.
     pub address_identity: Option<String>,
+    /// The address asked for (only where every host has a static block).
+    pub requested_address: Option<std::net::IpAddr>,
 }
 
 /// Checks `request` and resolves it against `config`. See the module docs.
@@ -111,48 +113,68 @@ pub fn plan_create(
         documents,
         spec_sha256: spec_sha256(request),
         address_identity: request.address_identity.clone(),
+        requested_address: request
+            .requested_address
+            .as_deref()
+            .and_then(|text| validation::parse_requested_address(text).ok()),
     })
 }
 
 /// Whether the agent honours address identities with this configuration: when every
-/// host attaches its instances to a libvirt network, whose DHCP host list the agent
-/// can reserve an address in. A host bridge's DHCP server (if any) is not the agent's,
-/// so it could not keep a promise there. GetCapabilities declares
-/// CAPABILITY_ADDRESS_IDENTITY exactly then.
+/// host either attaches its instances to a libvirt network, whose DHCP host list the
+/// agent can reserve an address in, or to a bridge with a static block
+/// (`staticAddresses`), from which the agent gives addresses itself. A bridge's DHCP
+/// server (if any) is not the agent's, so without a block it could not keep a promise
+/// there. GetCapabilities declares CAPABILITY_ADDRESS_IDENTITY exactly then.
 pub fn address_identities_supported(config: &Config) -> bool {
-    config
-        .hosts
-        .iter()
-        .all(|host| matches!(host.attachment(), Attachment::Network(_)))
+    config.hosts.iter().all(|host| {
+        matches!(host.attachment(), Attachment::Network(_)) || host.static_block().is_some()
+    })
+}
+
+/// Whether the agent honours requested addresses with this configuration: when every
+/// host gives addresses from a static block, where any free address of the block can be
+/// granted at once. GetCapabilities declares CAPABILITY_REQUESTED_ADDRESS exactly then.
+pub fn requested_addresses_supported(config: &Config) -> bool {
+    !config.hosts.is_empty()
+        && config
+            .hosts
+            .iter()
+            .all(|host| host.static_block().is_some())
 }
 
 /// The address fields the agent does not honour with this configuration: refused, as the
 /// contract requires, rather than ignored, so a caller never takes the address a VM
 /// happens to get for one it can keep.
 ///
-/// `requested_address` is never honoured: libvirt's dnsmasq does not hand out a
-/// reserved address while its lease to another MAC (a deleted instance's) has not
-/// expired, and libvirt offers no call to end a lease, so the agent could not give a
-/// released address to another identity as the contract demands.
+/// `requested_address` is honoured only where every host has a static block: libvirt's
+/// dnsmasq does not hand out a reserved address while its lease to another MAC (a
+/// deleted instance's) has not expired, and libvirt offers no call to end a lease, so on
+/// a libvirt network the agent could not give a released address to another identity as
+/// the contract demands.
 fn undeclared_address_fields(
     config: &Config,
     request: &pb::CreateInstanceRequest,
 ) -> impl Iterator<Item = (String, String)> {
     let identity_refused =
         request.address_identity.is_some() && !address_identities_supported(config);
+    let request_refused =
+        request.requested_address.is_some() && !requested_addresses_supported(config);
     [
         (
             "address_identity",
             identity_refused,
             "kvm-agent does not declare CAPABILITY_ADDRESS_IDENTITY here: a host attaches its \
-             instances to a bridge, where the agent cannot reserve an address; leave \
-             address_identity unset (the instance gets an address of its host's network)",
+             instances to a bridge without staticAddresses, where the agent cannot reserve \
+             an address; leave address_identity unset (the instance gets an address of its \
+             host's network), or give that host a static block",
         ),
         (
             "requested_address",
-            request.requested_address.is_some(),
-            "kvm-agent does not declare CAPABILITY_REQUESTED_ADDRESS: leave requested_address \
-             unset (with an address_identity, the instance keeps the address it is given)",
+            request_refused,
+            "kvm-agent does not declare CAPABILITY_REQUESTED_ADDRESS here: a host has no \
+             staticAddresses block; leave requested_address unset (with an \
+             address_identity, the instance keeps the address it is given)",
         ),
     ]
     .into_iter()
@@ -322,7 +344,8 @@ fn unknown<'a>(what: &str, name: &str, known: impl Iterator<Item = &'a str>) -> 
 }
 
 /// SHA-256 (hex) of what must match for a repeated Create to return the same instance:
-/// the placement as requested, cloud-init and the proxy port. Each field is
+/// the placement as requested, cloud-init, the proxy port, and the address identity
+/// and requested address when set. Each field is
 /// length-prefixed, so no two specs encode alike.
 pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
     let mut hash = Sha256::new();
@@ -349,6 +372,9 @@ pub fn spec_sha256(request: &pb::CreateInstanceRequest) -> String {
     // Only when set, so that the digest of an instance made without one is unchanged.
     if let Some(identity) = &request.address_identity {
         field(b"address_identity", identity.as_bytes());
+    }
+    if let Some(requested) = &request.requested_address {
+        field(b"requested_address", requested.as_bytes());
     }
     hex::encode(hash.finalize())
 }
@@ -507,6 +533,49 @@ mod tests {
             "{error:?}"
         );
         assert_eq!(fields(error), ["requested_address"]);
+    }
+
+    fn static_block() -> crate::config::StaticAddresses {
+        crate::config::StaticAddresses {
+            first: "192.0.2.10".parse().unwrap(),
+            last: "192.0.2.20".parse().unwrap(),
+            prefix_length: 24,
+            gateway: None,
+            dns: vec![],
+        }
+    }
+
+    #[test]
+    fn static_blocks_on_every_bridge_host_bring_identities_and_requested_addresses() {
+        let mut with_address = request();
+        with_address.address_identity = Some("uid-1".into());
+        with_address.requested_address = Some("192.0.2.10".into());
+        // One bridge with a block, one network: identities yes, requests no.
+        let mut mixed = config();
+        mixed.hosts[1].bridge = Some("br0".into());
+        mixed.hosts[1].static_addresses = Some(static_block());
+        assert!(address_identities_supported(&mixed));
+        assert!(!requested_addresses_supported(&mixed));
+        assert_eq!(
+            fields(plan_create(&mixed, &with_address).unwrap_err()),
+            ["requested_address"]
+        );
+        // Every host with a block: both, and the request is planned and in the digest.
+        let mut all_static = mixed.clone();
+        for host in &mut all_static.hosts {
+            host.bridge = Some("br0".into());
+            host.static_addresses = Some(static_block());
+        }
+        assert!(requested_addresses_supported(&all_static));
+        let plan = plan_create(&all_static, &with_address).unwrap();
+        assert_eq!(plan.requested_address, Some("192.0.2.10".parse().unwrap()));
+        let mut other = with_address.clone();
+        other.requested_address = Some("192.0.2.11".into());
+        assert_ne!(plan.spec_sha256, spec_sha256(&other));
+        // A block on a host without a bridge counts for nothing.
+        let mut networked = config();
+        networked.hosts[0].static_addresses = Some(static_block());
+        assert!(!requested_addresses_supported(&networked));
     }
 
     #[test]

@@ -57,12 +57,17 @@ pub(crate) const CAPABILITIES: [pb::Capability; 6] = [
     pb::Capability::WatchInstances,
     pb::Capability::UpdateTags,
 ];
-/// [`CAPABILITIES`], and CAPABILITY_ADDRESS_IDENTITY where every host attaches its
-/// instances to a libvirt network (see `plan::address_identities_supported`).
+/// [`CAPABILITIES`], CAPABILITY_ADDRESS_IDENTITY where every host attaches its
+/// instances to a libvirt network or to a bridge with a static block (see
+/// `plan::address_identities_supported`), and CAPABILITY_REQUESTED_ADDRESS where every
+/// host has a static block (`plan::requested_addresses_supported`).
 pub(crate) fn capabilities(config: &crate::config::Config) -> Vec<pb::Capability> {
     let mut all = CAPABILITIES.to_vec();
     if crate::provider::plan::address_identities_supported(config) {
         all.push(pb::Capability::AddressIdentity);
+    }
+    if crate::provider::plan::requested_addresses_supported(config) {
+        all.push(pb::Capability::RequestedAddress);
     }
     all
 }
@@ -386,6 +391,46 @@ mod tests {
             if address.family() == pb::IpFamily::V6 {
                 assert!(CAPABILITIES.contains(&pb::Capability::Ipv6), "{ip}");
             }
+        }
+    }
+
+    /// Address capabilities follow the hosts' attachments: networks give identities,
+    /// static blocks on bridges identities and requested addresses, a bare bridge none.
+    #[test]
+    fn address_capabilities_follow_the_hosts_attachments() {
+        let config =
+            |hosts: &str| crate::config::Config::parse(&format!("hosts:\n{hosts}")).unwrap();
+        let block = "staticAddresses: {first: 192.0.2.10, last: 192.0.2.20, prefixLength: 24}";
+        let table = [
+            ("- {name: a, local: true}\n".to_owned(), true, false),
+            (
+                "- {name: a, local: true, bridge: br0}\n".to_owned(),
+                false,
+                false,
+            ),
+            (
+                format!("- {{name: a, local: true, bridge: br0, {block}}}\n"),
+                true,
+                true,
+            ),
+            (
+                format!(
+                    "- {{name: a, local: true, bridge: br0, {block}}}\n- {{name: b, local: true}}\n"
+                ),
+                true,
+                false,
+            ),
+        ];
+        for (hosts, identity, requested) in table {
+            let declared = capabilities(&config(&hosts));
+            assert_eq!(
+                (
+                    declared.contains(&pb::Capability::AddressIdentity),
+                    declared.contains(&pb::Capability::RequestedAddress)
+                ),
+                (identity, requested),
+                "{hosts}"
+            );
         }
     }
 }

@@ -6,7 +6,11 @@
 //! `shutdown`, `shutoff`, `crashed` and `pmsuspended` are STOPPED.
 //!
 //! Addresses come from [`crate::libvirt::addresses`]; no address yet is PROVISIONING,
-//! not an error. Get, List and Create build their answer through the one
+//! not an error. An instance given a static address (a bridge host's
+//! `staticAddresses`) reports that address first whenever its domain runs, before the
+//! guest reports any and whatever else the guest reports ([`reported_addresses`]); its
+//! state still waits for the guest: RUNNING once the guest reports an address, so
+//! RUNNING keeps meaning the guest's network is up. Get, List and Create build their answer through the one
 //! [`to_contract_instance`], so the same domain always reads the same.
 
 use std::net::IpAddr;
@@ -53,10 +57,27 @@ pub(crate) fn to_contract_address(address: IpAddr) -> pb::Address {
     }
 }
 
+/// The addresses an instance reports: while its domain runs, its static address (if it
+/// has one) first, then what the guest reports (`observed`) without repeating it.
+pub fn reported_addresses(
+    static_address: Option<IpAddr>,
+    state: sys::virDomainState,
+    observed: Vec<IpAddr>,
+) -> Vec<IpAddr> {
+    let running = matches!(state, sys::VIR_DOMAIN_RUNNING | sys::VIR_DOMAIN_BLOCKED);
+    match static_address {
+        Some(address) if running => std::iter::once(address)
+            .chain(observed.into_iter().filter(|a| *a != address))
+            .collect(),
+        _ => observed,
+    }
+}
+
 /// The contract's view of a domain on `host`.
 pub fn to_contract_instance(host: &str, snapshot: DomainSnapshot) -> pb::Instance {
     let (state, message) = instance_state(snapshot.state, !snapshot.addresses.is_empty());
     let metadata = snapshot.metadata;
+    let addresses = reported_addresses(metadata.static_address, snapshot.state, snapshot.addresses);
     let id = InstanceId {
         host: host.to_owned(),
         key: metadata.key.clone(),
@@ -67,11 +88,7 @@ pub fn to_contract_instance(host: &str, snapshot: DomainSnapshot) -> pb::Instanc
         name: metadata.name,
         state: state.into(),
         state_message: message.to_owned(),
-        addresses: snapshot
-            .addresses
-            .into_iter()
-            .map(to_contract_address)
-            .collect(),
+        addresses: addresses.into_iter().map(to_contract_address).collect(),
         create_time: metadata.created.parse().ok(),
         tags: metadata.tags.into_iter().collect(),
         placement: Some(pb::Placement {
@@ -113,6 +130,57 @@ mod tests {
                 instance_state(state, has_address).0,
                 want,
                 "state {state} address {has_address}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_static_address_comes_first_while_the_domain_runs() {
+        let ip = |text: &str| -> IpAddr { text.parse().unwrap() };
+        let fixed = Some(ip("192.0.2.12"));
+        type Case = (
+            Option<IpAddr>,
+            sys::virDomainState,
+            Vec<IpAddr>,
+            Vec<IpAddr>,
+        );
+        let table: Vec<Case> = vec![
+            // Before the guest reports anything.
+            (
+                fixed,
+                sys::VIR_DOMAIN_RUNNING,
+                vec![],
+                vec![ip("192.0.2.12")],
+            ),
+            // Once it does: once, first.
+            (
+                fixed,
+                sys::VIR_DOMAIN_RUNNING,
+                vec![ip("192.0.2.12")],
+                vec![ip("192.0.2.12")],
+            ),
+            // Another address the guest has (a foreign DHCP server's): after it.
+            (
+                fixed,
+                sys::VIR_DOMAIN_BLOCKED,
+                vec![ip("198.51.100.7"), ip("192.0.2.12")],
+                vec![ip("192.0.2.12"), ip("198.51.100.7")],
+            ),
+            // Not running: nothing, like any instance.
+            (fixed, sys::VIR_DOMAIN_SHUTOFF, vec![], vec![]),
+            // No static address: what the guest reports.
+            (
+                None,
+                sys::VIR_DOMAIN_RUNNING,
+                vec![ip("10.0.0.5")],
+                vec![ip("10.0.0.5")],
+            ),
+        ];
+        for (fixed, state, observed, want) in table {
+            assert_eq!(
+                reported_addresses(fixed, state, observed.clone()),
+                want,
+                "{fixed:?} {state} {observed:?}"
             );
         }
     }

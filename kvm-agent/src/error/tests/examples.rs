@@ -384,6 +384,36 @@ pub(super) fn contract_only_table() -> Vec<(Error, egressproxy_provider::ErrorCl
             "ADDRESS_IDENTITY_IN_USE",
         ),
         (
+            Error::AddressNotInRange {
+                requested: "198.51.100.7".into(),
+                host: "hv".into(),
+                range: "192.0.2.10-192.0.2.20/24".into(),
+            },
+            C::InvalidArgument,
+            "ADDRESS_NOT_IN_RANGE",
+        ),
+        (
+            Error::AddressTaken {
+                requested: "192.0.2.11".into(),
+                holder: "hv/k".into(),
+            },
+            C::AlreadyExists,
+            "ADDRESS_TAKEN",
+        ),
+        (
+            Error::StaticAddressesExhausted {
+                host: "hv".into(),
+                range: "192.0.2.10-192.0.2.20/24".into(),
+            },
+            C::QuotaExhausted,
+            "ADDRESSES_EXHAUSTED",
+        ),
+        (
+            Error::Libvirt(LibvirtError::AllocationTableUnreadable),
+            C::Transient,
+            "ALLOCATION_TABLE_UNREADABLE",
+        ),
+        (
             Error::IdentityMacShared {
                 identity: "a".into(),
                 other: "b".into(),

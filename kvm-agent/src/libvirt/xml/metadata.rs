@@ -1,6 +1,6 @@
 //! The agent's record of an instance, kept in the domain's `<metadata>` element under
-//! [`METADATA_NAMESPACE`]: key, name, tags, creation time, placement, proxy port and the
-//! digest of the spec.
+//! [`METADATA_NAMESPACE`]: key, name, tags, creation time, placement, proxy port, the
+//! digest of the spec, and the address identity and static address when it has them.
 //!
 //! libvirt returns the metadata element re-indented and without its namespace prefix
 //! (whatever prefix it was written with), so [`InstanceMetadata::parse`] matches elements by local name and accepts
@@ -45,6 +45,15 @@ pub struct InstanceMetadata {
         skip_serializing_if = "Option::is_none"
     )]
     pub address_identity: Option<String>,
+    /// The address the agent gave the instance from its bridge host's static block
+    /// (`hosts[].staticAddresses`): the domains' metadata is the allocation table, so an
+    /// address is held exactly while a domain records it.
+    #[serde(
+        rename = "@staticAddress",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub static_address: Option<std::net::IpAddr>,
     /// Where and on what the instance runs.
     #[serde(rename(serialize = "egressproxy:placement", deserialize = "placement"))]
     pub placement: PlacementRecord,

@@ -4,6 +4,7 @@ use crate::libvirt::xml::metadata::{NotXmlSafe, PlacementRecord, check_xml_safe}
 fn metadata() -> InstanceMetadata {
     InstanceMetadata {
         address_identity: None,
+        static_address: None,
         key: "uid-1".into(),
         name: "default/egress".into(),
         created: "2026-11-30T01:02:03Z".into(),
