@@ -77,6 +77,11 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let ready = started.elapsed();
+    eprintln!(
+        "all {count} Ready after {:.1} s; now {} s of steady state",
+        ready.as_secs_f64(),
+        STEADY.as_secs()
+    );
     let requests_at_ready =
         total(&apiserver_requests(&env.client).await?) - total(&requests_before);
     let mut control = ControlServiceClient::connect(stack.provider.endpoint().to_owned()).await?;
@@ -98,9 +103,8 @@ async fn main() -> anyhow::Result<()> {
     let peak_rss = stack.memory_kib("VmHWM:")? as f64 / 1024.0;
 
     let deleting = Instant::now();
-    proxies
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
+    let (delete, all) = (DeleteParams::default(), ListParams::default());
+    once_more_on_a_dropped_connection(|| proxies.delete_collection(&delete, &all)).await?;
     support::watch_until(&proxies, "every Proxy deleted", GIVE_UP, |all| {
         all.is_empty()
     })
@@ -218,9 +222,14 @@ async fn settled_rss(stack: &Stack) -> anyhow::Result<f64> {
 
 /// `apiserver_request_total` by verb and resource.
 async fn apiserver_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
+    let text = once_more_on_a_dropped_connection(|| {
+        client.request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("a valid request"),
+        )
+    })
+    .await?;
     let mut requests = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
@@ -275,4 +284,21 @@ fn difference(
         .iter()
         .map(|(key, n)| (key.clone(), n - before.get(key).copied().unwrap_or(0.0)))
         .collect()
+}
+
+/// Runs `call` again once when the connection it was sent on had been dropped: after
+/// the steady period the client's pooled connection may have been closed by the
+/// apiserver while idle, which kube does not retry.
+async fn once_more_on_a_dropped_connection<T, F, Fut>(call: F) -> Result<T, kube::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    match call().await {
+        Err(kube::Error::Service(error)) => {
+            eprintln!("retrying once after a dropped connection: {error}");
+            call().await
+        }
+        outcome => outcome,
+    }
 }
