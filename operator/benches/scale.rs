@@ -91,6 +91,17 @@ async fn main() -> anyhow::Result<()> {
         .into_inner()
         .counts;
 
+    // A Proxy's Service and EndpointSlice are written just after its Ready status: the
+    // last ones are still on their way when the last Proxy is Ready.
+    let published = Instant::now();
+    wait_until_published::<k8s_openapi::api::core::v1::Service>(env, count).await?;
+    wait_until_published::<k8s_openapi::api::discovery::v1::EndpointSlice>(env, count).await?;
+    eprintln!(
+        "every Service and EndpointSlice written {:.1} s later",
+        published.elapsed().as_secs_f64()
+    );
+
+    let requests_before_steady = apiserver_requests(&env.client).await?;
     let writes_before = apiserver_writes(&env.client).await?;
     let status_writes_before = stack.metric("egressproxy_status_writes_total").await?;
     let reconciles_before = stack.metric("egressproxy_reconciles_total").await?;
@@ -100,6 +111,15 @@ async fn main() -> anyhow::Result<()> {
         stack.metric("egressproxy_status_writes_total").await? - status_writes_before;
     let steady_reconciles = stack.metric("egressproxy_reconciles_total").await? - reconciles_before;
     let steady_writes = difference(&apiserver_writes(&env.client).await?, &writes_before);
+    let steady_reads: f64 = difference(
+        &apiserver_requests(&env.client).await?,
+        &requests_before_steady,
+    )
+    .iter()
+    .filter(|(key, _)| key.starts_with("GET ") || key.starts_with("LIST "))
+    .map(|(_, n)| n)
+    .sum::<f64>()
+        + 0.0;
     let peak_rss = stack.memory_kib("VmHWM:")? as f64 / 1024.0;
 
     let deleting = Instant::now();
@@ -120,7 +140,8 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .filter(|(resource, n)| resource.as_str() != "leases" && **n > 0.0)
         .collect();
-    let steady_other_writes: f64 = other_writes.values().copied().sum();
+    // Plus 0.0: an empty sum is -0.0, which prints as "-0".
+    let steady_other_writes: f64 = other_writes.values().copied().sum::<f64>() + 0.0;
     let rss_allowed = rss_baseline + (peak_rss - rss_baseline).max(0.0) * TARGET_RSS_KEPT;
 
     println!(
@@ -151,6 +172,11 @@ async fn main() -> anyhow::Result<()> {
     for (method, n) in &calls {
         println!("  {:<44} {:>12.2}", method, per_proxy(*n as f64));
     }
+    println!(
+        "{:<46} {:>12}   (all clients, the apiserver's own included; no target)",
+        format!("apiserver reads in {} s of steady state", STEADY.as_secs()),
+        steady_reads
+    );
     println!(
         "{:<46} {:>12}   target 0 (lease renewals apart: {lease_renewals})",
         format!("apiserver writes in {} s of steady state", STEADY.as_secs()),
@@ -190,6 +216,45 @@ async fn main() -> anyhow::Result<()> {
         "RSS {rss_after:.1} MiB after all were deleted, over {rss_allowed:.1} MiB"
     );
     Ok(())
+}
+
+/// Waits until the namespace holds `count` objects of kind `K` (the bench's namespace
+/// holds only the operator's: one per Proxy), counted by a list of one item and the
+/// apiserver's count of the rest (which it gives only for a list without a selector;
+/// without it, by a list of them all).
+async fn wait_until_published<K>(
+    env: &egressproxy_integration::kube_env::KubeTestEnv,
+    count: usize,
+) -> anyhow::Result<()>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = env.namespaced();
+    let mine = ListParams::default().limit(1);
+    let deadline = Instant::now() + GIVE_UP;
+    loop {
+        let page = api.list_metadata(&mine).await?;
+        let listed = match page.metadata.remaining_item_count {
+            Some(rest) => page.items.len() + rest as usize,
+            None if page.metadata.continue_.is_some() => {
+                api.list_metadata(&ListParams::default()).await?.items.len()
+            }
+            None => page.items.len(),
+        };
+        if listed >= count {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {listed} of {count} {} written",
+            K::kind(&())
+        );
+        // A count across thousands of objects: a watch would carry every object.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Waits until the operator says it leads (it then runs its controller).
