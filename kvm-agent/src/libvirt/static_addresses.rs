@@ -2,8 +2,9 @@
 //! domains' own metadata as the allocation table.
 //!
 //! Where the table lives: each of the agent's domains on the host records the address
-//! it was given ([`InstanceMetadata::static_address`]), written in the same
-//! `virDomainDefineXML` that makes the domain. There is no other record, so ListInstances
+//! it was given
+//! ([`crate::libvirt::xml::metadata::InstanceMetadata::static_address`]), written in
+//! the same `virDomainDefineXML` that makes the domain. There is no other record, so ListInstances
 //! (the domains) and the allocations cannot disagree: an address is held exactly while a
 //! domain records it, a crash before the define leaves nothing held, one after it leaves
 //! a domain that holds it (and that a retried Create of the key finds and keeps), and a

@@ -10,7 +10,7 @@
 //!    ALREADY_EXISTS too (it is never touched). Another host that cannot answer within a
 //!    few seconds is skipped and logged, so one host down does not stop Creates;
 //! 2. **base image**: the content-addressed base volume, from the image cache;
-//! 3. **overlay** ([`create_from_base`] from here on): a qcow2 overlay on the base file,
+//! 3. **overlay** (`create_from_base` from here on): a qcow2 overlay on the base file,
 //!    as large as the machine type's disk and never smaller than the base; created in one
 //!    libvirt call, reused when an earlier attempt made it for the same base and size
 //!    (remade when the image or machine type changed in between);
