@@ -206,15 +206,13 @@ fn cpu_seconds(pid: u32, ticks_per_second: f64) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat has no command name"))?;
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .map(|&i| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        })
-        .sum();
+    let mut ticks = 0u64;
+    for i in [11, 12] {
+        ticks += fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat has no CPU time field {i}"))?;
+    }
     Ok(ticks as f64 / ticks_per_second)
 }
 

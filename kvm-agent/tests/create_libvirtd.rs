@@ -1098,9 +1098,12 @@ async fn a_static_block_on_a_bridge_gives_concurrent_creates_distinct_addresses(
         request.requested_address = requested.map(str::to_owned);
         request
     };
+    // Both identities' searches start at the same address of the block (the first 8
+    // bytes of their SHA-256, modulo 3, are 0 for both), so without the host's
+    // allocation lock both Creates would choose it.
     let (a, b) = (
         with_identity("uid-static-a", "static-a", None),
-        with_identity("uid-static-b", "static-b", None),
+        with_identity("uid-static-b", "static-b2", None),
     );
     let (made_a, made_b) = tokio::join!(agent.create(&a), agent.create(&b));
     let (made_a, made_b) = (made_a.unwrap(), made_b.unwrap());

@@ -415,6 +415,9 @@ async fn a_steady_proxy_does_not_read_its_service_again() {
         "the log records the first sync's requests"
     );
 
+    // The reconciles the first publish itself set off (its own writes seen by the
+    // watch before the status they follow) are over after two more.
+    h.wait_reconciles(2).await;
     let mark = log.len();
     h.wait_reconciles(3).await;
     let again = log.reads_and_writes_of(mark, &["services", "endpointslices"]);

@@ -4,9 +4,9 @@
 //! Where the table lives: each of the agent's domains on the host records the address
 //! it was given
 //! ([`crate::libvirt::xml::metadata::InstanceMetadata::static_address`]), written in
-//! the same `virDomainDefineXML` that makes the domain. There is no other record, so ListInstances
-//! (the domains) and the allocations cannot disagree: an address is held exactly while a
-//! domain records it, a crash before the define leaves nothing held, one after it leaves
+//! the same `virDomainDefineXML` that makes the domain. There is no other record, so
+//! ListInstances (the domains) and the allocations cannot disagree: an address is held
+//! exactly while a domain records it, a crash before the define leaves nothing held, one after it leaves
 //! a domain that holds it (and that a retried Create of the key finds and keeps), and a
 //! Delete's undefine releases it in the same call. A restarted agent reads the table
 //! back with [`held_addresses`].
@@ -19,11 +19,14 @@
 //! 2. **Nothing unseen is handed out**: when a domain of the agent cannot be read, the
 //!    table is unknown and [`held_addresses`] fails (transient) rather than risk handing
 //!    out that domain's address.
-//! 3. **An identity gets its address back**: an identity's domain keeps its address; an
+//! 3. **An identity is one instance at a time**: a domain of another key that holds the
+//!    identity refuses the choice (`IdentityInUse`, as the identity check before the
+//!    lock does), so two Creates that raced past that check never share an address.
+//! 4. **An identity gets its address back**: an identity's domain keeps its address; an
 //!    identity with no domain left searches from a place derived from the identity, so its
 //!    next instance gets the address it had while no one else took it (or, as with the
 //!    DHCP reservations, an earlier free one its first search skipped).
-//! 4. **A requested address** is granted when it is in the range and no domain holds it;
+//! 5. **A requested address** is granted when it is in the range and no domain holds it;
 //!    otherwise the outcome says why ([`StaticChoice`]).
 
 use std::net::IpAddr;
@@ -61,6 +64,12 @@ pub enum StaticChoice {
     },
     /// Every address of the block is held.
     Exhausted,
+    /// An instance of another key holds the identity (and its address): a Create that
+    /// passed the identity check before taking the allocation lock raced another.
+    IdentityInUse {
+        /// The holder's key.
+        holder: String,
+    },
 }
 
 /// The address for a new instance with `identity` (and `requested`, if asked), given
@@ -72,6 +81,15 @@ pub fn choose_static_address(
     requested: Option<IpAddr>,
     key: &str,
 ) -> StaticChoice {
+    if let Some(identity) = identity
+        && let Some(other) = held
+            .iter()
+            .find(|h| h.identity.as_deref() == Some(identity) && h.key != key)
+    {
+        return StaticChoice::IdentityInUse {
+            holder: other.key.clone(),
+        };
+    }
     if let Some(requested) = requested {
         if !block.contains(requested) {
             return StaticChoice::NotInRange;
@@ -164,11 +182,25 @@ mod tests {
             choose_static_address(&range, &[], Some("id-a"), None, "k2"),
             first
         );
-        // Its domain still holds one: that one.
+        // A domain of this key (a Create retried) holds one: that one.
         let own = [held("192.0.2.13", "k1", Some("id-a"))];
         assert_eq!(
-            choose_static_address(&range, &own, Some("id-a"), None, "k2"),
+            choose_static_address(&range, &own, Some("id-a"), None, "k1"),
             StaticChoice::Granted(ip("192.0.2.13"))
+        );
+        // A domain of another key holds the identity: two Creates raced past the
+        // identity check, and the second must not share the first one's address.
+        assert_eq!(
+            choose_static_address(&range, &own, Some("id-a"), None, "k2"),
+            StaticChoice::IdentityInUse {
+                holder: "k1".into()
+            }
+        );
+        assert_eq!(
+            choose_static_address(&range, &own, Some("id-a"), Some(ip("192.0.2.13")), "k2"),
+            StaticChoice::IdentityInUse {
+                holder: "k1".into()
+            }
         );
         // Another identity never gets a held address.
         let mut all: Vec<HeldAddress> = Vec::new();
@@ -209,9 +241,9 @@ mod tests {
                 "{requested}"
             );
         }
-        // The identity's own address, asked for again, is its own.
+        // The identity's own address, asked for again by its own key, is its own.
         assert_eq!(
-            choose_static_address(&range, &one, Some("id-a"), Some(ip("192.0.2.11")), "k2"),
+            choose_static_address(&range, &one, Some("id-a"), Some(ip("192.0.2.11")), "k1"),
             StaticChoice::Granted(ip("192.0.2.11"))
         );
     }

@@ -356,6 +356,10 @@ async fn choose_static(
             host: host.name().to_owned(),
             range: block.describe(),
         }),
+        StaticChoice::IdentityInUse { holder } => Err(Error::AddressIdentityInUse {
+            identity: plan.address_identity.clone().unwrap_or_default(),
+            holder: format!("{}/{holder}", host.name()),
+        }),
     }
 }
 

@@ -115,6 +115,13 @@ where
                             Some((object, false))
                         }
                         Ok(watcher::Event::Delete(object)) => Some((object, true)),
+                        Ok(watcher::Event::InitDone) => {
+                            // A (re)list names no object deleted while the watch was
+                            // down, and a sync may have run before it: trust nothing
+                            // remembered from before.
+                            ctx.published.all_drifted();
+                            None
+                        }
                         Ok(_) => None,
                         Err(error) => {
                             ctx.published.all_drifted();

@@ -15,10 +15,11 @@
 //!    ran: then the next sync looks again.
 //! 3. The watch of those objects reports every change that is not what the Proxy wants
 //!    ([`drifted`](Published::drifted)), a hand edit or a deletion, before it asks for a
-//!    reconcile, so the reconcile it starts reads and repairs them. While that watch
-//!    fails (no permission in a namespace), each of its errors makes every Proxy's next
-//!    sync read again ([`all_drifted`](Published::all_drifted)): drift there is then
-//!    repaired at the Proxy's next poll, as without this memory.
+//!    reconcile, so the reconcile it starts reads and repairs them. Each (re)list of
+//!    that watch, which names no object deleted while it was down, and each of its
+//!    errors (no permission in a namespace; it retries with backoff) make every Proxy's
+//!    next sync read again ([`all_drifted`](Published::all_drifted)): what changed
+//!    unseen is repaired at the Proxy's first poll after that.
 //!
 //! The memory is a digest per Proxy, dropped with the Proxy's other entries. An
 //! operator that starts has none, so its first sync of each Proxy reads as before.

@@ -106,7 +106,7 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     })
     .await
     {
-        Err(error) if deleting && not_found(&error) && is_gone(&api, &key).await => {
+        Err(error) if deleting && may_be_done(&error) && cleanup_done(&api, &key).await => {
             ctx.forget_state(&key.uid);
             Ok(Action::await_change())
         }
@@ -116,25 +116,28 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     result
 }
 
-/// Whether the cleanup failed on an object the apiserver no longer has.
-fn not_found(error: &kube::runtime::finalizer::Error<Error>) -> bool {
+/// Whether the cleanup may have failed only because an earlier one finished: the
+/// finalizer's removal failed (the copy's finalizer list no longer matches), or a
+/// write met a Proxy the apiserver no longer has.
+fn may_be_done(error: &kube::runtime::finalizer::Error<Error>) -> bool {
     use kube::runtime::finalizer::Error as Finalizer;
-    let api_not_found =
-        |error: &kube::Error| matches!(error, kube::Error::Api(status) if status.code == 404);
     match error {
-        Finalizer::RemoveFinalizer(error) => api_not_found(error),
-        Finalizer::CleanupFailed(Error::Kube(error)) => api_not_found(error),
+        Finalizer::RemoveFinalizer(_) => true,
+        Finalizer::CleanupFailed(Error::Kube(kube::Error::Api(status))) => status.code == 404,
         _ => false,
     }
 }
 
-/// Whether the Proxy `key` names no longer exists (or its name now belongs to
-/// another). Two reconciles of one deleted Proxy can overlap: the later works from
-/// a cached copy and finds the Proxy gone once the earlier removed the finalizer,
-/// which is the cleanup done, not a failure to back off from.
-async fn is_gone(api: &Api<Proxy>, key: &ProxyKey) -> bool {
+/// Whether the Proxy `key` names no longer carries the finalizer: it is gone, its name
+/// belongs to another, or another finalizer alone holds it. A reconcile queued while
+/// an earlier one cleaned up works from a stale copy that still lists the finalizer;
+/// what it meets is the cleanup done, not a failure to back off from.
+async fn cleanup_done(api: &Api<Proxy>, key: &ProxyKey) -> bool {
     match api.get_opt(&key.name).await {
-        Ok(found) => found.is_none_or(|proxy| proxy.uid().as_deref() != Some(key.uid.as_str())),
+        Ok(found) => found.is_none_or(|proxy| {
+            proxy.uid().as_deref() != Some(key.uid.as_str())
+                || !proxy.finalizers().iter().any(|f| f == FINALIZER)
+        }),
         Err(_) => false,
     }
 }
