@@ -3,6 +3,8 @@
 mod common;
 
 use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -69,6 +71,57 @@ async fn local_mode_calls_are_bounded_and_a_stalled_pool_drops_without_blocking(
     );
     assert_eq!(spans_named(trace_id, "virConnectOpen").len(), 2);
     assert!(spans_named(trace_id, "ssh.connect").is_empty());
+}
+
+/// A socket in front of libvirtd that closes the first `shed` connections unread (as a
+/// daemon or sshd shedding load does) and splices the rest to the daemon. Counts them.
+fn shedding_socket(
+    dir: &std::path::Path,
+    daemon: std::path::PathBuf,
+    shed: usize,
+) -> (std::path::PathBuf, Arc<AtomicUsize>) {
+    let socket = dir.join("shedding.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if count.fetch_add(1, Ordering::SeqCst) < shed {
+                drop(client);
+                continue;
+            }
+            let daemon = daemon.clone();
+            tokio::spawn(async move {
+                let mut upstream = tokio::net::UnixStream::connect(daemon).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    (socket, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_shed_while_opening_is_dialled_once_more_and_a_second_shed_is_reported() {
+    let libvirtd = Libvirtd::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let once = dir.path().join("once");
+    std::fs::create_dir(&once).unwrap();
+    let (socket, accepted) = shedding_socket(&once, libvirtd.socket(), 1);
+    let pool = Pool::new(&config(vec![local_host("here", &socket)])).unwrap();
+    let host = pool.host("here").unwrap();
+    assert!(host.lib_version(deadline_in(GENEROUS)).await.unwrap() >= 11_000_000);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+    let always = dir.path().join("always");
+    std::fs::create_dir(&always).unwrap();
+    let (socket, accepted) = shedding_socket(&always, libvirtd.socket(), usize::MAX);
+    let pool = Pool::new(&config(vec![local_host("here", &socket)])).unwrap();
+    let host = pool.host("here").unwrap();
+    let err = host.lib_version(deadline_in(GENEROUS)).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Transient, "{err}");
+    assert!(err.to_string().contains("virConnectOpen"), "{err}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "{err}");
 }
 
 /// `length` bytes of a position-dependent pattern, so misplaced chunks are detected.

@@ -8,7 +8,9 @@
 //! 3. **Isolation.** Hosts share no lock, so a hung host never delays another.
 //! 4. **Redial on transport failure only.** A dead relay, a transport error or a deadline
 //!    drops the connection and the next call dials anew; an error libvirt reports about the
-//!    operation (no such domain, bad XML) keeps it.
+//!    operation (no such domain, bad XML) keeps it. A link that breaks during the
+//!    handshake itself (EOF, broken pipe: the daemon or sshd shed it) is dialled once more
+//!    within the caller's deadline before the failure is reported.
 //! 5. **Bulk on its own connection and session.** [`HostPool::bulk`] dials a dedicated
 //!    libvirt connection for a stream, over a second SSH session of the host. A channel of
 //!    its own is not enough: on a shared session (one TCP stream) a cheap call's packets
@@ -39,6 +41,7 @@ use crate::transport::bulk_runtime;
 use crate::transport::call::{self, CallError, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
 use crate::transport::error::TransportError;
+use crate::transport::libvirt_error::SYSTEM_ERROR;
 use crate::transport::relay::Upstream;
 use crate::transport::ssh::SshSession;
 
@@ -312,24 +315,46 @@ impl HostPool {
             Purpose::Calls => &mut state.calls,
             Purpose::Bulk => &mut state.bulk,
         };
-        let upstream = match &self.config.ssh {
-            Some(_) => Upstream::Ssh {
-                session: self.session(slot, purpose, deadline).await?,
-                remote_socket: self.config.libvirt_socket.clone(),
-            },
-            None => Upstream::Local {
-                host: self.name().to_owned(),
-                socket: self.config.libvirt_socket.clone(),
-            },
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let socket = self.dir.path().join(format!("c{id}.sock"));
-        let op = LibvirtOp::new("virConnectOpen");
-        call::traced(self.name(), &op, async {
-            tracing::Span::current().record("libvirt.connection", id);
-            Connection::open(self.name(), id, socket, upstream, &self.transport, deadline).await
-        })
-        .await
+        let mut fresh_tries_left = 1;
+        loop {
+            let upstream = match &self.config.ssh {
+                Some(_) => Upstream::Ssh {
+                    session: self.session(slot, purpose, deadline).await?,
+                    remote_socket: self.config.libvirt_socket.clone(),
+                },
+                None => Upstream::Local {
+                    host: self.name().to_owned(),
+                    socket: self.config.libvirt_socket.clone(),
+                },
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let socket = self.dir.path().join(format!("c{id}.sock"));
+            let op = LibvirtOp::new("virConnectOpen");
+            let opened = call::traced(self.name(), &op, async {
+                tracing::Span::current().record("libvirt.connection", id);
+                Connection::open(self.name(), id, socket, upstream, &self.transport, deadline).await
+            })
+            .await;
+            match opened {
+                // The link reached the daemon and then broke mid-handshake (EOF, broken
+                // pipe): a busy daemon or sshd shedding one connection, not a host that is
+                // down. One fresh link spares the caller a failed operation; a second
+                // break is reported.
+                Err(TransportError::Libvirt { failure, .. })
+                    if failure.code == SYSTEM_ERROR
+                        && fresh_tries_left > 0
+                        && Instant::now() < deadline =>
+                {
+                    fresh_tries_left -= 1;
+                    tracing::info!(
+                        host = self.name(),
+                        error = %failure.message,
+                        "libvirt connection broke while opening; dialling once more"
+                    );
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The host's SSH session, connected (with backoff after failures) if needed.
