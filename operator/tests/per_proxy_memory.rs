@@ -91,7 +91,10 @@ async fn a_sweep_against_the_live_proxies_empties_every_map_of_the_gone() {
         .lock()
         .unwrap()
         .insert("uid-gone".into(), 2);
-    ctx.published.begin("uid-gone", 1);
+    ctx.published.begin(
+        "uid-gone",
+        &egressproxy_operator::k8s::published::Objects::default(),
+    );
     ctx.poll_backoff.next("uid-live");
     let live = std::collections::HashSet::from(["uid-live".to_owned()]);
     ctx.forget_all_but(|| live.clone());

@@ -427,6 +427,69 @@ async fn a_steady_proxy_does_not_read_its_service_again() {
     );
 }
 
+/// A new Proxy's objects are published twice: before it is Ready (a Service and an
+/// empty slice), then with its address. The second time only the slice differs, and
+/// nothing said it drifted: it is written without reading the Service or listing the
+/// slices again (two requests per new Proxy, which thousands of them pay at once).
+#[tokio::test]
+async fn a_proxy_turning_ready_writes_its_slice_without_reading_again() {
+    let address = first_address();
+    let mut log = None;
+    let h = Harness::start_configured("svc-ready", address, |ctx, env| {
+        let (client, requests) = common::request_log::recording(ctx.client.clone(), &env.namespace);
+        ctx.client = client;
+        log = Some(requests);
+    })
+    .await;
+    let log = log.unwrap();
+    assert!(
+        address.is_ipv4(),
+        "{address}: the empty slice is named -ipv4"
+    );
+    // Nothing answers the health check at first, so the Proxy is published before it
+    // is Ready; then its proxy answers.
+    let port = ProxyStandIn::port().await;
+    let spec = serde_json::json!({"healthCheck": {"periodSeconds": 1, "timeoutSeconds": 1}});
+    h.create("egress", port, spec).await;
+    wait_until(
+        &h.slices(),
+        "egress-ipv4",
+        "the empty slice",
+        |s: Option<&EndpointSlice>| s.is_some(),
+    )
+    .await;
+    let _stand_in = ProxyStandIn::listen(port).await;
+    h.wait_endpoints("egress", &[address]).await;
+
+    // Method and what is asked for: the object's name, or `list`.
+    let asked: Vec<String> = log
+        .reads_and_writes_of(0, &["services", "endpointslices"])
+        .iter()
+        .map(|request| {
+            let (method, path) = request.split_once(' ').unwrap();
+            let path = path.split('?').next().unwrap();
+            let last = path.rsplit('/').next().unwrap();
+            let what = if last == "services" || last == "endpointslices" {
+                "list"
+            } else {
+                last
+            };
+            format!("{method} {what}")
+        })
+        .collect();
+    let published = [
+        "GET egress",
+        "PATCH egress",
+        "GET list",
+        "PATCH egress-ipv4",
+        "PATCH egress-ipv4",
+    ];
+    assert!(
+        asked.len() >= published.len() && asked[..published.len()] == published,
+        "the Service and the empty slice, then the slice with the address: {asked:#?}"
+    );
+}
+
 #[tokio::test]
 async fn a_disabled_service_and_a_deleted_proxy_leave_no_service() {
     let address = first_address();

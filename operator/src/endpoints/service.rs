@@ -19,7 +19,9 @@
 //! 3. **Write only the difference** ([`sync`]): each object that does not match is
 //!    applied (server-side apply, field manager `egressproxy-operator`, forced: these
 //!    objects are the operator's), slices of another family are deleted, and nothing is
-//!    written when everything matches. A port changed by hand is first reset with a
+//!    written when everything matches. [`crate::k8s::published`] spares the reads: a
+//!    sync that wants what the last one wrote does nothing, and one that only changes
+//!    slices' contents (the Proxy turned Ready, its address moved) writes just those. A port changed by hand is first reset with a
 //!    merge patch: the apply would add its port beside the stranger's, and two ports
 //!    named `proxy` are invalid.
 //! 4. **Ownership**: both carry a controller owner reference to the Proxy, so
@@ -42,6 +44,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::context::Context;
 use crate::crd::{Proxy, ProxyService, ProxyStatus, condition};
+use crate::k8s::published::{Begin, Objects};
 use crate::k8s::status::{FIELD_MANAGER, is_true};
 use crate::shared::error::Result;
 
@@ -365,44 +368,75 @@ fn slices_of(name: &str) -> ListParams {
 
 /// Makes the Service and EndpointSlice of `proxy` what its `status` asks, writing only
 /// what differs (module doc, step 3); with nothing wanted, deletes what it owns.
-/// Returns how many objects it wrote or deleted. When its last sync made them exactly
-/// this and no drift was reported since, it reads nothing either
-/// ([`crate::k8s::published`]).
+/// Returns how many objects it wrote or deleted. When no drift was reported since its
+/// last sync, it reads nothing if that sync made them exactly this, and only writes the
+/// slices that changed if nothing else did ([`crate::k8s::published`]).
 pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<u32> {
     let uid = proxy.uid().unwrap_or_default();
     let wanted = desired(proxy, status);
-    let digest = digest(wanted.as_ref());
-    let Some(ticket) = ctx.published.begin(&uid, digest) else {
-        return Ok(0);
+    let objects = digests(wanted.as_ref());
+    let (ticket, written) = match (ctx.published.begin(&uid, &objects), &wanted) {
+        (Begin::Unchanged, _) => return Ok(0),
+        (Begin::SlicesOnly { ticket, slices }, Some(wanted)) => {
+            (ticket, apply_slices(ctx, wanted, &slices).await?)
+        }
+        (Begin::Full { ticket }, Some(wanted)) => {
+            match apply(ctx, wanted).await? {
+                Some(written) => (ticket, written),
+                // Another owner's Service: look again next time.
+                None => return Ok(0),
+            }
+        }
+        (Begin::SlicesOnly { ticket, .. } | Begin::Full { ticket }, None) => {
+            (ticket, withdraw(ctx, proxy).await?)
+        }
     };
-    let written = match &wanted {
-        Some(wanted) => match apply(ctx, wanted).await? {
-            Some(written) => written,
-            // Another owner's Service: look again next time.
-            None => return Ok(0),
-        },
-        None => withdraw(ctx, proxy).await?,
-    };
-    ctx.published.done(&uid, ticket, digest);
+    ctx.published.done(&uid, ticket, objects);
     Ok(written)
 }
 
-/// A digest of what is wanted (nothing, or the objects as they would be applied).
-fn digest(wanted: Option<&Desired>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    if let Some(wanted) = wanted {
-        serde_json::to_vec(&wanted.service)
+/// Digests of what is wanted (nothing, or the objects as they would be applied).
+fn digests(wanted: Option<&Desired>) -> Objects {
+    fn digest<T: serde::Serialize>(object: &T) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        serde_json::to_vec(object)
             .unwrap_or_default()
             .hash(&mut hasher);
-        for slice in &wanted.slices {
-            serde_json::to_vec(slice)
-                .unwrap_or_default()
-                .hash(&mut hasher);
-        }
+        hasher.finish()
     }
-    wanted.is_some().hash(&mut hasher);
-    hasher.finish()
+    let Some(wanted) = wanted else {
+        return Objects::default();
+    };
+    Objects {
+        service: Some(digest(&wanted.service)),
+        slices: wanted
+            .slices
+            .iter()
+            .map(|slice| (slice.name_any(), digest(slice)))
+            .collect(),
+    }
+}
+
+/// Applies the slices of `wanted` named in `names`, reading nothing: the Service and
+/// the other slices are known to be as wanted. Returns how many it wrote.
+async fn apply_slices(ctx: &Context, wanted: &Desired, names: &[String]) -> Result<u32> {
+    let namespace = wanted.service.namespace().unwrap_or_default();
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut writes = 0;
+    for slice in wanted
+        .slices
+        .iter()
+        .filter(|s| names.contains(&s.name_any()))
+    {
+        slices
+            .patch(&slice.name_any(), &params, &Patch::Apply(&typed(slice)))
+            .await?;
+        writes += 1;
+    }
+    ctx.metrics.service_writes(writes);
+    Ok(writes)
 }
 
 /// Makes the objects of `wanted` exist as described, writing only what differs.

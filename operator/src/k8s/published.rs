@@ -7,13 +7,18 @@
 //! requests per Proxy per period, which with thousands of Proxies is the apiserver's
 //! main load. Instead:
 //!
-//! 1. A sync [`begin`](Published::begin)s with a digest of what it wants. When the last
+//! 1. A sync [`begin`](Published::begin)s with digests of what it wants. When the last
 //!    sync of that Proxy wrote exactly that, and nothing said since that the objects
 //!    drifted, there is nothing to do.
-//! 2. Otherwise it reads, writes what differs and records the digest
+//! 2. When the last sync wrote the same Service and slices of the same names, and only
+//!    some slices' contents differ (a Proxy turning Ready, its address changing), it
+//!    writes those slices and reads nothing: nothing said the objects drifted, so they
+//!    are what it wrote ([`Begin::SlicesOnly`]).
+//! 3. Otherwise it reads, writes what differs and records the digests
 //!    ([`done`](Published::done)), unless the objects were reported drifted while it
-//!    ran: then the next sync looks again.
-//! 3. The watch of those objects reports every change that is not what the Proxy wants
+//!    ran: then the next sync looks again. A sync that fails records nothing, so the
+//!    next one reads.
+//! 4. The watch of those objects reports every change that is not what the Proxy wants
 //!    ([`drifted`](Published::drifted)), a hand edit or a deletion, before it asks for a
 //!    reconcile, so the reconcile it starts reads and repairs them. Each (re)list of
 //!    that watch, which names no object deleted while it was down, and each of its
@@ -21,13 +26,42 @@
 //!    next sync read again ([`all_drifted`](Published::all_drifted)): what changed
 //!    unseen is repaired at the Proxy's first poll after that.
 //!
-//! The memory is a digest per Proxy, dropped with the Proxy's other entries. An
+//! The memory is a few digests per Proxy, dropped with the Proxy's other entries. An
 //! operator that starts has none, so its first sync of each Proxy reads as before.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The digest and drift epoch of each Proxy's last sync, by UID.
+/// Digests of a Proxy's objects as a sync wants them (or found them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Objects {
+    /// The Service's digest; `None` when no Service is wanted.
+    pub service: Option<u64>,
+    /// Each EndpointSlice's name and digest.
+    pub slices: Vec<(String, u64)>,
+}
+
+/// What a sync has to do, as [`Published::begin`] decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// The objects are known to be just what is wanted: nothing to read or write.
+    Unchanged,
+    /// The Service and the slices' names are as last written; the slices named here
+    /// differ and are all there is to write. Nothing needs reading.
+    SlicesOnly {
+        /// Hand it back to [`Published::done`].
+        ticket: Ticket,
+        /// The slices to write.
+        slices: Vec<String>,
+    },
+    /// Read the objects and write what differs.
+    Full {
+        /// Hand it back to [`Published::done`].
+        ticket: Ticket,
+    },
+}
+
+/// The digests and drift epoch of each Proxy's last sync, by UID.
 #[derive(Debug, Default)]
 pub struct Published {
     entries: Mutex<HashMap<String, Entry>>,
@@ -36,7 +70,7 @@ pub struct Published {
 #[derive(Debug, Default)]
 struct Entry {
     /// What the last completed sync wrote (or found) everything to be.
-    digest: Option<u64>,
+    written: Option<Objects>,
     /// Bumped by every drift report.
     epoch: u64,
 }
@@ -48,24 +82,40 @@ pub struct Ticket {
 }
 
 impl Published {
-    /// Starts a sync of the Proxy `uid` that wants `digest`: `None` when the objects are
-    /// known to be just that (nothing to read or write).
-    pub fn begin(&self, uid: &str, digest: u64) -> Option<Ticket> {
+    /// Starts a sync of the Proxy `uid` that wants `wanted`.
+    pub fn begin(&self, uid: &str, wanted: &Objects) -> Begin {
         let mut entries = lock(&self.entries);
         let entry = entries.entry(uid.to_owned()).or_default();
-        if entry.digest == Some(digest) {
-            return None;
+        if entry.written.as_ref() == Some(wanted) {
+            return Begin::Unchanged;
         }
-        Some(Ticket { epoch: entry.epoch })
+        let ticket = Ticket { epoch: entry.epoch };
+        // Taken out: should this sync fail half-way, the next one reads.
+        match entry.written.take() {
+            Some(last)
+                if last.service.is_some()
+                    && last.service == wanted.service
+                    && same_names(&last.slices, &wanted.slices) =>
+            {
+                let slices = wanted
+                    .slices
+                    .iter()
+                    .filter(|slice| !last.slices.contains(slice))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                Begin::SlicesOnly { ticket, slices }
+            }
+            _ => Begin::Full { ticket },
+        }
     }
 
-    /// Records that the sync `ticket` made the objects `digest`, unless a drift was
+    /// Records that the sync `ticket` made the objects `written`, unless a drift was
     /// reported since it began (or the Proxy was forgotten).
-    pub fn done(&self, uid: &str, ticket: Ticket, digest: u64) {
+    pub fn done(&self, uid: &str, ticket: Ticket, written: Objects) {
         if let Some(entry) = lock(&self.entries).get_mut(uid)
             && entry.epoch == ticket.epoch
         {
-            entry.digest = Some(digest);
+            entry.written = Some(written);
         }
     }
 
@@ -73,7 +123,7 @@ impl Published {
     /// reads them again, and one under way records nothing.
     pub fn drifted(&self, uid: &str) {
         if let Some(entry) = lock(&self.entries).get_mut(uid) {
-            entry.digest = None;
+            entry.written = None;
             entry.epoch += 1;
         }
     }
@@ -82,7 +132,7 @@ impl Published {
     /// sync reads them again.
     pub fn all_drifted(&self) {
         for entry in lock(&self.entries).values_mut() {
-            entry.digest = None;
+            entry.written = None;
             entry.epoch += 1;
         }
     }
@@ -108,6 +158,10 @@ impl Published {
     }
 }
 
+fn same_names(a: &[(String, u64)], b: &[(String, u64)]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|((a, _), (b, _))| a == b)
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -116,56 +170,128 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    fn objects(service: u64, slices: &[(&str, u64)]) -> Objects {
+        Objects {
+            service: Some(service),
+            slices: slices.iter().map(|(n, d)| ((*n).to_owned(), *d)).collect(),
+        }
+    }
+
+    fn ticket(begin: Begin) -> Ticket {
+        match begin {
+            Begin::Unchanged => panic!("expected a sync"),
+            Begin::SlicesOnly { ticket, .. } | Begin::Full { ticket } => ticket,
+        }
+    }
+
+    fn publish(published: &Published, uid: &str, wanted: &Objects) {
+        let ticket = ticket(published.begin(uid, wanted));
+        published.done(uid, ticket, wanted.clone());
+    }
+
     #[test]
     fn the_same_objects_again_need_no_sync() {
         let published = Published::default();
-        let ticket = published.begin("a", 1).expect("nothing known yet");
-        published.done("a", ticket, 1);
-        assert_eq!(published.begin("a", 1), None);
+        let a = objects(1, &[("p-ipv4", 1)]);
+        assert!(matches!(published.begin("a", &a), Begin::Full { .. }));
+        publish(&published, "a", &a);
+        assert_eq!(published.begin("a", &a), Begin::Unchanged);
         assert!(
-            published.begin("a", 2).is_some(),
-            "other objects are wanted"
+            matches!(published.begin("b", &a), Begin::Full { .. }),
+            "another Proxy"
         );
-        assert!(published.begin("b", 1).is_some(), "another Proxy");
+    }
+
+    #[test]
+    fn only_changed_slices_of_the_same_names_are_written_without_reading() {
+        let published = Published::default();
+        publish(&published, "a", &objects(1, &[("p-ipv4", 1)]));
+        let ready = objects(1, &[("p-ipv4", 2)]);
+        let Begin::SlicesOnly { ticket, slices } = published.begin("a", &ready) else {
+            panic!("only a slice differs");
+        };
+        assert_eq!(slices, ["p-ipv4"]);
+        published.done("a", ticket, ready.clone());
+        assert_eq!(published.begin("a", &ready), Begin::Unchanged);
+    }
+
+    #[test]
+    fn another_service_another_slice_name_or_none_wanted_reads_first() {
+        let published = Published::default();
+        let wanted = [
+            objects(2, &[("p-ipv4", 1)]),
+            objects(1, &[("p-ipv6", 1)]),
+            objects(1, &[("p-ipv4", 1), ("p-ipv6", 1)]),
+            Objects::default(),
+        ];
+        for (i, other) in wanted.iter().enumerate() {
+            let uid = format!("u{i}");
+            publish(&published, &uid, &objects(1, &[("p-ipv4", 1)]));
+            assert!(
+                matches!(published.begin(&uid, other), Begin::Full { .. }),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sync_that_did_not_finish_makes_the_next_one_read() {
+        let published = Published::default();
+        publish(&published, "a", &objects(1, &[("p-ipv4", 1)]));
+        let ready = objects(1, &[("p-ipv4", 2)]);
+        assert!(matches!(
+            published.begin("a", &ready),
+            Begin::SlicesOnly { .. }
+        ));
+        // It failed: no done.
+        assert!(matches!(published.begin("a", &ready), Begin::Full { .. }));
     }
 
     #[test]
     fn a_drift_makes_the_next_sync_look_again() {
         let published = Published::default();
-        let ticket = published.begin("a", 1).unwrap();
-        published.done("a", ticket, 1);
+        let a = objects(1, &[("p-ipv4", 1)]);
+        publish(&published, "a", &a);
         published.drifted("a");
-        assert!(published.begin("a", 1).is_some());
+        assert!(matches!(published.begin("a", &a), Begin::Full { .. }));
+        publish(&published, "a", &a);
+        published.drifted("a");
+        assert!(matches!(
+            published.begin("a", &objects(1, &[("p-ipv4", 2)])),
+            Begin::Full { .. }
+        ));
     }
 
     #[test]
     fn a_drift_during_a_sync_is_not_overwritten_by_it() {
         let published = Published::default();
-        let ticket = published.begin("a", 1).unwrap();
+        let a = objects(1, &[("p-ipv4", 1)]);
+        let ticket = ticket(published.begin("a", &a));
         // The objects changed while the sync ran: what it wrote may be gone already.
         published.drifted("a");
-        published.done("a", ticket, 1);
-        assert!(published.begin("a", 1).is_some());
+        published.done("a", ticket, a.clone());
+        assert!(matches!(published.begin("a", &a), Begin::Full { .. }));
     }
 
     #[test]
     fn a_failing_watch_makes_every_sync_look_again() {
         let published = Published::default();
+        let a = objects(1, &[("p-ipv4", 1)]);
         for uid in ["a", "b"] {
-            let ticket = published.begin(uid, 1).unwrap();
-            published.done(uid, ticket, 1);
+            publish(&published, uid, &a);
         }
         published.all_drifted();
-        assert!(published.begin("a", 1).is_some());
-        assert!(published.begin("b", 1).is_some());
+        assert!(matches!(published.begin("a", &a), Begin::Full { .. }));
+        assert!(matches!(published.begin("b", &a), Begin::Full { .. }));
     }
 
     #[test]
     fn a_forgotten_proxy_records_nothing() {
         let published = Published::default();
-        let ticket = published.begin("a", 1).unwrap();
+        let a = objects(1, &[("p-ipv4", 1)]);
+        let ticket = ticket(published.begin("a", &a));
         published.forget("a");
-        published.done("a", ticket, 1);
+        published.done("a", ticket, a);
         published.drifted("a");
         assert!(published.is_empty());
     }
