@@ -9,8 +9,8 @@
 //! 4. **Redial on transport failure only.** A dead relay, a transport error or a deadline
 //!    drops the connection and the next call dials anew; an error libvirt reports about the
 //!    operation (no such domain, bad XML) keeps it. A link that breaks during the
-//!    handshake itself (EOF, broken pipe: the daemon or sshd shed it) is dialled once more
-//!    within the caller's deadline before the failure is reported.
+//!    handshake itself (EOF, broken pipe, a closed socket: the daemon or sshd shed it) is
+//!    dialled once more within the caller's deadline before the failure is reported.
 //! 5. **Bulk on its own connection and session.** [`HostPool::bulk`] dials a dedicated
 //!    libvirt connection for a stream, over a second SSH session of the host. A channel of
 //!    its own is not enough: on a shared session (one TCP stream) a cheap call's packets
@@ -41,7 +41,6 @@ use crate::transport::bulk_runtime;
 use crate::transport::call::{self, CallError, CallFailure, LibvirtOp};
 use crate::transport::connection::Connection;
 use crate::transport::error::TransportError;
-use crate::transport::libvirt_error::SYSTEM_ERROR;
 use crate::transport::relay::Upstream;
 use crate::transport::ssh::SshSession;
 
@@ -336,14 +335,14 @@ impl HostPool {
             })
             .await;
             match opened {
-                // The link reached the daemon and then broke mid-handshake (EOF, broken
-                // pipe): a busy daemon or sshd shedding one connection, not a host that is
-                // down. One fresh link spares the caller a failed operation; a second
-                // break is reported.
+                // The link broke mid-handshake: a busy daemon or sshd shedding one
+                // connection, not a host that is down. libvirt reports the same shed as a
+                // system error (EOF, broken pipe) or an internal one ("client socket is
+                // closed") depending on which side noticed first, so any transport failure
+                // of the open qualifies. One fresh link spares the caller a failed
+                // operation; a second break is reported.
                 Err(TransportError::Libvirt { failure, .. })
-                    if failure.code == SYSTEM_ERROR
-                        && fresh_tries_left > 0
-                        && Instant::now() < deadline =>
+                    if failure.transport && fresh_tries_left > 0 && Instant::now() < deadline =>
                 {
                     fresh_tries_left -= 1;
                     tracing::info!(
