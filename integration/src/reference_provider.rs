@@ -91,6 +91,11 @@ impl ReferenceProvider {
         let _ = self.child.wait();
     }
 
+    /// The provider's process id (for its CPU time in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `127.0.0.1:PORT`, the form grpcurl takes.
     pub fn address(&self) -> &str {
         self.endpoint.trim_start_matches("http://")

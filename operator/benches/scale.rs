@@ -55,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let rss_baseline = stack.memory_kib("VmRSS:")? as f64 / 1024.0;
 
     let requests_before = apiserver_requests(&env.client).await?;
+    let cpu_before = stack.cpu_by_process()?;
     let started = Instant::now();
     futures::stream::iter(0..count)
         .map(|i| {
@@ -77,13 +78,14 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let ready = started.elapsed();
+    let cpu_until_ready = stack.cpu_by_process()?;
     eprintln!(
         "all {count} Ready after {:.1} s; now {} s of steady state",
         ready.as_secs_f64(),
         STEADY.as_secs()
     );
-    let requests_at_ready =
-        total(&apiserver_requests(&env.client).await?) - total(&requests_before);
+    let requests_by_kind = difference(&apiserver_requests(&env.client).await?, &requests_before);
+    let requests_at_ready = total(&requests_by_kind);
     let mut control = ControlServiceClient::connect(stack.provider.endpoint().to_owned()).await?;
     let calls = control
         .get_call_counts(control::GetCallCountsRequest {})
@@ -164,6 +166,21 @@ async fn main() -> anyhow::Result<()> {
         "apiserver requests per Proxy",
         per_proxy(requests_at_ready)
     );
+    // Where they went: the kinds that make up at least one request in twenty Proxies.
+    for (kind, n) in &requests_by_kind {
+        if per_proxy(*n) >= 0.05 {
+            println!("  {:<44} {:>12.2}", kind, per_proxy(*n));
+        }
+    }
+    println!(
+        "{:<46} {:>10.1} s   ({:.1} s on 2 cores until all Ready)",
+        "CPU time until all Ready",
+        total_cpu(&cpu_until_ready) - total_cpu(&cpu_before),
+        2.0 * ready.as_secs_f64()
+    );
+    for ((process, after), (_, before)) in cpu_until_ready.iter().zip(&cpu_before) {
+        println!("  {:<44} {:>10.1} s", process, after - before);
+    }
     println!(
         "{:<46} {:>12.1}   minimum 2 (Create, Get)",
         "provider calls per Proxy",
@@ -285,7 +302,7 @@ async fn settled_rss(stack: &Stack) -> anyhow::Result<f64> {
     Ok(last as f64 / 1024.0)
 }
 
-/// `apiserver_request_total` by verb and resource.
+/// `apiserver_request_total` by verb and resource (`proxies/status` for a subresource).
 async fn apiserver_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
     let text = once_more_on_a_dropped_connection(|| {
         client.request_text(
@@ -310,7 +327,10 @@ async fn apiserver_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<St
                 .map(|v| v.trim_end_matches('"').to_owned())
                 .unwrap_or_default()
         };
-        let key = format!("{} {}", label("verb"), label("resource"));
+        let mut key = format!("{} {}", label("verb"), label("resource"));
+        if !label("subresource").is_empty() {
+            key = format!("{key}/{}", label("subresource"));
+        }
         *requests.entry(key).or_default() += value.parse::<f64>().unwrap_or(0.0);
     }
     Ok(requests)
@@ -335,6 +355,10 @@ async fn apiserver_writes(client: &kube::Client) -> anyhow::Result<BTreeMap<Stri
         }
     }
     Ok(writes)
+}
+
+fn total_cpu(by_process: &[(&str, f64)]) -> f64 {
+    by_process.iter().map(|(_, seconds)| seconds).sum()
 }
 
 fn total(requests: &BTreeMap<String, f64>) -> f64 {

@@ -670,6 +670,20 @@ async fn status_is_not_rewritten_when_nothing_changes() {
     );
 }
 
+#[tokio::test]
+async fn a_new_proxy_whose_instance_runs_at_once_is_ready_after_two_status_writes() {
+    let provider = ReferenceProvider::start(&["--provisioning-delay", "0s"]).unwrap();
+    let h = Harness::around("two-writes", provider).await;
+    let port = proxy_port().await;
+    h.create("egress", port, serde_json::json!({})).await;
+    h.wait_ready("egress").await;
+    // The next poll starts only once the reconcile that made it Ready has saved.
+    h.wait_calls("GetInstance", 1).await;
+    // The instance key before the Create (so that a crash cannot lose the instance),
+    // then the instance and Ready together: no write in between for the id alone.
+    assert_eq!(status_writes(&h), 2);
+}
+
 fn status_writes(h: &Harness) -> u64 {
     counter(h, "egressproxy_status_writes_total")
 }

@@ -159,15 +159,24 @@ impl Stack {
 
     /// The operator's CPU time (user + system) so far, in seconds.
     pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.operator.id()))?;
-        // Fields after the command name (which may hold spaces) start at state.
-        let rest = stat
-            .rsplit_once(')')
-            .ok_or_else(|| anyhow::anyhow!("bad stat"))?
-            .1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-        Ok(ticks as f64 / clock_ticks() as f64)
+        cpu_seconds_of(self.operator.id())
+    }
+
+    /// CPU time so far (seconds) of each process of the stack, and of the benchmark
+    /// itself: where the machine's cores went.
+    pub(crate) fn cpu_by_process(&self) -> anyhow::Result<Vec<(&'static str, f64)>> {
+        let mut processes = vec![
+            ("operator", self.operator.id()),
+            ("reference provider", self.provider.pid()),
+            ("benchmark (client)", std::process::id()),
+        ];
+        if let Some(pid) = self.env.apiserver().harness_pid() {
+            processes.push(("kube-apiserver and etcd", pid));
+        }
+        processes
+            .into_iter()
+            .map(|(name, pid)| Ok((name, cpu_seconds_of(pid)?)))
+            .collect()
     }
 
     pub(crate) fn stop(self) {
@@ -181,6 +190,19 @@ impl Drop for Stack {
         let _ = self.operator.kill();
         let _ = self.operator.wait();
     }
+}
+
+/// The CPU time (user + system) of process `pid` so far, in seconds.
+fn cpu_seconds_of(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at state.
+    let rest = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("bad stat"))?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(ticks as f64 / clock_ticks() as f64)
 }
 
 fn clock_ticks() -> u64 {

@@ -21,15 +21,15 @@
 //!    objects are the operator's), slices of another family are deleted, and nothing is
 //!    written when everything matches. [`crate::k8s::published`] spares the reads: a
 //!    sync that wants what the last one wrote does nothing, and one that only changes
-//!    slices' contents (the Proxy turned Ready, its address moved) writes just those. A port changed by hand is first reset with a
-//!    merge patch: the apply would add its port beside the stranger's, and two ports
-//!    named `proxy` are invalid.
+//!    slices' contents (the Proxy turned Ready, its address moved) writes just those.
+//!    A port changed by hand is first reset with a merge patch: the apply would add its
+//!    port beside the stranger's, and two ports named `proxy` are invalid.
 //! 4. **Ownership**: both carry a controller owner reference to the Proxy, so
 //!    Kubernetes' garbage collector deletes them with it; cleanup deletes them first
 //!    anyway ([`withdraw`]), so that no traffic goes to a VM being deleted.
 //!
-//! [`crate::endpoints::owned_watch`] reconciles a Proxy whose objects someone changed. A pool's
-//! Service is built and written by the same [`build`] and [`apply`], from a
+//! [`crate::endpoints::owned_watch`] reconciles a Proxy whose objects someone changed.
+//! A pool's Service is built and written by the same [`build`] and [`apply`], from a
 //! [`ServiceFor`] listing every Ready member's address (one slice per family).
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,6 +1,6 @@
 //! Writing a Proxy's status: conditions in `metav1.Condition` form, the phase derived
-//! from them in one place ([`phase`]), applied with server-side apply under one field
-//! manager, and only when something changed.
+//! from them in one place ([`phase`]), written whole under one field manager, and only
+//! when something changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
@@ -84,9 +84,15 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// Applies `status` to `proxy` unless it equals what is already there. Returns
-/// whether a write happened.
-pub async fn apply_if_changed(
+/// Writes `status` to `proxy` unless it equals what is already there. Returns whether a
+/// write happened.
+///
+/// The whole status is replaced by one JSON Patch operation rather than applied
+/// server-side: the operator is its only writer, and for a custom resource the
+/// apiserver spends far more CPU on an apply (merging the applied configuration through
+/// the schema) than on a patch. With thousands of Proxies starting at once, the status
+/// writes were the apiserver's largest cost.
+pub async fn write_if_changed(
     api: &Api<Proxy>,
     proxy: &Proxy,
     status: &ProxyStatus,
@@ -95,17 +101,18 @@ pub async fn apply_if_changed(
         return Ok(false);
     }
     let name = proxy.metadata.name.as_deref().unwrap_or_default();
-    let patch = serde_json::json!({
-        "apiVersion": "egressproxy.dev/v1alpha1",
-        "kind": "Proxy",
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let replace = json_patch::Patch(vec![json_patch::PatchOperation::Add(
+        json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
+            value: serde_json::to_value(status).map_err(kube::Error::SerdeError)?,
+        },
+    )]);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch_status(name, &params, &Patch::Json::<()>(replace))
+        .await?;
     Ok(true)
 }
 

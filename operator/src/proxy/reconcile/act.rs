@@ -148,7 +148,9 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     pass.status.instance_create_time = Some(Time(jiff::Timestamp::now()));
     let message = format!("instance {} created, waiting for it to run", instance.id);
     pass.set(condition::READY, false, "Provisioning", &message);
-    pass.save().await?;
+    // Not saved here: the next pass looks at the instance at once, and the reconcile
+    // saves the status once at its end (after a failure too). A crash before that
+    // loses nothing: the key saved above makes the next Create return this instance.
     Ok(Next::Again)
 }
 

@@ -219,7 +219,7 @@ async fn save(
     status.service_name = service::service_name(proxy);
     let mut current = proxy.clone();
     current.status = saved.clone();
-    if status::apply_if_changed(api, &current, status).await? {
+    if status::write_if_changed(api, &current, status).await? {
         ctx.metrics.status_written();
         *saved = Some(status.clone());
     }
