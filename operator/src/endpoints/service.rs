@@ -22,6 +22,7 @@
 //!    written when everything matches. [`crate::k8s::published`] spares the reads: a
 //!    sync that wants what the last one wrote does nothing, and one that only changes
 //!    slices' contents (the Proxy turned Ready, its address moved) writes just those.
+//!    A new Proxy's first sync lists no slices: none can exist yet.
 //!    A port changed by hand is first reset with a merge patch: the apply would add its
 //!    port beside the stranger's, and two ports named `proxy` are invalid.
 //! 4. **Ownership**: both carry a controller owner reference to the Proxy, so
@@ -381,7 +382,7 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
             (ticket, apply_slices(ctx, wanted, &slices).await?)
         }
         (Begin::Full { ticket }, Some(wanted)) => {
-            match apply(ctx, wanted).await? {
+            match apply_to(ctx, wanted, ever_synced(proxy)).await? {
                 Some(written) => (ticket, written),
                 // Another owner's Service: look again next time.
                 None => return Ok(0),
@@ -439,10 +440,25 @@ async fn apply_slices(ctx: &Context, wanted: &Desired, names: &[String]) -> Resu
     Ok(writes)
 }
 
+/// Whether objects of this Proxy may exist. Each sync follows its reconcile's status
+/// write, so while the Proxy has no status no sync has ever run. A cached copy that
+/// lags behind says so wrongly only for a moment, and [`apply`] still reads the Service
+/// first.
+fn ever_synced(proxy: &Proxy) -> bool {
+    proxy.status.is_some()
+}
+
 /// Makes the objects of `wanted` exist as described, writing only what differs.
 /// Returns how many objects it wrote or deleted; `None` when a Service of that name
 /// exists that another owner controls, which is left alone (and logged).
 pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<Option<u32>> {
+    apply_to(ctx, wanted, true).await
+}
+
+/// [`apply`]; with `ever_synced` false and no Service found, the slices are not listed:
+/// slices of this owner exist only after a sync that made its Service, so there is no
+/// stale one to delete. A new Proxy's first sync thus reads the Service alone.
+async fn apply_to(ctx: &Context, wanted: &Desired, ever_synced: bool) -> Result<Option<u32>> {
     let namespace = wanted.service.namespace().unwrap_or_default();
     let owner = controller_uid(&wanted.service.metadata).unwrap_or_default();
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -480,10 +496,14 @@ pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<Option<u32>> {
         writes += 1;
     }
 
-    let listed = slices.list(&slices_of(&name)).await?;
+    let listed = if ever_synced || current.is_some() {
+        slices.list(&slices_of(&name)).await?.items
+    } else {
+        Vec::new()
+    };
     for slice in &wanted.slices {
         let slice_name = slice.name_any();
-        let existing = listed.items.iter().find(|s| s.name_any() == slice_name);
+        let existing = listed.iter().find(|s| s.name_any() == slice_name);
         if existing.is_none_or(|existing| !slice_matches(slice, existing)) {
             slices
                 .patch(&slice_name, &params, &Patch::Apply(&typed(slice)))
@@ -492,7 +512,6 @@ pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<Option<u32>> {
         }
     }
     for stale in listed
-        .items
         .iter()
         .filter(|s| !wanted.slices.iter().any(|w| w.name_any() == s.name_any()))
     {
