@@ -88,10 +88,9 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 /// write happened.
 ///
 /// The whole status is replaced by one JSON Patch operation rather than applied
-/// server-side: the operator is its only writer, and for a custom resource the
-/// apiserver spends far more CPU on an apply (merging the applied configuration through
-/// the schema) than on a patch. With thousands of Proxies starting at once, the status
-/// writes were the apiserver's largest cost.
+/// server-side: the operator is its only writer, so an apply's field ownership buys
+/// nothing, and the apiserver spends more CPU on it (merging the applied configuration
+/// through the schema), which counts when thousands of Proxies start at once.
 pub async fn write_if_changed(
     api: &Api<Proxy>,
     proxy: &Proxy,
