@@ -19,16 +19,20 @@
 //! - [`kvm_agent`]: `kvm-agent serve` as a separate process.
 //! - [`otlp_http`]: an OTLP/HTTP trace receiver (protobuf or JSON, plain or TLS).
 //! - [`process`]: daemons as process trees: pause, resume, stop on drop.
+//! - [`cpu`]: the machine's and the guests' CPU time, for benchmarks.
 //! - [`netns`]: network namespaces the tests make, and sockets and commands inside them.
 //! - [`relay`]: TCP relays from a network namespace to the host's loopback.
 //! - [`cluster`]: a single-node Kubernetes cluster (kubelet, containerd, kube-proxy,
 //!   CoreDNS) on the shared kube-apiserver, its node networking in a namespace of its own.
+
+#![forbid(unsafe_code)]
 
 pub mod alerts;
 pub mod certificates;
 pub mod chaos;
 pub mod chart_pod;
 pub mod cluster;
+pub mod cpu;
 pub mod e2e;
 pub mod garbage_collector;
 pub mod helm;

@@ -100,3 +100,41 @@ fn a_go_client_generated_as_documented_walks_the_reference_provider() {
         assert!(walked.contains(step), "{step:?} missing from:\n{walked}");
     }
 }
+
+/// The `go install` lines of `docs/contract.md` and of the Go client's comment name the
+/// plugin versions the tools script builds, which the test above runs: a newcomer who
+/// copies the documented commands gets the code CI proved.
+#[test]
+fn the_documented_plugin_versions_are_the_ones_ci_builds() {
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap();
+    let script = read("integration/tools/install-go-tools.sh");
+    let pinned = |variable: &str| {
+        script
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{variable}=")))
+            .unwrap_or_else(|| panic!("install-go-tools.sh sets no {variable}"))
+            .trim()
+            .to_owned()
+    };
+    let wanted = [
+        format!(
+            "go install google.golang.org/protobuf/cmd/protoc-gen-go@{}",
+            pinned("PROTOC_GEN_GO_VERSION")
+        ),
+        format!(
+            "go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@{}",
+            pinned("PROTOC_GEN_GO_GRPC_VERSION")
+        ),
+    ];
+    for document in ["docs/contract.md", "integration/go-client/main.go"] {
+        let text = read(document);
+        let documented: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.find("go install ").map(|at| line[at..].trim_end()))
+            .collect();
+        assert_eq!(
+            documented, wanted,
+            "{document}'s `go install` lines differ from install-go-tools.sh's versions"
+        );
+    }
+}

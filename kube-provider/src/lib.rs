@@ -19,6 +19,8 @@
 //! `placement` → `node_room`, `pod_spec`, `instance`, `record`, `kube_errors`) and
 //! `port_lock` → `config`; `tests/layer_rule.rs` checks it.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod instance;
 pub mod kube_errors;

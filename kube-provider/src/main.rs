@@ -3,6 +3,8 @@
 //! shutdown), reaching the apiserver as its pod's ServiceAccount or, outside a cluster,
 //! through the kubeconfig. Prints `listening on ADDR` once it accepts connections.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -58,11 +60,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr()?;
+    let stop = shutdown_signal();
     println!("listening on {address}");
     tracing::info!(%address, namespace = %config.namespace, "kube provider serving");
     ProviderServer::new(KubeProvider::new(client, config))
         .with_tls(tls)
-        .serve(listener, shutdown_signal())
+        .serve(listener, stop)
         .await?;
     Ok(())
 }

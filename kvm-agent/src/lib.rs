@@ -67,6 +67,8 @@
 //! [`guest::seed`] builds the seed; [`provider::create`] runs the steps in order, each a
 //! [`libvirt`] function run through [`transport::pool::HostPool::call`].
 
+#![forbid(unsafe_code)]
+
 pub use egressproxy_provider as contract;
 
 pub mod classification;

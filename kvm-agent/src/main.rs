@@ -1,5 +1,7 @@
 //! The `kvm-agent` command.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -300,12 +302,13 @@ async fn serve(
         tracing::info!(address = %metrics_address, "serving /metrics");
         tokio::spawn(serve_metrics(metrics));
     }
+    let stop = shutdown_signal();
     println!("listening on {address}");
     tracing::info!(%address, hosts = config.hosts.len(), "kvm-agent serving");
     ProviderServer::new(provider)
         .with_call_observer(kvm_agent::metrics::call_observer())
         .with_tls(tls)
-        .serve(listener, shutdown_signal())
+        .serve(listener, stop)
         .await?;
     Ok(())
 }

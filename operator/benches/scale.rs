@@ -9,8 +9,9 @@
 //! - the writes to the apiserver in a steady period afterwards, longer than a health
 //!   check period so every Proxy is checked again (target: none but the leader Lease's
 //!   renewals, which are printed apart);
-//! - the operator's RSS once every Proxy is deleted, beside its RSS before the first
-//!   was created (target: within 25% of the growth of its peak over that baseline).
+//! - the operator's RSS once every Proxy is deleted and it has handed freed memory back
+//!   (`egressproxy_allocator_trims_total`), beside its RSS before the first was created
+//!   (target: within 25% of the growth of its peak over that baseline).
 //!
 //! Run: `make bench` (or `cargo build --release --workspace --bins && cargo bench -p
 //! egressproxy-operator --bench scale`). `SCALE_PROXIES` changes the count.
@@ -124,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         + 0.0;
     let peak_rss = stack.memory_kib("VmHWM:")? as f64 / 1024.0;
 
+    let trims_before = stack.metric("egressproxy_allocator_trims_total").await?;
     let deleting = Instant::now();
     let (delete, all) = (DeleteParams::default(), ListParams::default());
     once_more_on_a_dropped_connection(|| proxies.delete_collection(&delete, &all)).await?;
@@ -132,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let deleted = deleting.elapsed();
+    wait_for_trim(&stack, trims_before).await?;
     let rss_after = settled_rss(&stack).await?;
     stack.stop();
 
@@ -283,6 +286,26 @@ async fn wait_for_leader(stack: &Stack) -> anyhow::Result<()> {
         }
         anyhow::ensure!(Instant::now() < deadline, "the operator never led");
         // Its HTTP endpoint and metric are all there is to look at.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the operator has handed freed memory back to the system since
+/// `trims_before` and no forgotten Proxy awaits a trim (it trims once Proxies stop being
+/// forgotten for a moment).
+async fn wait_for_trim(stack: &Stack, trims_before: f64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + GIVE_UP;
+    loop {
+        let trims = stack.metric("egressproxy_allocator_trims_total").await?;
+        let pending = stack.metric("egressproxy_allocator_trim_pending").await?;
+        if trims > trims_before && pending == 0.0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the operator never trimmed its allocator"
+        );
+        // Its metrics are all there is to look at.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

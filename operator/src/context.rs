@@ -19,6 +19,7 @@ use crate::k8s::published::Published;
 use crate::providers::Providers;
 use crate::shared::backoff::Backoff;
 use crate::shared::liveness::Liveness;
+use crate::shared::memory::Trimmer;
 use crate::shared::metrics::Metrics;
 
 /// Default interval of the slow retry after a permanent error whose cause lies
@@ -68,6 +69,9 @@ pub struct Context {
     /// cannot be written after that `forget`'s own report.
     reporting: Mutex<()>,
     events: EventPublisher,
+    /// Gives freed memory back once Proxies stop being forgotten; `main` spawns its
+    /// task.
+    pub trimmer: Trimmer,
 }
 
 impl std::fmt::Debug for Context {
@@ -103,6 +107,7 @@ impl Context {
             published: Published::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
+            trimmer: Trimmer::new(metrics.clone()),
             liveness: Arc::default(),
             metrics,
             max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
@@ -181,6 +186,7 @@ impl Context {
         self.events.forget(uid);
         self.metrics.set_phase(uid, None);
         self.report_memory();
+        self.trimmer.mark();
     }
 
     /// Drops the entries of every Proxy that `live` (the UIDs of the Proxies the store

@@ -3,11 +3,14 @@
 //! 1. Start-up: check every flag (durations within [`limits`]), load the provider
 //!    config (fail fast on a bad file), serve `/metrics`, `/healthz` and `/readyz`.
 //! 2. Wait for the leader lease.
-//! 3. As leader: run the Proxy and ProxyPool controllers, the garbage collector and the provider config
-//!    reload until SIGTERM or until leadership is lost.
+//! 3. As leader: run the Proxy and ProxyPool controllers, the garbage collector and the
+//!    provider config reload until SIGTERM or until leadership is lost, and the allocator
+//!    trim beside them (it hands back memory freed by deleted Proxies).
 //! 4. On SIGTERM: let running reconciles finish, then release the lease so another
 //!    replica takes over at once, and exit 0. On lost leadership: exit non-zero so the
 //!    replica restarts as a candidate.
+
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -171,6 +174,11 @@ async fn main() -> anyhow::Result<()> {
         Context::new(client, providers, cluster_name, metrics.clone()).with_liveness(liveness);
     ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
     let ctx = Arc::new(ctx);
+    // The trimmer's task only waits and trims: it needs no stopping of its own.
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move { ctx.trimmer.run().await }
+    });
     tracing::info!(
         namespaces = %scope,
         "egressproxy operator started"
@@ -218,8 +226,9 @@ async fn main() -> anyhow::Result<()> {
 /// needed would miss a signal that came in between (and the process would run on).
 fn listen_for_shutdown() -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
     let (tell, told) = tokio::sync::watch::channel(false);
+    let signalled = shutdown_signal();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signalled.await;
         tracing::info!("shutting down: finishing running reconciles");
         let _ = tell.send(true);
     });

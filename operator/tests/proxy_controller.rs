@@ -83,6 +83,20 @@ impl Harness {
         .unwrap()
     }
 
+    /// Creates an instance at the provider directly, as a lost or foreign Create would
+    /// have; returns its id.
+    async fn create_instance(&self, request: pb::CreateInstanceRequest) -> String {
+        self.provider_client()
+            .await
+            .create_instance(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .instance
+            .unwrap()
+            .id
+    }
+
     async fn control(&self) -> ControlServiceClient<tonic::transport::Channel> {
         ControlServiceClient::connect(self.provider.endpoint().to_owned())
             .await
@@ -224,6 +238,15 @@ async fn proxy_port() -> u16 {
         }
     });
     port
+}
+
+/// The placement every test Proxy asks for.
+fn small_placement() -> pb::Placement {
+    pb::Placement {
+        location: None,
+        machine_type: "small".into(),
+        image: "debian-12".into(),
+    }
 }
 
 fn proxy(name: &str, port: u16, extra_spec: serde_json::Value) -> Proxy {
@@ -671,17 +694,21 @@ async fn status_is_not_rewritten_when_nothing_changes() {
 }
 
 #[tokio::test]
-async fn a_new_proxy_whose_instance_runs_at_once_is_ready_after_two_status_writes() {
+async fn a_new_proxy_whose_instance_runs_at_once_is_ready_after_one_status_write() {
     let provider = ReferenceProvider::start(&["--provisioning-delay", "0s"]).unwrap();
-    let h = Harness::around("two-writes", provider).await;
+    let h = Harness::around("one-write", provider).await;
     let port = proxy_port().await;
     h.create("egress", port, serde_json::json!({})).await;
-    h.wait_ready("egress").await;
+    let ready = h.wait_ready("egress").await;
     // The next poll starts only once the reconcile that made it Ready has saved.
     h.wait_calls("GetInstance", 1).await;
-    // The instance key before the Create (so that a crash cannot lose the instance),
-    // then the instance and Ready together: no write in between for the id alone.
-    assert_eq!(status_writes(&h), 2);
+    // The finalizer added just before the Create is what says an instance may exist;
+    // the instance and Ready are then written together, with no status write before.
+    assert_eq!(status_writes(&h), 1);
+    assert_eq!(
+        ready.metadata.finalizers.as_deref(),
+        Some(&["egressproxy.dev/instance".to_string()][..])
+    );
 }
 
 fn status_writes(h: &Harness) -> u64 {
@@ -929,7 +956,19 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
         reason(&failed, "Ready").as_deref(),
         Some("ProviderNotConfigured")
     );
-    // An instance made while the provider was still configured.
+    // An instance made while the provider was still configured, and the finalizer
+    // added before it was made.
+    let finalizer = serde_json::json!({"metadata": {"finalizers": [
+        egressproxy_operator::proxy::reconcile::FINALIZER
+    ]}});
+    h.proxies()
+        .patch(
+            "orphaned",
+            &PatchParams::default(),
+            &Patch::Merge(&finalizer),
+        )
+        .await
+        .unwrap();
     let recorded =
         serde_json::json!({"status": {"providerId": "vm-on-retired", "instanceKey": "k-0"}});
     h.proxies()
@@ -1003,11 +1042,7 @@ async fn plant_under_first_key(h: &Harness, cluster: &str) -> (String, String) {
             ("egressproxy.dev/uid".to_string(), uid.clone()),
         ]
         .into(),
-        placement: Some(pb::Placement {
-            location: None,
-            machine_type: "small".into(),
-            image: "debian-12".into(),
-        }),
+        placement: Some(small_placement()),
         cloud_init: Some(pb::CloudInit {
             user_data: b"#cloud-config\n# planted\n".to_vec(),
             vendor_data: None,
@@ -1015,16 +1050,7 @@ async fn plant_under_first_key(h: &Harness, cluster: &str) -> (String, String) {
         proxy_port: u32::from(port),
         ..Default::default()
     };
-    let planted = h
-        .provider_client()
-        .await
-        .create_instance(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap()
-        .id;
+    let planted = h.create_instance(request).await;
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "user-data"},
         "stringData": {"v": "#cloud-config\n# the Proxy's own\n"},
@@ -1242,5 +1268,61 @@ async fn a_provider_without_kept_addresses_gets_no_identity_and_refuses_a_chosen
         h.instances().await.len(),
         1,
         "no instance for the refused Proxy"
+    );
+}
+
+/// A Proxy holding the finalizer may have an instance its status never recorded (the
+/// operator stopped between the Create and the status write that follows it): its
+/// deletion finds that instance by its tags and deletes it.
+#[tokio::test]
+async fn deleting_a_proxy_that_holds_the_finalizer_deletes_an_instance_its_status_never_recorded() {
+    let h = Harness::start("unrecorded").await;
+    let port = proxy_port().await;
+    // An image no host offers stops every reconcile before a Create, so the instance
+    // made below stands alone for the one whose Create answer was lost.
+    let mut held = proxy(
+        "egress",
+        port,
+        serde_json::json!({"placement": {"image": "no-such-image"}}),
+    );
+    held.metadata.finalizers = Some(vec![
+        egressproxy_operator::proxy::reconcile::FINALIZER.to_owned(),
+    ]);
+    h.proxies()
+        .create(&PostParams::default(), &held)
+        .await
+        .unwrap();
+    let failed = h
+        .wait_for("egress", "Failed", |p| phase(p) == Some(Phase::Failed))
+        .await;
+    let status = failed.status.clone().unwrap();
+    assert_eq!((status.instance_key, status.provider_id), (None, None));
+    let uid = failed.metadata.uid.clone().unwrap();
+    let request = pb::CreateInstanceRequest {
+        key: format!("{uid}-0"),
+        tags: [
+            ("egressproxy.dev/cluster", h.cluster.as_str()),
+            ("egressproxy.dev/namespace", h.env.namespace.as_str()),
+            ("egressproxy.dev/name", "egress"),
+            ("egressproxy.dev/uid", uid.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+        placement: Some(small_placement()),
+        proxy_port: u32::from(port),
+        ..Default::default()
+    };
+    let lost = h.create_instance(request).await;
+
+    h.proxies()
+        .delete("egress", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_deleted("egress", "the Proxy gone").await;
+    let left: Vec<String> = h.instances().await.into_iter().map(|i| i.id).collect();
+    assert!(
+        !left.contains(&lost),
+        "the unrecorded instance {lost} leaked: {left:?}"
     );
 }

@@ -446,6 +446,10 @@ async fn a_proxy_with_a_mistyped_provider_is_deleted_without_an_annotation() {
         "the error names the provider"
     );
     assert_eq!(status.instance_key, None, "nothing was ever created");
+    assert_eq!(
+        failed.metadata.finalizers, None,
+        "no finalizer before a call that may create an instance"
+    );
     h.proxies()
         .delete("egress", &DeleteParams::default())
         .await

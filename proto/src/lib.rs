@@ -16,6 +16,8 @@
 //! - [`reference`](mod@reference): an in-memory provider with fault injection, the example to copy.
 //! - [`conformance`]: checks any provider must pass, run against a live endpoint.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod conformance;
 mod deadline;

@@ -24,6 +24,8 @@
 //! [`LayerRule::violations`] asks them all and words the answers, each with its file
 //! and line where it has one; a crate's test is `rule.assert_holds()`.
 
+#![forbid(unsafe_code)]
+
 mod folders;
 mod source;
 mod words;

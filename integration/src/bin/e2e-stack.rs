@@ -10,6 +10,8 @@
 //!
 //! Usage: `e2e-stack --state-dir DIR` (its pid goes to `DIR/pid`).
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -188,16 +188,19 @@ impl Cluster {
             dir,
         };
         let dir = cluster.dir.path().to_owned();
-        let sandbox = &images[0].name;
-        let containerd = Containerd::start(&dir, &cluster.mounts, sandbox)?;
-        for image in images {
-            containerd.import(image)?;
-        }
+        // The apiserver's port came from the host's ephemeral range, so a daemon of the
+        // node (containerd's streaming server binds port 0) could take the same port in
+        // the namespace: the relay binds it while nothing else runs there.
         cluster.relay = Some(apiserver_route::relay(
             runtime.handle(),
             cluster.network.netns().name(),
             apiserver.port()?,
         )?);
+        let sandbox = &images[0].name;
+        let containerd = Containerd::start(&dir, &cluster.mounts, sandbox)?;
+        for image in images {
+            containerd.import(image)?;
+        }
         let kubelet_relay =
             LoopbackRelay::start_into(runtime.handle(), cluster.network.netns().name())?;
         let kubelet_port = kubelet_relay.port();

@@ -3,7 +3,8 @@
 //! - [`follow_listed`]: the addresses the pool's EndpointSlices list as ready (what
 //!   kube-proxy spreads connections over);
 //! - [`follow_members`]: each member Proxy's readiness, instance and adoption;
-//! - [`follow_pool`]: the pool's status (its Ready spares, its members' addresses).
+//! - [`follow_pool`]: the pool's status (its Ready spares, its members' addresses);
+//! - [`follow_ready_proxies`]: which of the run's Proxies are Ready, pool or not.
 //!
 //! Proxies and pools are read as dynamic objects: this crate does not depend on the
 //! operator's types, only on the fields the CRD documents.
@@ -107,6 +108,23 @@ pub fn follow_members(stack: &Stack, pool: &str) -> Timeline<Vec<MemberView>> {
             .collect();
         members.sort_by(|a, b| a.name.cmp(&b.name));
         members
+    })
+}
+
+/// Follows the names of the run's Ready Proxies, sorted.
+pub fn follow_ready_proxies(stack: &Stack) -> Timeline<Vec<String>> {
+    let proxies = resource("Proxy");
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(stack.kube.client.clone(), &stack.kube.namespace, &proxies);
+    follow(api, proxies, |objects| {
+        let mut ready: Vec<String> = objects
+            .iter()
+            .map(|p| MemberView::of(p))
+            .filter(|m| m.ready)
+            .map(|m| m.name)
+            .collect();
+        ready.sort();
+        ready
     })
 }
 

@@ -1,6 +1,8 @@
 //! Prints the CRDs (Proxy, then ProxyPool) as one YAML stream. Its output is checked in
 //! at `charts/egressproxy/files/crds.yaml`; `make generate-check` fails on drift.
 
+#![forbid(unsafe_code)]
+
 use egressproxy_operator::crd::{Proxy, ProxyPool};
 use kube::CustomResourceExt;
 

@@ -27,12 +27,13 @@ use crate::{
     endpoints::owned_watch, proxy::memory_sweep, proxy::secret_watch, proxy::watch_report,
 };
 
-/// What makes a Proxy worth reconciling: its spec (generation), its finalizers and
-/// deletion, the abandon annotation and the retry-now annotation.
+/// What makes a Proxy worth reconciling: its spec (generation), its deletion, the
+/// abandon annotation and the retry-now annotation. Not its finalizers: the reconcile
+/// adds its own while it runs, and a second reconcile on that change would work from
+/// a copy without the status the first one is about to write.
 fn reconcile_trigger(proxy: &Proxy) -> u64 {
     let mut hasher = DefaultHasher::new();
     proxy.metadata.generation.hash(&mut hasher);
-    proxy.finalizers().hash(&mut hasher);
     proxy
         .metadata
         .deletion_timestamp

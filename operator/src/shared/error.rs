@@ -70,9 +70,6 @@ pub enum Error {
         /// What is wrong and what to do.
         problem: String,
     },
-    /// The finalizer helper failed.
-    #[error("finalizer")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
 /// What the controller does after an error.
@@ -172,7 +169,7 @@ impl Error {
             Error::Connect { .. } => class("ProviderConfigInvalid", Backoff, Fix),
             Error::CloudInitSecret { .. } => class("CloudInitSecretUnavailable", Backoff, Tell),
             Error::UnsupportedSpec { .. } => class("InvalidSpec", OnSpecChange, Fix),
-            Error::Kube(_) | Error::Finalizer(_) => class("KubernetesApiError", Backoff, NotNeeded),
+            Error::Kube(_) => class("KubernetesApiError", Backoff, NotNeeded),
         }
     }
 

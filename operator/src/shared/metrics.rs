@@ -20,7 +20,11 @@
 //!   sent, by type (`UPDATED`, `DELETED`, `SYNCED`, `RESTARTED`);
 //! - `egressproxy_tracked_proxies{map}`: Proxies with an entry in each per-Proxy map
 //!   kept in memory; it falls back to the number of live Proxies after deletes
-//!   (a leak shows here).
+//!   (a leak shows here);
+//! - `egressproxy_allocator_trims_total`: times the operator handed freed memory back
+//!   to the system after Proxies were forgotten ([`super::memory`]);
+//!   `egressproxy_allocator_trim_pending`: 1 from a Proxy forgotten until the trim that
+//!   follows.
 //!
 //! The phase gauge is kept incrementally: a phase change moves one Proxy from one
 //! label to another, in constant time, and a deleted Proxy leaves every label.
@@ -101,6 +105,8 @@ pub struct Metrics {
     proxies: Family<PhaseLabels, Gauge>,
     status_writes: Counter,
     service_writes: Counter,
+    allocator_trims: Counter,
+    allocator_trim_pending: Gauge,
     is_leader: Gauge,
     config_reloads: Family<ReloadLabels, Counter>,
     tracked: Family<MapLabels, Gauge>,
@@ -122,6 +128,8 @@ impl Default for Metrics {
             proxies: Family::default(),
             status_writes: Counter::default(),
             service_writes: Counter::default(),
+            allocator_trims: Counter::default(),
+            allocator_trim_pending: Gauge::default(),
             is_leader: Gauge::default(),
             config_reloads: Family::default(),
             tracked: Family::default(),
@@ -153,6 +161,16 @@ impl Default for Metrics {
             "service_writes",
             "Writes and deletes of Proxies' Services and EndpointSlices",
             metrics.service_writes.clone(),
+        );
+        registry.register(
+            "allocator_trims",
+            "Times freed memory was handed back to the system after Proxies were forgotten",
+            metrics.allocator_trims.clone(),
+        );
+        registry.register(
+            "allocator_trim_pending",
+            "1 from a Proxy forgotten until the allocator trim that follows",
+            metrics.allocator_trim_pending.clone(),
         );
         registry.register(
             "is_leader",
@@ -226,6 +244,16 @@ impl Metrics {
     /// Counts `writes` writes or deletes of Services and EndpointSlices.
     pub fn service_writes(&self, writes: u32) {
         self.service_writes.inc_by(u64::from(writes));
+    }
+
+    /// Sets whether memory freed by forgotten Proxies awaits a trim.
+    pub fn set_allocator_trim_pending(&self, pending: bool) {
+        self.allocator_trim_pending.set(i64::from(pending));
+    }
+
+    /// Counts one trim of the allocator.
+    pub fn allocator_trimmed(&self) {
+        self.allocator_trims.inc();
     }
 
     /// Sets whether this replica leads.

@@ -5,10 +5,12 @@
 //! - [`limits`]: the bounds of every duration setting.
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
+//! - [`memory`]: gives the system back what the allocator keeps after a burst of work.
 
 pub mod backoff;
 pub mod error;
 pub mod http;
 pub mod limits;
 pub mod liveness;
+pub mod memory;
 pub mod metrics;

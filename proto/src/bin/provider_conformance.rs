@@ -2,6 +2,8 @@
 //! endpoint and exits non-zero when a check fails. On Ctrl-C (or SIGTERM) it stops,
 //! deletes what the run created, and exits 130.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

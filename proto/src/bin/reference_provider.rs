@@ -6,6 +6,8 @@
 //! as an example gets no way to break it over the network). Prints `listening on ADDR`
 //! once it accepts connections (useful with `--listen 127.0.0.1:0`).
 
+#![forbid(unsafe_code)]
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -171,8 +173,9 @@ async fn main() -> anyhow::Result<()> {
         );
         server = server.with_service(ControlService::new(provider).into_server());
     }
+    let stop = shutdown_signal();
     println!("listening on {address}");
     tracing::info!(%address, "reference provider serving");
-    server.serve(listener, shutdown_signal()).await?;
+    server.serve(listener, stop).await?;
     Ok(())
 }

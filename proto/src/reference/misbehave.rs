@@ -51,6 +51,8 @@ pub enum Misbehaviour {
     CancelledAtDeadline,
     /// An unset cloud_init and an empty one are different specs (ALREADY_EXISTS).
     UnsetCloudInitDiffers,
+    /// An unset vendor_data and an empty one are the same spec.
+    UnsetVendorDataEqualsEmpty,
     /// The name is compared in an idempotent Create.
     NameCompared,
     /// The tags are compared in an idempotent Create.
@@ -89,6 +91,8 @@ pub enum Misbehaviour {
     AcceptsForeignPageToken,
     /// ListInstances ignores `page_size` (pages of 100).
     IgnorePageSize,
+    /// Page sizes are capped at 2, below the contract's floor of 1000 for a cap.
+    PageSizeCappedLow,
     /// A page_size over 1000 is INVALID_ARGUMENT instead of clamped.
     RefusesLargePageSize,
     /// A Create arriving within a second of another's new instance returns that instance.
@@ -127,6 +131,8 @@ pub enum Misbehaviour {
     StatusMessageMismatch,
     /// RESOURCE_EXHAUSTED carries no ErrorInfo.
     ExhaustedWithoutErrorInfo,
+    /// FAILED_PRECONDITION carries no ErrorInfo.
+    PreconditionWithoutErrorInfo,
     /// ALREADY_EXISTS carries a RetryInfo, a code callers do not retry after a delay.
     RetryInfoOnConflict,
     /// The first CreateInstance answers UNAVAILABLE with no details at all.
@@ -190,6 +196,8 @@ pub enum Misbehaviour {
     TagsUpdateListStale,
     /// UpdateInstanceTags changes the tags of a DELETING instance.
     TagsUpdateWhileDeleting,
+    /// UpdateInstanceTags checks only `tags` against the limits, not `expected_tags`.
+    ExpectedTagsUnchecked,
 }
 
 impl Misbehaviour {
@@ -211,7 +219,9 @@ impl Misbehaviour {
             M::UnboundedEcho => "huge-input-bounded",
             M::CancelledAtDeadline => "server-deadline",
             M::UnsetCloudInitDiffers | M::NameCompared | M::TagsCompared => "create-idempotent",
-            M::ResolvedPlacementCompared | M::CloudInitNotCompared => "create-conflict",
+            M::ResolvedPlacementCompared
+            | M::CloudInitNotCompared
+            | M::UnsetVendorDataEqualsEmpty => "create-conflict",
             M::MissingIsPermanent => "get-missing",
             M::EmptyIdNotFound => "empty-id",
             M::RunningWithoutAddress => "becomes-running",
@@ -225,7 +235,9 @@ impl Misbehaviour {
             M::ListStateDisagrees | M::NoCreateTimeInList => "list-get-agree",
             M::CyclingPageToken => "paging-walks-once",
             M::AcceptsForeignPageToken => "foreign-page-token",
-            M::IgnorePageSize | M::RefusesLargePageSize => "page-size-honoured",
+            M::IgnorePageSize | M::RefusesLargePageSize | M::PageSizeCappedLow => {
+                "page-size-honoured"
+            }
             M::MergesConcurrentCreates => "concurrent-creates-distinct-keys",
             M::RacyCreate => "concurrent-creates-one-key",
             M::OrphansCancelledCreate => "cancelled-create-converges",
@@ -240,6 +252,7 @@ impl Misbehaviour {
             | M::StatusMessageMismatch
             | M::TransientWithoutErrorInfo
             | M::ExhaustedWithoutErrorInfo
+            | M::PreconditionWithoutErrorInfo
             | M::RetryInfoOnConflict => "errors-well-formed",
             M::DeletesForeign => "foreign-instance-survives",
             M::LocationsUndeclared => "capabilities-match-behaviour",
@@ -265,7 +278,7 @@ impl Misbehaviour {
                 "update-tags-compare-and-set"
             }
             M::TagsUpdateNotAtomic => "update-tags-concurrent",
-            M::TagsUpdateWhileDeleting => "update-tags-errors",
+            M::TagsUpdateWhileDeleting | M::ExpectedTagsUnchecked => "update-tags-errors",
         }
     }
 
@@ -336,6 +349,11 @@ impl Misbehaviour {
                 Status::with_details(status.code(), status.message(), rpc.encode_to_vec().into())
             }
             Misbehaviour::ExhaustedWithoutErrorInfo if status.code() == Code::ResourceExhausted => {
+                Status::new(status.code(), status.message())
+            }
+            Misbehaviour::PreconditionWithoutErrorInfo
+                if status.code() == Code::FailedPrecondition =>
+            {
                 Status::new(status.code(), status.message())
             }
             Misbehaviour::RetryInfoOnConflict if status.code() == Code::AlreadyExists => {

@@ -410,6 +410,9 @@ impl MemoryProvider {
         validation::check_list_request(request)?;
         let page_size = match request.page_size {
             _ if self.breaks(Misbehaviour::IgnorePageSize) => paging::DEFAULT_PAGE_SIZE,
+            _ if self.breaks(Misbehaviour::PageSizeCappedLow) => {
+                paging::page_size(request.page_size, paging::DEFAULT_PAGE_SIZE).min(2)
+            }
             Some(size)
                 if size as usize > paging::MAX_PAGE_SIZE
                     && self.breaks(Misbehaviour::RefusesLargePageSize) =>
@@ -465,11 +468,16 @@ impl MemoryProvider {
 
     /// The spec a Create is compared by (see [`Spec`]), or as a misbehaviour compares.
     fn spec(&self, request: &pb::CreateInstanceRequest, resolved: &pb::Placement) -> Spec {
-        let cloud_init = if self.breaks(Misbehaviour::UnsetCloudInitDiffers) {
+        let mut cloud_init = if self.breaks(Misbehaviour::UnsetCloudInitDiffers) {
             request.cloud_init.clone()
         } else {
             Some(request.cloud_init.clone().unwrap_or_default())
         };
+        if self.breaks(Misbehaviour::UnsetVendorDataEqualsEmpty)
+            && let Some(cloud_init) = cloud_init.as_mut()
+        {
+            cloud_init.vendor_data = cloud_init.vendor_data.take().filter(|v| !v.is_empty());
+        }
         Spec {
             placement: if self.breaks(Misbehaviour::ResolvedPlacementCompared) {
                 Some(resolved.clone())

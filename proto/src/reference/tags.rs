@@ -65,7 +65,14 @@ impl MemoryProvider {
         &self,
         request: pb::UpdateInstanceTagsRequest,
     ) -> Result<pb::Instance, ProviderError> {
-        validation::check_update_tags_request(&request)?;
+        if self.breaks(Misbehaviour::ExpectedTagsUnchecked) {
+            validation::check_update_tags_request(&pb::UpdateInstanceTagsRequest {
+                expected_tags: HashMap::new(),
+                ..request.clone()
+            })?;
+        } else {
+            validation::check_update_tags_request(&request)?;
+        }
         if !self.breaks(Misbehaviour::TagsUpdateNotAtomic) {
             return self.compare_and_set_tags(&request, true);
         }

@@ -239,18 +239,32 @@ impl ProviderServer {
     }
 }
 
-/// A future that completes on SIGINT or SIGTERM, for [`ProviderServer::serve`].
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Starts listening for SIGINT and SIGTERM, and returns a future that completes once one
+/// arrived, for [`ProviderServer::serve`]. Call it before the process says it serves:
+/// until a listener is installed, a signal ends the process at once (the default
+/// action), without draining a call or flushing a span. An `async fn` would install it
+/// only when first polled, which a server may do after it already answered a call.
+///
+/// # Panics
+///
+/// Outside a Tokio runtime with the signal driver enabled (`enable_all`), where
+/// installing the handlers fails.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler cannot fail on unix");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let installing = "installing a signal handler cannot fail on unix inside a runtime";
+        let mut term = signal(SignalKind::terminate()).expect(installing);
+        let mut interrupt = signal(SignalKind::interrupt()).expect(installing);
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -71,7 +71,7 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
     }
 }
 
-/// Checks the placement, reads the cloud-init input, records the key (so a crash
+/// Checks the placement, reads the cloud-init input, adds the finalizer (so a crash
 /// during the call leaves a trace that an instance may exist), then creates.
 async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     if let Some(next) = adopt::adopt_spare(pass).await? {
@@ -91,7 +91,12 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     let cloud_init = observe::cloud_init(pass.ctx, pass.key, pass.proxy).await?;
     let key = pass.key.instance_key(pass.status.replacements);
     pass.status.instance_key = Some(key.clone());
-    pass.save().await?;
+    pass.guard_instance().await?;
+    // A member told to adopt a spare reads the recorded key to know that its first
+    // Create may have happened, and must not adopt after it: record it first.
+    if adopt::told_to_adopt(pass.proxy) {
+        pass.save().await?;
+    }
     let request = pb::CreateInstanceRequest {
         key,
         name: pass.key.to_string(),
@@ -150,7 +155,8 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     pass.set(condition::READY, false, "Provisioning", &message);
     // Not saved here: the next pass looks at the instance at once, and the reconcile
     // saves the status once at its end (after a failure too). A crash before that
-    // loses nothing: the key saved above makes the next Create return this instance.
+    // loses nothing: the key comes from the saved replacement count, so the next
+    // Create returns this instance, and the finalizer makes a deletion look for it.
     Ok(Next::Again)
 }
 

@@ -104,6 +104,7 @@ pub(super) async fn adopt_spare(pass: &mut Pass<'_>) -> Result<Option<Next>> {
             Adoption::Ours => return adopted(pass, instance.unwrap_or_default()).await,
             Adoption::Cold(why) => return cold(pass, &id, why).await,
             Adoption::Take => {
+                pass.guard_instance().await?;
                 let expected = instance
                     .as_ref()
                     .map(|i| i.tags.clone())
@@ -123,6 +124,11 @@ pub(super) async fn adopt_spare(pass: &mut Pass<'_>) -> Result<Option<Next>> {
         }
     }
     cold(pass, &id, "its tags kept changing").await
+}
+
+/// Whether `proxy` was created to adopt a spare (it carries the annotation).
+pub(super) fn told_to_adopt(proxy: &Proxy) -> bool {
+    proxy.annotations().contains_key(ADOPT_INSTANCE_ANNOTATION)
 }
 
 /// The UID of the object that controls `proxy` (its pool).

@@ -1,18 +1,18 @@
 //! Cleanup of a Proxy being deleted.
 //!
-//! 1. Nothing was ever created for it (no instance id and no instance key recorded:
-//!    the key is recorded before every Create call): the finalizer just goes, without
-//!    asking the provider, which may not even be configured (a mistyped
-//!    `spec.provider`).
-//! 2. Otherwise every instance recorded or tagged with its UID is deleted
-//!    (NOT_FOUND is success), then the finalizer goes.
+//! It runs only for a Proxy that carries the finalizer, which is added just before the
+//! first call that may create an instance ([`super::finalizer`]): a Proxy refused
+//! before that (a mistyped `spec.provider`) goes without asking any provider.
+//!
+//! 1. The Proxy's Service and EndpointSlice go first, so that no workload is sent to
+//!    a VM being deleted.
+//! 2. Every instance recorded or tagged with its UID is deleted (NOT_FOUND is
+//!    success), then the finalizer goes. The tags find an instance whose Create
+//!    answer never arrived or was never recorded (a crash in between).
 //! 3. If that fails (its provider is no longer configured, unreachable, cannot list),
 //!    the finalizer stays (the VM would leak) until the annotation
 //!    `egressproxy.dev/abandon-instance: "true"` says to leave the VM behind (see
 //!    [`super::abandon`]).
-//!
-//! 0. First the Proxy's Service and EndpointSlice go, so that no workload is sent to a
-//!    VM being deleted.
 //!
 //! When the finalizer goes, every in-memory entry of the Proxy goes with it.
 
@@ -81,21 +81,12 @@ async fn withdraw_service(ctx: &Context, proxy: &Proxy, key: &ProxyKey, status: 
     }
 }
 
-/// Whether an instance may exist for this Proxy.
-fn ever_created(status: &ProxyStatus) -> bool {
-    status.provider_id.is_some() || status.instance_key.is_some()
-}
-
 async fn delete_everything(
     proxy: &Proxy,
     key: &ProxyKey,
     ctx: &Context,
     status: &ProxyStatus,
 ) -> Result<Action> {
-    if !ever_created(status) {
-        tracing::info!(proxy = %key, "no instance was ever created: nothing to delete");
-        return Ok(Action::await_change());
-    }
     let provider = ctx
         .providers
         .get(&proxy.spec.provider)
@@ -124,20 +115,4 @@ async fn delete_everything(
             .await;
     }
     Ok(Action::await_change())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_instance_may_exist_once_a_key_or_id_is_recorded() {
-        let mut status = ProxyStatus::default();
-        assert!(!ever_created(&status));
-        status.instance_key = Some("uid-0".into());
-        assert!(ever_created(&status));
-        status.instance_key = None;
-        status.provider_id = Some("i-1".into());
-        assert!(ever_created(&status));
-    }
 }

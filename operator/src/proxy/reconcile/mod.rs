@@ -1,18 +1,19 @@
-//! Reconciling one Proxy, in the style of kube-rs's controller-rs: the finalizer
-//! helper splits apply from cleanup, and apply runs passes of three steps.
+//! Reconciling one Proxy, in the style of kube-rs's controller-rs: a deleted Proxy is
+//! cleaned up, any other runs passes of three steps.
 //!
-//! 1. **Resolve** the Proxy's UID, namespace and name once into a [`ProxyKey`]; the
-//!    finalizer `egressproxy.dev/instance` is added before anything is created, so a
-//!    crash never leaks a VM.
+//! 1. **Resolve** the Proxy's UID, namespace and name once into a [`ProxyKey`]. A
+//!    deleted Proxy is cleaned up (`cleanup`) if it carries the finalizer
+//!    `egressproxy.dev/instance`, which is added just before the first call that may
+//!    create an instance (`finalizer`), so a crash never leaks a VM.
 //! 2. **Observe** ([`observe`]): the provider (looked up, contract version checked),
 //!    the recorded instance (GetInstance) and its proxy (the health check), each once.
 //! 3. **Plan** ([`plan::plan`]): a pure function of spec, status and observation to
 //!    one [`Step`]: create, replace (placement changed, stopped, vanished), wait for
 //!    the instance, or record the health check. Its table is in `docs/operator.md`.
 //! 4. **Act** (`act`): perform that step. A Create checks the placement, reads the
-//!    cloud-init Secret, records the key `<uid>-<replacements>` in status, calls
-//!    CreateInstance and records the id; the same key returns the same VM, so a
-//!    crash anywhere is harmless; a Create refused for room says which locations
+//!    cloud-init Secret, adds the finalizer, calls CreateInstance with the key
+//!    `<uid>-<replacements>` and records the id; the same key returns the same VM, so
+//!    a crash anywhere is harmless; a Create refused for room says which locations
 //!    the placement allows and what each lacks ([`no_room`]). After a Create (or a placement replacement) the
 //!    pass runs again at once; every other step ends the reconcile with a requeue.
 //!
@@ -34,8 +35,6 @@
 //!
 //! After the status, the Proxy's Service and EndpointSlice are made to match it
 //! ([`crate::endpoints::service`]), again only where something differs.
-//!
-//! Cleanup (the Proxy is being deleted) is in `cleanup`.
 
 mod abandon;
 mod act;
@@ -43,6 +42,7 @@ pub mod adopt;
 mod cleanup;
 mod egress_address;
 mod egress_observed;
+mod finalizer;
 pub mod key;
 mod next;
 pub mod no_room;
@@ -55,8 +55,8 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 
+pub use self::finalizer::FINALIZER;
 pub use self::key::ProxyKey;
 use self::next::Next;
 pub use self::plan::Step;
@@ -74,8 +74,6 @@ const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
 /// then the new instance's first look).
 const MAX_PASSES: usize = 4;
 
-/// The finalizer that guards every Proxy's VM.
-pub const FINALIZER: &str = "egressproxy.dev/instance";
 /// Annotation that lets a Proxy whose VM cannot be deleted (its provider gone or
 /// broken) be deleted, leaving its VM.
 pub const ABANDON_ANNOTATION: &str = "egressproxy.dev/abandon-instance";
@@ -97,34 +95,42 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
     record_trace_id();
     let key = ProxyKey::of(&proxy);
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let deleting = proxy.metadata.deletion_timestamp.is_some();
-    let result = match finalizer(&api, FINALIZER, proxy, |event| async {
-        match event {
-            FinalizerEvent::Apply(proxy) => apply(&proxy, &key, &ctx, &api).await,
-            FinalizerEvent::Cleanup(proxy) => cleanup::cleanup(&proxy, &key, &ctx, &api).await,
-        }
-    })
-    .await
-    {
-        Err(error) if deleting && may_be_done(&error) && cleanup_done(&api, &key).await => {
-            ctx.forget_state(&key.uid);
-            Ok(Action::await_change())
-        }
-        result => result.map_err(|error| Error::Finalizer(Box::new(error))),
+    let result = if proxy.metadata.deletion_timestamp.is_none() {
+        apply(&proxy, &key, &ctx, &api).await
+    } else if finalizer::holds(&proxy) {
+        clean_up(&proxy, &key, &ctx, &api).await
+    } else {
+        // No instance was ever asked for: nothing to delete.
+        ctx.forget_state(&key.uid);
+        Ok(Action::await_change())
     };
     ctx.report_memory();
     result
 }
 
-/// Whether the cleanup may have failed only because an earlier one finished: the
-/// finalizer's removal failed (the copy's finalizer list no longer matches), or a
-/// write met a Proxy the apiserver no longer has.
-fn may_be_done(error: &kube::runtime::finalizer::Error<Error>) -> bool {
-    use kube::runtime::finalizer::Error as Finalizer;
-    match error {
-        Finalizer::RemoveFinalizer(_) => true,
-        Finalizer::CleanupFailed(Error::Kube(kube::Error::Api(status))) => status.code == 404,
-        _ => false,
+/// Deletes what the deleted Proxy has, then lets it go by removing the finalizer.
+async fn clean_up(
+    proxy: &Proxy,
+    key: &ProxyKey,
+    ctx: &Context,
+    api: &Api<Proxy>,
+) -> Result<Action> {
+    let removed = match cleanup::cleanup(proxy, key, ctx, api).await {
+        Ok(action) => finalizer::remove_from(api, proxy).await.map(|()| action),
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 404 => {
+            Err(kube::Error::Api(status))
+        }
+        Err(error) => return Err(error),
+    };
+    match removed {
+        Ok(action) => Ok(action),
+        // The finalizer's removal (or a write of the cleanup) may have met the work of
+        // an earlier reconcile, queued while it ran and handed a stale copy.
+        Err(_) if cleanup_done(api, key).await => {
+            ctx.forget_state(&key.uid);
+            Ok(Action::await_change())
+        }
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -135,8 +141,7 @@ fn may_be_done(error: &kube::runtime::finalizer::Error<Error>) -> bool {
 async fn cleanup_done(api: &Api<Proxy>, key: &ProxyKey) -> bool {
     match api.get_opt(&key.name).await {
         Ok(found) => found.is_none_or(|proxy| {
-            proxy.uid().as_deref() != Some(key.uid.as_str())
-                || !proxy.finalizers().iter().any(|f| f == FINALIZER)
+            proxy.uid().as_deref() != Some(key.uid.as_str()) || !finalizer::holds(&proxy)
         }),
         Err(_) => false,
     }
@@ -170,6 +175,8 @@ pub(super) struct Pass<'a> {
     status: ProxyStatus,
     /// The status as last written (or read), to skip writes that change nothing.
     saved: Option<ProxyStatus>,
+    /// Whether the Proxy carries the finalizer (read, or added by this reconcile).
+    guarded: bool,
 }
 
 impl Pass<'_> {
@@ -188,6 +195,16 @@ impl Pass<'_> {
 
     async fn publish(&self, type_: EventType, reason: &str, note: &str) {
         self.ctx.publish(self.proxy, type_, reason, note).await;
+    }
+
+    /// Adds the finalizer unless the Proxy has it: called just before every provider
+    /// call that may leave an instance behind.
+    async fn guard_instance(&mut self) -> Result<()> {
+        if !self.guarded {
+            finalizer::add_to(self.api, self.proxy).await?;
+            self.guarded = true;
+        }
+        Ok(())
     }
 
     /// Writes the status (with its derived phase) if it changed.
@@ -247,6 +264,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
         provider,
         saved: proxy.status.clone(),
         status,
+        guarded: finalizer::holds(proxy),
     };
     let outcome = passes(&mut pass).await;
     pass.status.observed_generation = proxy.metadata.generation;

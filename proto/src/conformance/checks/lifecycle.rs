@@ -105,6 +105,22 @@ impl Suite<'_> {
                 cloud_init.user_data.extend_from_slice(b"\n# changed\n");
             }
             cases.push(("another cloud_init.user_data", request));
+            // An unset vendor_data is no vendor-data at all; an empty one is a document
+            // that says nothing. Only a provider that takes vendor-data compares them.
+            if self
+                .capabilities()
+                .await?
+                .contains(&pb::Capability::VendorData)
+            {
+                let mut request = self.request("conflict");
+                if let Some(cloud_init) = request.cloud_init.as_mut() {
+                    cloud_init.vendor_data = Some(Vec::new());
+                }
+                cases.push((
+                    "an empty cloud_init.vendor_data where the first left it unset",
+                    request,
+                ));
+            }
         }
         // The placement is compared as requested: asking for the location the provider
         // chose is another request than leaving the choice to it (and the reverse).

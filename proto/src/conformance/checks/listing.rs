@@ -11,6 +11,9 @@ use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, TAG, describe, walk};
 use crate::pb;
 
+/// The lowest cap on `page_size` the contract allows a provider.
+const MIN_PAGE_CAP: usize = 1000;
+
 impl walk::PageSource for Suite<'_> {
     async fn page(
         &mut self,
@@ -236,7 +239,7 @@ impl Suite<'_> {
             }
         }
         let selector = self.ledger.selector();
-        walk::pages(self, selector, Some(u32::MAX))
+        let pages = walk::pages(self, selector, Some(u32::MAX))
             .await
             .map_err(|error| {
                 Outcome::fail(
@@ -248,6 +251,22 @@ impl Suite<'_> {
                     error.got,
                 )
             })?;
+        // A cap is at least 1000, and the suite's instances are far from filling the
+        // 4 MiB a page may hold: fewer than 1000 of them come in one page.
+        let listed: usize = pages.iter().map(Vec::len).sum();
+        if pages.len() > 1 && listed < MIN_PAGE_CAP {
+            return Err(Outcome::fail(
+                format!(
+                    "page_size {} clamped to a cap of at least {MIN_PAGE_CAP}: {listed} small instances in one page",
+                    u32::MAX
+                ),
+                format!(
+                    "{} pages of {:?} instances",
+                    pages.len(),
+                    pages.iter().map(Vec::len).collect::<Vec<_>>()
+                ),
+            ));
+        }
         Ok(())
     }
 }

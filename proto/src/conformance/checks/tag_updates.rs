@@ -441,6 +441,17 @@ impl Suite<'_> {
         names_field(&status, &path, what)?;
         self.holds_tags(&format!("{what} changes nothing"), &id, &spare)
             .await?;
+        // The expectation is checked against the limits too, before it is compared: a
+        // key no instance can have is the caller's mistake, not a lost race.
+        let mut bad = spare.clone();
+        bad.insert(String::new(), "v".into());
+        let path = map_entry_path("expected_tags", "");
+        let what = "UpdateInstanceTags expecting a tag with an empty key";
+        let result = self.update_tags_raw(&id, &bad, &adopter).await;
+        let status = expect_code(result, Code::InvalidArgument, what)?;
+        names_field(&status, &path, what)?;
+        self.holds_tags(&format!("{what} changes nothing"), &id, &spare)
+            .await?;
 
         self.delete(&id).await?;
         let expected = "UpdateInstanceTags of an instance after DeleteInstance answered: \
