@@ -541,7 +541,13 @@ fn start_hypervisor(routed: bool) -> anyhow::Result<(Libvirtd, Sshd, SystemUser)
     virsh(&libvirtd, &["net-define", &network.display().to_string()])?;
     virsh(&libvirtd, &["net-start", "default"])?;
 
-    let user_name = format!("ep-e2e-{}", std::process::id());
+    // Two stacks may run in one process (the fault matrix runs two side by side).
+    static STACKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let user_name = format!(
+        "ep-e2e-{}-{}",
+        std::process::id(),
+        STACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let sshd_options = |user: &str| -> anyhow::Result<SshdOptions> {
         Ok(SshdOptions {
             allow_tcp_forwarding: Some("no".into()),

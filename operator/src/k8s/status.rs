@@ -91,6 +91,10 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 /// server-side: the operator is its only writer, so an apply's field ownership buys
 /// nothing, and the apiserver spends more CPU on it (merging the applied configuration
 /// through the schema), which counts when thousands of Proxies start at once.
+///
+/// The patch tests the UID first: a reconcile working from the copy of a Proxy that
+/// was deleted and created again under its name fails instead of writing the old one's
+/// status onto the new one.
 pub async fn write_if_changed(
     api: &Api<Proxy>,
     proxy: &Proxy,
@@ -100,12 +104,16 @@ pub async fn write_if_changed(
         return Ok(false);
     }
     let name = proxy.metadata.name.as_deref().unwrap_or_default();
-    let replace = json_patch::Patch(vec![json_patch::PatchOperation::Add(
-        json_patch::AddOperation {
+    let replace = json_patch::Patch(vec![
+        json_patch::PatchOperation::Test(json_patch::TestOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "uid"]),
+            value: serde_json::json!(proxy.metadata.uid),
+        }),
+        json_patch::PatchOperation::Add(json_patch::AddOperation {
             path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
             value: serde_json::to_value(status).map_err(kube::Error::SerdeError)?,
-        },
-    )]);
+        }),
+    ]);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()

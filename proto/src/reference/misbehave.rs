@@ -61,6 +61,8 @@ pub enum Misbehaviour {
     ResolvedPlacementCompared,
     /// cloud_init is not compared in an idempotent Create.
     CloudInitNotCompared,
+    /// The machine type is not compared in an idempotent Create.
+    MachineTypeNotCompared,
     /// Get of a missing instance is FAILED_PRECONDITION instead of NOT_FOUND.
     MissingIsPermanent,
     /// An empty id is NOT_FOUND instead of INVALID_ARGUMENT.
@@ -181,6 +183,11 @@ pub enum Misbehaviour {
     TakenAddressGranted,
     /// A requested address outside the provider's range is granted.
     OutOfRangeAccepted,
+    /// A loopback, link-local, multicast, unspecified or broadcast requested address is
+    /// checked against the ranges (ADDRESS_NOT_IN_RANGE), not refused as unusable.
+    UnusableAddressRanged,
+    /// requested_address is not compared in an idempotent Create.
+    RequestedAddressNotCompared,
     /// UpdateInstanceTags works but GetCapabilities does not declare it.
     TagsUpdateUndeclared,
     /// UpdateInstanceTags ignores expected_tags: the last writer wins.
@@ -221,6 +228,7 @@ impl Misbehaviour {
             M::UnsetCloudInitDiffers | M::NameCompared | M::TagsCompared => "create-idempotent",
             M::ResolvedPlacementCompared
             | M::CloudInitNotCompared
+            | M::MachineTypeNotCompared
             | M::UnsetVendorDataEqualsEmpty => "create-conflict",
             M::MissingIsPermanent => "get-missing",
             M::EmptyIdNotFound => "empty-id",
@@ -269,9 +277,11 @@ impl Misbehaviour {
             | M::IdentityNotCompared
             | M::IdentityNeverReleased
             | M::UndeclaredAddressIdentity => "address-identity",
-            M::RequestedAddressIgnored | M::TakenAddressGranted | M::OutOfRangeAccepted => {
-                "requested-address"
-            }
+            M::RequestedAddressIgnored
+            | M::TakenAddressGranted
+            | M::OutOfRangeAccepted
+            | M::UnusableAddressRanged
+            | M::RequestedAddressNotCompared => "requested-address",
             M::TagsUpdateUndeclared => "capabilities-match-behaviour",
             M::TagsUpdateListStale => "update-tags-replaces",
             M::TagsUpdateIgnoresExpected | M::TagsUpdateNotIdempotent => {

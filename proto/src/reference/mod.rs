@@ -58,6 +58,9 @@ const SLOW_PROVISIONING: Duration = Duration::from_secs(5);
 /// arrived further apart than that on a loaded machine, did not race, and the
 /// misbehaviour went unseen.
 const RACE_WINDOW: Duration = Duration::from_secs(1);
+/// What `--misbehave unusable-address-ranged` validates in place of an unusable
+/// requested address: a usable one, so the range check meets the original.
+const UNUSABLE_STAND_IN: &str = "192.0.2.1";
 
 /// What the reference provider offers and how it behaves.
 #[derive(Debug, Clone)]
@@ -481,6 +484,11 @@ impl MemoryProvider {
         Spec {
             placement: if self.breaks(Misbehaviour::ResolvedPlacementCompared) {
                 Some(resolved.clone())
+            } else if self.breaks(Misbehaviour::MachineTypeNotCompared) {
+                request.placement.clone().map(|placement| pb::Placement {
+                    machine_type: String::new(),
+                    ..placement
+                })
             } else {
                 request.placement.clone()
             },
@@ -496,7 +504,10 @@ impl MemoryProvider {
                 .address_identity
                 .clone()
                 .filter(|_| !self.breaks(Misbehaviour::IdentityNotCompared)),
-            requested_address: request.requested_address.clone(),
+            requested_address: request
+                .requested_address
+                .clone()
+                .filter(|_| !self.breaks(Misbehaviour::RequestedAddressNotCompared)),
         }
     }
 
@@ -548,6 +559,14 @@ impl MemoryProvider {
         }
         if !self.config.address_identities {
             refuse_address_fields(request)?;
+        }
+        if self.breaks(Misbehaviour::UnusableAddressRanged)
+            && checked
+                .requested_address
+                .as_deref()
+                .is_some_and(|text| text.parse::<std::net::IpAddr>().is_ok())
+        {
+            checked.requested_address = Some(UNUSABLE_STAND_IN.into());
         }
         validation::check_create_request(&checked).map_err(|mut error| {
             for violation in &mut error.field_violations {

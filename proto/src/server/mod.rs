@@ -244,6 +244,7 @@ impl ProviderServer {
 /// until a listener is installed, a signal ends the process at once (the default
 /// action), without draining a call or flushing a span. An `async fn` would install it
 /// only when first polled, which a server may do after it already answered a call.
+/// (Off unix only Ctrl-C is listened for, from the first poll.)
 ///
 /// # Panics
 ///

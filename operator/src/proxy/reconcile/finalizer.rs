@@ -11,7 +11,14 @@
 //!
 //! Both writes are JSON Patches that test the list they change, as kube-runtime's own
 //! helper does: another controller's finalizer is never overwritten or removed, and a
-//! list that changed in between fails the write, and the reconcile runs again.
+//! list that changed in between fails the write, and the reconcile runs again. They
+//! test the UID first: a Proxy deleted and created again under the same name (a pool
+//! reuses its members' names) while a reconcile worked from the old one's copy must
+//! not take the old one's finalizer, nor lose its own.
+//!
+//! 3. **Restored** when a Proxy whose status records an instance has lost it (removed
+//!    by hand, or by a tool that rewrote the metadata): without it, its deletion would
+//!    leave the VM behind.
 
 use json_patch::jsonptr::PointerBuf;
 use kube::ResourceExt;
@@ -28,20 +35,21 @@ pub(super) fn holds(proxy: &Proxy) -> bool {
     proxy.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// Adds the finalizer to `proxy` (step 1), whose finalizers are as read.
+/// Adds the finalizer to `proxy` (steps 1 and 3), whose UID and finalizers are as read.
 pub(super) async fn add_to(api: &Api<Proxy>, proxy: &Proxy) -> Result<(), kube::Error> {
-    let patch = if proxy.finalizers().is_empty() {
+    let mut patch = vec![same_uid(proxy)];
+    if proxy.finalizers().is_empty() {
         // The API server never stores an empty list: none reads as null.
-        vec![
+        patch.extend([
             test(pointer(&[]), Value::Null),
             add(pointer(&[]), serde_json::json!([FINALIZER])),
-        ]
+        ]);
     } else {
-        vec![
+        patch.extend([
             test(pointer(&[]), serde_json::json!(proxy.finalizers())),
             add(pointer(&["-"]), Value::from(FINALIZER)),
-        ]
-    };
+        ]);
+    }
     write(api, proxy, patch).await
 }
 
@@ -52,6 +60,7 @@ pub(super) async fn remove_from(api: &Api<Proxy>, proxy: &Proxy) -> Result<(), k
     };
     let index = index.to_string();
     let patch = vec![
+        same_uid(proxy),
         test(pointer(&[&index]), Value::from(FINALIZER)),
         json_patch::PatchOperation::Remove(json_patch::RemoveOperation {
             path: pointer(&[&index]),
@@ -72,6 +81,14 @@ async fn write(
     )
     .await?;
     Ok(())
+}
+
+/// Tests that the Proxy written is the one read (its UID), not a later one of its name.
+fn same_uid(proxy: &Proxy) -> json_patch::PatchOperation {
+    test(
+        PointerBuf::from_tokens(["metadata", "uid"]),
+        serde_json::json!(proxy.metadata.uid),
+    )
 }
 
 fn test(path: PointerBuf, value: Value) -> json_patch::PatchOperation {

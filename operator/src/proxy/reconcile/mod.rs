@@ -207,6 +207,15 @@ impl Pass<'_> {
         Ok(())
     }
 
+    /// Adds the finalizer back to a Proxy whose status records an instance (an id, or
+    /// the key of a Create that may have happened) but that lost it.
+    async fn keep_guarded(&mut self) -> Result<()> {
+        if self.status.provider_id.is_some() || self.status.instance_key.is_some() {
+            self.guard_instance().await?;
+        }
+        Ok(())
+    }
+
     /// Writes the status (with its derived phase) if it changed.
     async fn save(&mut self) -> Result<()> {
         save(
@@ -266,7 +275,10 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
         status,
         guarded: finalizer::holds(proxy),
     };
-    let outcome = passes(&mut pass).await;
+    let outcome = match pass.keep_guarded().await {
+        Ok(()) => passes(&mut pass).await,
+        Err(error) => Err(error),
+    };
     pass.status.observed_generation = proxy.metadata.generation;
     let action = match outcome {
         Ok(action) => {

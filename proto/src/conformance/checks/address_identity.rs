@@ -276,28 +276,28 @@ impl Suite<'_> {
         }
 
         let outside = outside_of(held);
-        let mut far = request.clone();
-        far.requested_address = Some(outside.into());
-        let expected = format!(
-            "Create with requested_address {outside} (a documentation address no provider offers): \
-             INVALID_ARGUMENT naming requested_address, reason ADDRESS_NOT_IN_RANGE"
-        );
-        let status = expect_code(
-            self.create_once(far).await,
-            Code::InvalidArgument,
-            &expected,
-        )?;
-        if reason(&status).as_deref() != Some("ADDRESS_NOT_IN_RANGE")
-            || !names_field(&status, "requested_address")
-        {
-            return Err(Outcome::fail(expected, describe::status(&status)));
+        self.requested_address_refused(
+            &request,
+            outside,
+            "a documentation address no provider offers",
+            "ADDRESS_NOT_IN_RANGE",
+        )
+        .await?;
+        for &unusable in unusable_like(held) {
+            self.requested_address_refused(
+                &request,
+                unusable,
+                "an address no instance can hold",
+                "INVALID_ARGUMENT",
+            )
+            .await?;
         }
 
         self.delete(&holder.id).await?;
         self.wait_gone(&holder.id).await?;
         let granted = self
             .create_after_release(
-                request,
+                request.clone(),
                 &format!(
                     "Create with address_identity {d} and requested_address {held}, released when \
                      its holder was gone (NOT_FOUND), succeeds"
@@ -311,6 +311,47 @@ impl Suite<'_> {
                 format!("the instance's primary address is the requested {held}"),
                 format!("{got}: {}", describe::instance(&granted)),
             ));
+        }
+        // The requested address is part of the spec: the same key without it is
+        // another request (an unset field is always valid, so no other rule answers).
+        let mut unset = request;
+        unset.requested_address = None;
+        expect_code(
+            self.create_once(unset).await,
+            Code::AlreadyExists,
+            &format!(
+                "Create of the key of {} (requested_address {held}) without requested_address: \
+                 ALREADY_EXISTS",
+                granted.id
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// A Create of `request` asking for `address` (which is `what`) is INVALID_ARGUMENT
+    /// naming `requested_address`, with `expected_reason`.
+    async fn requested_address_refused(
+        &mut self,
+        request: &pb::CreateInstanceRequest,
+        address: &str,
+        what: &str,
+        expected_reason: &str,
+    ) -> Checked {
+        let mut asking = request.clone();
+        asking.requested_address = Some(address.into());
+        let expected = format!(
+            "Create with requested_address {address} ({what}): INVALID_ARGUMENT naming \
+             requested_address, reason {expected_reason}"
+        );
+        let status = expect_code(
+            self.create_once(asking).await,
+            Code::InvalidArgument,
+            &expected,
+        )?;
+        if reason(&status).as_deref() != Some(expected_reason)
+            || !names_field(&status, "requested_address")
+        {
+            return Err(Outcome::fail(expected, describe::status(&status)));
         }
         Ok(())
     }
@@ -370,6 +411,22 @@ impl Suite<'_> {
 /// IPv6), which no provider offers; two of each, so one differs from any granted one.
 const OUTSIDE_V4: [&str; 2] = ["203.0.113.254", "198.51.100.254"];
 const OUTSIDE_V6: [&str; 2] = ["3fff:ffff::fe", "3fff:fffe::fe"];
+
+/// Addresses of `granted`'s family that no instance can hold: loopback, link-local,
+/// multicast, unspecified (and for IPv4, broadcast).
+fn unusable_like(granted: IpAddr) -> &'static [&'static str] {
+    if granted.is_ipv4() {
+        &[
+            "127.0.0.1",
+            "169.254.1.1",
+            "224.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+        ]
+    } else {
+        &["::1", "fe80::1", "ff02::1", "::"]
+    }
+}
 
 /// An address of `granted`'s family that is surely outside the provider's ranges.
 fn outside_of(granted: IpAddr) -> &'static str {

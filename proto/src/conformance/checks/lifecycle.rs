@@ -139,6 +139,23 @@ impl Suite<'_> {
                 request,
             ));
         }
+        // Another machine type or image the provider offers there: a valid request, so
+        // the only answer is the taken key's.
+        let (other_machine_type, other_image) = self.other_offers().await?;
+        if let Some(machine_type) = other_machine_type {
+            let mut request = self.request("conflict");
+            if let Some(placement) = request.placement.as_mut() {
+                placement.machine_type = machine_type;
+            }
+            cases.push(("another placement.machine_type", request));
+        }
+        if let Some(image) = other_image {
+            let mut request = self.request("conflict");
+            if let Some(placement) = request.placement.as_mut() {
+                placement.image = image;
+            }
+            cases.push(("another placement.image", request));
+        }
         for (what, request) in cases {
             let result = self.create_raw(request).await;
             expect_code(

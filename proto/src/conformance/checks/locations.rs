@@ -106,6 +106,47 @@ impl Suite<'_> {
         )
     }
 
+    /// Another machine type offered with the target's image, and another image offered
+    /// with the target's machine type, at a location the target's placement can land on:
+    /// requests as valid as the target's, in another placement. Neither without
+    /// CAPABILITY_LIST_LOCATIONS, or where the provider offers no other.
+    pub(super) async fn other_offers(
+        &mut self,
+    ) -> Result<(Option<String>, Option<String>), Outcome> {
+        if !self
+            .capabilities()
+            .await?
+            .contains(&pb::Capability::ListLocations)
+        {
+            return Ok((None, None));
+        }
+        let all = self.all_locations(("", "")).await?;
+        let (machine_type, image) = self.target_offer();
+        let wanted = match &self.target.placement.location {
+            Some(Location::Host(host)) => Some(format!("host/{host}")),
+            Some(Location::Zone(zone)) => Some(format!("zone/{zone}")),
+            None => None,
+        };
+        let reachable: Vec<&pb::Location> = all
+            .iter()
+            .filter(|l| wanted.as_ref().is_none_or(|w| *w == position(l)))
+            .collect();
+        let other_machine_type = reachable
+            .iter()
+            .filter(|l| l.images.contains(&image))
+            .flat_map(|l| &l.machine_types)
+            .map(|m| &m.name)
+            .find(|name| **name != machine_type)
+            .cloned();
+        let other_image = reachable
+            .iter()
+            .filter(|l| l.machine_types.iter().any(|m| m.name == machine_type))
+            .flat_map(|l| &l.images)
+            .find(|name| **name != image)
+            .cloned();
+        Ok((other_machine_type, other_image))
+    }
+
     pub(super) async fn list_locations(&mut self) -> Checked {
         self.require_locations().await?;
         let all = self.all_locations(("", "")).await?;
