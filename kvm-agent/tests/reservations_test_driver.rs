@@ -4,6 +4,9 @@
 //! two addresses, the sweep removes exactly the reservations no domain of the agent
 //! holds (also the one a Delete interrupted between the undefine and the sweep leaves),
 //! never another's, and an identity whose reservation was removed gets its address back.
+//! A network whose DHCP range is reserved full refuses the next identity
+//! (`ADDRESSES_EXHAUSTED`, quota: retried later) and takes nothing from the identities
+//! that hold addresses.
 //!
 //! Every connection in the process shares the driver's state: the test uses a network of
 //! its own.
@@ -183,4 +186,41 @@ fn a_network_without_dhcp_cannot_give_an_identity_an_address() {
         other => panic!("{other:?}"),
     };
     assert_eq!(error.classify().reason, "NETWORK_WITHOUT_DHCP", "{error}");
+}
+
+#[test]
+fn a_network_whose_range_is_reserved_full_refuses_the_next_identity() {
+    let conn = connect();
+    // A range of two addresses, one of them reserved for a machine that is not ours.
+    let net = conn
+        .define_network_xml(
+            "<network><name>resv-full</name><bridge name='resvbr2'/>\
+             <ip address='10.79.0.1' netmask='255.255.255.0'><dhcp>\
+             <range start='10.79.0.10' end='10.79.0.11'/>\
+             <host mac='52:54:00:aa:bb:01' ip='10.79.0.10'/>\
+             </dhcp></ip></network>",
+        )
+        .unwrap();
+    net.create().unwrap();
+
+    let granted = reserve(&conn, "resv-full", "identity-full-a").unwrap();
+    assert_eq!(granted.ip, Ipv4Addr::new(10, 79, 0, 11));
+
+    let error = match reserve(&conn, "resv-full", "identity-full-b") {
+        Err(kvm_agent::transport::call::CallFailure::Agent(error)) => error,
+        other => panic!("a third address out of a range of two: {other:?}"),
+    };
+    let classification = error.classify();
+    assert_eq!(classification.reason, "ADDRESSES_EXHAUSTED", "{error}");
+    assert_eq!(
+        classification.class,
+        egressproxy_provider::ErrorClass::QuotaExhausted,
+        "a full network is quota, retried later, not a bug in the request"
+    );
+    assert!(classification.retry_after.is_some(), "{classification:?}");
+    assert!(error.to_string().contains("resv-full"), "{error}");
+
+    // The identity that holds an address keeps it: the refusal took nothing away.
+    let again = reserve(&conn, "resv-full", "identity-full-a").unwrap();
+    assert_eq!((again.ip, again.created), (granted.ip, false));
 }
