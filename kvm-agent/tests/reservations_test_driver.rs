@@ -6,23 +6,29 @@
 //! never another's, and an identity whose reservation was removed gets its address back.
 //! A network whose DHCP range is reserved full refuses the next identity
 //! (`ADDRESSES_EXHAUSTED`, quota: retried later) and takes nothing from the identities
-//! that hold addresses.
+//! that hold addresses. Identities racing for a range with one free address each, all
+//! choosing the same address first, all get one and no two the same; an identity whose
+//! choice another reservation takes between its read and its update chooses again as
+//! often as that happens, and running out of addresses that way is
+//! `ADDRESSES_EXHAUSTED`, not libvirt's refusal.
 //!
 //! Every connection in the process shares the driver's state: the test uses a network of
 //! its own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::sync::Barrier;
 
 use kvm_agent::config::{Attachment, Firmware};
 use kvm_agent::libvirt::domains::delete_instance;
 use kvm_agent::libvirt::identity_mac::mac_for_identity;
 use kvm_agent::libvirt::naming::InstanceNames;
-use kvm_agent::libvirt::reservations::{self, identity_reservations, reserve, sweep};
+use kvm_agent::libvirt::reservations::{self, identity_reservations, reserve, reserve_with, sweep};
 use kvm_agent::libvirt::xml::domain::{DomainSpec, VirtType};
 use kvm_agent::libvirt::xml::metadata::{InstanceMetadata, PlacementRecord};
-use kvm_agent::libvirt::xml::network::DhcpFacts;
+use kvm_agent::libvirt::xml::network::{DhcpFacts, host_xml};
 use virt::connect::Connect;
+use virt::sys;
 
 const NETWORK: &str = "resv-test";
 
@@ -223,4 +229,153 @@ fn a_network_whose_range_is_reserved_full_refuses_the_next_identity() {
     // The identity that holds an address keeps it: the refusal took nothing away.
     let again = reserve(&conn, "resv-full", "identity-full-a").unwrap();
     assert_eq!((again.ip, again.created), (granted.ip, false));
+}
+
+/// `count` identities whose MACs all start the search at index `start` of a range of
+/// `range_size` addresses (see `reservations::choose_address`): racing, they all choose
+/// the same address first.
+fn identities_starting_at(start: u64, range_size: u64, count: usize) -> Vec<String> {
+    let seed = |mac: &str| {
+        mac.split(':').skip(2).fold(0u64, |acc, octet| {
+            acc << 8 | u64::from_str_radix(octet, 16).unwrap()
+        })
+    };
+    (0..)
+        .map(|i| format!("identity-race-{i}"))
+        .filter(|identity| seed(&mac_for_identity(identity)) % range_size == start)
+        .take(count)
+        .collect()
+}
+
+/// The identities' reservations on `network`, made at once, each on a connection of its
+/// own as agents on one hypervisor have. Every racer has chosen its first address before
+/// any asks libvirt for it.
+fn race(network: &str, identities: &[String]) -> Vec<reservations::Reservation> {
+    let all_chosen = Barrier::new(identities.len());
+    std::thread::scope(|scope| {
+        let racers: Vec<_> = identities
+            .iter()
+            .map(|identity| {
+                let all_chosen = &all_chosen;
+                scope.spawn(move || {
+                    let conn = connect();
+                    let mut first = true;
+                    reserve_with(&conn, network, identity, &mut |_| {
+                        if std::mem::take(&mut first) {
+                            all_chosen.wait();
+                        }
+                    })
+                })
+            })
+            .collect();
+        racers
+            .into_iter()
+            .zip(identities)
+            .map(|(racer, identity)| {
+                racer
+                    .join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{identity}: {e:?}"))
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn racing_identities_never_share_an_address() {
+    const RACERS: usize = 8;
+    // A range of RACERS + 1 addresses, its first reserved for a machine that is not ours:
+    // exactly RACERS free.
+    let conn = connect();
+    let net = conn
+        .define_network_xml(
+            "<network><name>resv-race</name><bridge name='resvbr3'/>\
+             <ip address='10.80.0.1' netmask='255.255.255.0'><dhcp>\
+             <range start='10.80.0.10' end='10.80.0.18'/>\
+             <host mac='52:54:00:aa:bb:02' ip='10.80.0.10'/>\
+             </dhcp></ip></network>",
+        )
+        .unwrap();
+    net.create().unwrap();
+    // Every racer's search starts at 10.80.0.11 and all read the same host list, so all
+    // choose it first: one gets it, the others lose that choice and choose again.
+    let identities = identities_starting_at(1, RACERS as u64 + 1, RACERS);
+
+    let granted = race("resv-race", &identities);
+    let addresses: BTreeSet<_> = granted.iter().map(|r| r.ip).collect();
+    assert_eq!(addresses.len(), RACERS, "{granted:?}");
+    assert!(
+        !addresses.contains(&Ipv4Addr::new(10, 80, 0, 10)),
+        "{granted:?}"
+    );
+    assert!(granted.iter().all(|r| r.created), "{granted:?}");
+    let lost: u64 = granted.iter().map(|r| r.lost_choices).sum();
+    assert!(lost >= RACERS as u64 - 1, "{granted:?}");
+
+    // The race filled the range: one more identity finds no address.
+    let error = match reserve(&conn, "resv-race", "identity-race-late") {
+        Err(kvm_agent::transport::call::CallFailure::Agent(error)) => error,
+        other => panic!("an address out of a full range: {other:?}"),
+    };
+    assert_eq!(error.classify().reason, "ADDRESSES_EXHAUSTED", "{error}");
+}
+
+#[test]
+fn an_identity_whose_choices_are_taken_chooses_again_until_the_range_is_full() {
+    let conn = connect();
+    let net = conn
+        .define_network_xml(
+            "<network><name>resv-lose</name><bridge name='resvbr4'/>\
+             <ip address='10.81.0.1' netmask='255.255.255.0'><dhcp>\
+             <range start='10.81.0.10' end='10.81.0.15'/>\
+             </dhcp></ip></network>",
+        )
+        .unwrap();
+    net.create().unwrap();
+    // Another agent's Create reserves the address this one chose, between its read of
+    // the host list and its update.
+    let mut rivals = 0;
+    let mut rival_takes = |ip: Ipv4Addr| {
+        rivals += 1;
+        let host = host_xml(
+            &mac_for_identity(&format!("identity-rival-{rivals}")),
+            Some(ip),
+        );
+        net.update(
+            sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+            sys::VIR_NETWORK_SECTION_IP_DHCP_HOST,
+            -1,
+            &host.unwrap(),
+            sys::VIR_NETWORK_UPDATE_AFFECT_LIVE | sys::VIR_NETWORK_UPDATE_AFFECT_CONFIG,
+        )
+        .unwrap();
+    };
+
+    // Four choices lost in a row (more than the two retries there once were), the fifth
+    // is granted, and no two entries hold one address.
+    let mut taken = 0;
+    let granted = reserve_with(&conn, "resv-lose", "identity-loser", &mut |ip| {
+        if taken < 4 {
+            taken += 1;
+            rival_takes(ip);
+        }
+    })
+    .unwrap();
+    assert_eq!((granted.created, granted.lost_choices), (true, 4));
+    let held: Vec<_> = DhcpFacts::parse(&net.xml_desc(0).unwrap())
+        .unwrap()
+        .hosts
+        .into_iter()
+        .filter_map(|h| h.ip)
+        .collect();
+    assert_eq!(held.len(), 5, "{held:?}");
+    assert_eq!(held.iter().collect::<BTreeSet<_>>().len(), 5, "{held:?}");
+    assert!(held.contains(&granted.ip), "{held:?}");
+
+    // Losing the last free address is running out of addresses, not libvirt's refusal.
+    let error = match reserve_with(&conn, "resv-lose", "identity-loser-2", &mut rival_takes) {
+        Err(kvm_agent::transport::call::CallFailure::Agent(error)) => error,
+        other => panic!("the range's last address was taken: {other:?}"),
+    };
+    assert_eq!(error.classify().reason, "ADDRESSES_EXHAUSTED", "{error}");
 }

@@ -19,7 +19,11 @@
 //!    retried Create, or a restart of a stopped domain, keeps the address.
 //! 4. **Two identities never share an address.** A new reservation takes an address no
 //!    other `<host>` entry holds; libvirt itself refuses a second entry with the same
-//!    address (two agents choosing at once), and the loser chooses again.
+//!    address (two Creates, of this agent or another, choosing at once), and the loser
+//!    reads the host list again and chooses again, as often as it loses: each lost
+//!    choice is an address another reservation took, so the range fills up (and the
+//!    next choice is [`LibvirtError::AddressesExhausted`]) before the losses can go on.
+//!    A refusal the host list does not explain (the address is still free) is returned.
 //! 5. **The same address comes back.** The search starts at a place derived from the MAC,
 //!    so an identity whose reservation was removed gets the same address again while no
 //!    other identity has taken it (see [`choose_address`]).
@@ -35,12 +39,8 @@ use virt::sys;
 use crate::libvirt::domains::agent_metadata;
 use crate::libvirt::error::LibvirtError;
 use crate::libvirt::identity_mac::{is_identity_mac, mac_for_identity};
-use crate::libvirt::xml::network::{DhcpFacts, host_xml};
+use crate::libvirt::xml::network::{DhcpFacts, addresses_in, host_xml};
 use crate::transport::call::CallFailure;
-
-/// How often [`reserve`] chooses again after libvirt refused its choice because a
-/// concurrent reservation took the address first.
-const CHOICE_ATTEMPTS: usize = 3;
 
 /// An identity's reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +51,8 @@ pub struct Reservation {
     pub ip: Ipv4Addr,
     /// Whether this call made it (`false`: it existed).
     pub created: bool,
+    /// How many addresses this call chose that a concurrent reservation took first.
+    pub lost_choices: u64,
 }
 
 /// The first address of `facts`' DHCP ranges, searched from a start derived from `mac`
@@ -62,14 +64,8 @@ pub struct Reservation {
 /// that address again unless another identity has taken it since, or its search had to
 /// skip over an address that is free now.
 pub fn choose_address(facts: &DhcpFacts, mac: &str) -> Option<Ipv4Addr> {
-    let sizes: Vec<u64> = facts
-        .ranges
-        .iter()
-        .map(|(start, end)| {
-            u64::from(u32::from(*end)).saturating_sub(u64::from(u32::from(*start))) + 1
-        })
-        .collect();
-    let total: u64 = sizes.iter().sum();
+    let sizes: Vec<u64> = facts.ranges.iter().copied().map(addresses_in).collect();
+    let total = facts.range_size();
     if total == 0 {
         return None;
     }
@@ -124,18 +120,39 @@ pub fn reserve(
     network_name: &str,
     identity: &str,
 ) -> Result<Reservation, CallFailure<LibvirtError>> {
+    reserve_with(conn, network_name, identity, &mut |_| {})
+}
+
+/// [`reserve`], calling `before_update` with each address chosen, just before libvirt is
+/// asked to reserve it: where tests let a concurrent reservation take it first.
+pub fn reserve_with(
+    conn: &Connect,
+    network_name: &str,
+    identity: &str,
+    before_update: &mut dyn FnMut(Ipv4Addr),
+) -> Result<Reservation, CallFailure<LibvirtError>> {
     let mac = mac_for_identity(identity);
     let net = conn.lookup_network_by_name(network_name)?;
-    let mut attempt = 0;
+    let mut lost_choices = 0;
+    // The address libvirt refused last, with its refusal.
+    let mut refused: Option<(Ipv4Addr, virt::error::Error)> = None;
     loop {
-        attempt += 1;
         let facts = dhcp_facts(&net, network_name)?;
         if let Some(ip) = facts.reserved_for(&mac) {
             return Ok(Reservation {
                 mac,
                 ip,
                 created: false,
+                lost_choices,
             });
+        }
+        if let Some((ip, refusal)) = refused.take() {
+            // Lost to a concurrent reservation only when another entry holds the address
+            // now. The bound is for addresses freed as fast as they are taken: without
+            // frees, the range is full (and the choice below fails) before it is reached.
+            if !facts.is_held(ip) || lost_choices > facts.range_size() {
+                return Err(refusal.into());
+            }
         }
         if facts.ranges.is_empty() {
             return Err(CallFailure::Agent(LibvirtError::NoDhcpRange {
@@ -149,6 +166,7 @@ pub fn reserve(
         };
         let xml = host_xml(&mac, Some(ip))
             .map_err(|e| CallFailure::Agent(LibvirtError::xml("DHCP host entry", e)))?;
+        before_update(ip);
         match net.update(
             sys::VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
             sys::VIR_NETWORK_SECTION_IP_DHCP_HOST,
@@ -161,11 +179,15 @@ pub fn reserve(
                     mac,
                     ip,
                     created: true,
+                    lost_choices,
                 });
             }
-            // Another Create took the address (or reserved this MAC) between the read
-            // and the update: read again and choose again.
-            Err(e) if e.code().is(ErrorNumber::OperationInvalid) && attempt < CHOICE_ATTEMPTS => {}
+            // An entry with the address (or this MAC) exists: another Create may have
+            // made it between the read and the update. The next read tells.
+            Err(e) if e.code().is(ErrorNumber::OperationInvalid) => {
+                lost_choices += 1;
+                refused = Some((ip, e));
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -215,6 +215,7 @@ async fn reserve(
         mac = %reservation.mac,
         address = %reservation.ip,
         created = reservation.created,
+        lost_choices = reservation.lost_choices,
         "address identity reserved"
     );
     Ok(())

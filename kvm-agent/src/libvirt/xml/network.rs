@@ -105,6 +105,21 @@ impl DhcpFacts {
             .find(|h| h.mac.as_deref() == Some(mac))
             .and_then(|h| h.ip)
     }
+
+    /// Whether a `<host>` entry holds `ip`, whatever its MAC.
+    pub fn is_held(&self, ip: Ipv4Addr) -> bool {
+        self.hosts.iter().any(|h| h.ip == Some(ip))
+    }
+
+    /// How many addresses the DHCP ranges hold together.
+    pub fn range_size(&self) -> u64 {
+        self.ranges.iter().copied().map(addresses_in).sum()
+    }
+}
+
+/// How many addresses the inclusive DHCP range `(start, end)` holds.
+pub fn addresses_in((start, end): (Ipv4Addr, Ipv4Addr)) -> u64 {
+    u64::from(u32::from(end)).saturating_sub(u64::from(u32::from(start))) + 1
 }
 
 /// The `<host mac ip/>` element of a reservation, for `virNetworkUpdate`.
