@@ -115,6 +115,9 @@ pub enum Misbehaviour {
     ValidateAcceptsAnything,
     /// ValidatePlacement answers without a resolved placement.
     ValidateResolvesNothing,
+    /// ValidatePlacement without a placement resolves a default one instead of
+    /// INVALID_ARGUMENT.
+    ValidateMissingPlacementAccepted,
     /// Deleted instances stay DELETING for ever.
     DeletingForever,
     /// DELETING instances are left out of ListInstances.
@@ -161,6 +164,8 @@ pub enum Misbehaviour {
     WatchNoSnapshot,
     /// A watch stream ignores its tag selector.
     WatchSelectorIgnored,
+    /// A watch stream ignores its `id`: it tells every instance its selector matches.
+    WatchIdIgnored,
     /// A watch stream never reports an instance as DELETED.
     WatchMissesDeletes,
     /// A watch stream reopened with a resume token starts over as a new one.
@@ -177,6 +182,8 @@ pub enum Misbehaviour {
     IdentityNeverReleased,
     /// Address identities are honoured, but neither capability is declared.
     UndeclaredAddressIdentity,
+    /// address_identity is not checked: any text, of any length, is an identity.
+    IdentityUnchecked,
     /// requested_address is accepted and ignored: the identity gets another address.
     RequestedAddressIgnored,
     /// A requested address held by another identity is granted again.
@@ -188,6 +195,9 @@ pub enum Misbehaviour {
     UnusableAddressRanged,
     /// requested_address is not compared in an idempotent Create.
     RequestedAddressNotCompared,
+    /// requested_address is trimmed of whitespace before it is read: a text past the
+    /// 64-byte limit is taken as the address it pads, and checked against the ranges.
+    RequestedAddressTrimmed,
     /// UpdateInstanceTags works but GetCapabilities does not declare it.
     TagsUpdateUndeclared,
     /// UpdateInstanceTags ignores expected_tags: the last writer wins.
@@ -205,6 +215,9 @@ pub enum Misbehaviour {
     TagsUpdateWhileDeleting,
     /// UpdateInstanceTags checks only `tags` against the limits, not `expected_tags`.
     ExpectedTagsUnchecked,
+    /// UpdateInstanceTags refuses only empty tag keys: no limit on the number of tags or
+    /// the length of keys and values, in `tags` or `expected_tags`.
+    TagsUpdateUnbounded,
 }
 
 impl Misbehaviour {
@@ -250,8 +263,14 @@ impl Misbehaviour {
             M::RacyCreate => "concurrent-creates-one-key",
             M::OrphansCancelledCreate => "cancelled-create-converges",
             M::RefusesBoundary => "limits-at-boundary",
-            M::AcceptsOnePast | M::LaxKeyCharset | M::VendorDataUnbounded => "limits-one-past",
-            M::ValidateAcceptsAnything | M::ValidateResolvesNothing => "validate-placement",
+            M::AcceptsOnePast
+            | M::LaxKeyCharset
+            | M::VendorDataUnbounded
+            | M::IdentityUnchecked
+            | M::RequestedAddressTrimmed => "limits-one-past",
+            M::ValidateAcceptsAnything
+            | M::ValidateResolvesNothing
+            | M::ValidateMissingPlacementAccepted => "validate-placement",
             M::DeletingForever | M::DeletingNotListed => "delete-twice-then-gone",
             M::WrongDeletingReason | M::KeyReuseRefused => "key-reuse-after-delete",
             M::DeleteMissingNotFound => "delete-missing",
@@ -270,6 +289,7 @@ impl Misbehaviour {
             M::UnplaceableLocation | M::CreatesWithoutRoom => "locations-placeable",
             M::WatchUndeclared => "capabilities-match-behaviour",
             M::WatchNoSnapshot | M::WatchSelectorIgnored => "watch-snapshot",
+            M::WatchIdIgnored => "watch-by-id",
             M::WatchMissesDeletes => "watch-follows-changes",
             M::WatchIgnoresResumeToken | M::WatchAcceptsForeignToken => "watch-resume",
             M::IdentityIgnored
@@ -288,7 +308,9 @@ impl Misbehaviour {
                 "update-tags-compare-and-set"
             }
             M::TagsUpdateNotAtomic => "update-tags-concurrent",
-            M::TagsUpdateWhileDeleting | M::ExpectedTagsUnchecked => "update-tags-errors",
+            M::TagsUpdateWhileDeleting | M::ExpectedTagsUnchecked | M::TagsUpdateUnbounded => {
+                "update-tags-errors"
+            }
         }
     }
 

@@ -514,13 +514,17 @@ impl MemoryProvider {
     /// Checks a Create request as the contract says (or as a misbehaviour does).
     fn check_create(&self, request: &mut pb::CreateInstanceRequest) -> Result<(), ProviderError> {
         if self.breaks(Misbehaviour::MissingPlacementAccepted) && request.placement.is_none() {
-            request.placement = Some(pb::Placement {
-                location: None,
-                machine_type: self.config.machine_types[0].clone(),
-                image: self.config.images[0].clone(),
-            });
+            request.placement = Some(self.default_placement());
+        }
+        if self.breaks(Misbehaviour::RequestedAddressTrimmed)
+            && let Some(text) = request.requested_address.as_mut()
+        {
+            *text = text.trim().to_owned();
         }
         let mut checked = request.clone();
+        if self.breaks(Misbehaviour::IdentityUnchecked) && checked.address_identity.is_some() {
+            checked.address_identity = Some("unchecked".into());
+        }
         if self.breaks(Misbehaviour::LaxKeyCharset) && checked.key.ends_with('\n') {
             checked.key.pop();
         }
@@ -584,6 +588,16 @@ impl MemoryProvider {
             }
             error
         })
+    }
+
+    /// The placement a misbehaving provider puts in for a missing one: the first
+    /// machine type and image, the location left to it.
+    fn default_placement(&self) -> pb::Placement {
+        pb::Placement {
+            location: None,
+            machine_type: self.config.machine_types[0].clone(),
+            image: self.config.images[0].clone(),
+        }
     }
 
     /// CreateInstance's work: validate, then return the key's instance or make one.
@@ -990,7 +1004,10 @@ impl pb::provider_server::Provider for MemoryProvider {
         request: Request<pb::ValidatePlacementRequest>,
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
         let hold = self.enter("ValidatePlacement", request.metadata()).await?;
-        let placement = request.into_inner().placement;
+        let mut placement = request.into_inner().placement;
+        if self.breaks(Misbehaviour::ValidateMissingPlacementAccepted) && placement.is_none() {
+            placement = Some(self.default_placement());
+        }
         let (resolved, warnings) = if self.breaks(Misbehaviour::ValidateAcceptsAnything) {
             (placement.unwrap_or_default(), Vec::new())
         } else {

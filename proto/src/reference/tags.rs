@@ -57,6 +57,15 @@ pub(super) fn decide(
     }
 }
 
+/// The entries of `tags` with an empty key: all a provider that checks no limit but
+/// that one looks at (only to misbehave).
+fn empty_keys_only(tags: &HashMap<String, String>) -> HashMap<String, String> {
+    tags.iter()
+        .filter(|(key, _)| key.is_empty())
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
 impl MemoryProvider {
     /// UpdateInstanceTags' work (see the module docs). The provider that is not atomic
     /// compares, lets go of the lock until a second update has compared too (or
@@ -65,14 +74,19 @@ impl MemoryProvider {
         &self,
         request: pb::UpdateInstanceTagsRequest,
     ) -> Result<pb::Instance, ProviderError> {
-        if self.breaks(Misbehaviour::ExpectedTagsUnchecked) {
-            validation::check_update_tags_request(&pb::UpdateInstanceTagsRequest {
+        let checked = match self.config.misbehave {
+            Some(Misbehaviour::ExpectedTagsUnchecked) => pb::UpdateInstanceTagsRequest {
                 expected_tags: HashMap::new(),
                 ..request.clone()
-            })?;
-        } else {
-            validation::check_update_tags_request(&request)?;
-        }
+            },
+            Some(Misbehaviour::TagsUpdateUnbounded) => pb::UpdateInstanceTagsRequest {
+                expected_tags: empty_keys_only(&request.expected_tags),
+                tags: empty_keys_only(&request.tags),
+                ..request.clone()
+            },
+            _ => request.clone(),
+        };
+        validation::check_update_tags_request(&checked)?;
         if !self.breaks(Misbehaviour::TagsUpdateNotAtomic) {
             return self.compare_and_set_tags(&request, true);
         }

@@ -52,6 +52,9 @@ impl MemoryProvider {
         if self.breaks(Misbehaviour::WatchSelectorIgnored) {
             request.tag_selector.clear();
         }
+        if self.breaks(Misbehaviour::WatchIdIgnored) {
+            request.id.clear();
+        }
         let stream = match self.hub.watch(&request) {
             Err(error)
                 if self.breaks(Misbehaviour::WatchAcceptsForeignToken)

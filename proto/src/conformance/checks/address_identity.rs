@@ -92,7 +92,7 @@ impl Suite<'_> {
     }
 
     /// An address identity of this run.
-    fn identity(&self, suffix: &str) -> String {
+    pub(super) fn identity(&self, suffix: &str) -> String {
         format!("cf-{}-{suffix}", self.run_id())
     }
 
@@ -409,7 +409,7 @@ impl Suite<'_> {
 
 /// Addresses from the documentation ranges (TEST-NET-3, TEST-NET-2, and 3fff::/20 for
 /// IPv6), which no provider offers; two of each, so one differs from any granted one.
-const OUTSIDE_V4: [&str; 2] = ["203.0.113.254", "198.51.100.254"];
+pub(super) const OUTSIDE_V4: [&str; 2] = ["203.0.113.254", "198.51.100.254"];
 const OUTSIDE_V6: [&str; 2] = ["3fff:ffff::fe", "3fff:fffe::fe"];
 
 /// Addresses of `granted`'s family that no instance can hold: loopback, link-local,

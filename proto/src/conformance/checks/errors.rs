@@ -114,7 +114,8 @@ fn malformed(status: &tonic::Status) -> Option<String> {
     None
 }
 
-fn bad_request_fields(status: &tonic::Status) -> Vec<String> {
+/// The fields an INVALID_ARGUMENT `status`'s BadRequest names (none without one).
+pub(super) fn bad_request_fields(status: &tonic::Status) -> Vec<String> {
     status
         .get_error_details()
         .bad_request()

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tonic::Code;
 
+use super::errors::bad_request_fields;
 use super::{Checked, POLL_INTERVAL, Suite, expect_code};
 use crate::ProviderError;
 use crate::conformance::{Outcome, TAG, describe};
@@ -353,8 +354,23 @@ impl Suite<'_> {
             result,
             Code::InvalidArgument,
             "ValidatePlacement of an unknown image",
-        )
-        .map(|_| ())
+        )?;
+        let what = "ValidatePlacement without a placement";
+        let result = self
+            .retrying("ValidatePlacement", |mut client| async move {
+                client
+                    .validate_placement(pb::ValidatePlacementRequest { placement: None })
+                    .await
+            })
+            .await;
+        let status = expect_code(result, Code::InvalidArgument, what)?;
+        if !bad_request_fields(&status).iter().any(|f| f == "placement") {
+            return Err(Outcome::fail(
+                format!("{what}: BadRequest with a field violation on placement"),
+                describe::status(&status),
+            ));
+        }
+        Ok(())
     }
 
     pub(super) async fn delete_twice_then_gone(&mut self) -> Checked {

@@ -1,14 +1,16 @@
 //! The documented limits (`provider.proto`, `docs/contract.md`), at the boundary and
-//! one past it, and the key's character set.
+//! one past it, and the key's character set; one past the limits of `address_identity`
+//! and `requested_address` too, when the provider declares their capabilities.
 
 use tonic::Code;
 use tonic_types::StatusExt;
 
+use super::address_identity::OUTSIDE_V4;
 use super::{Checked, Suite, expect_code};
 use crate::conformance::{Outcome, TAG, describe};
 use crate::pb;
 use crate::validation::{
-    MAX_KEY_LEN, MAX_NAME_BYTES, MAX_TAG_BYTES, MAX_TAGS, MAX_USER_DATA_BYTES,
+    MAX_ADDRESS_BYTES, MAX_KEY_LEN, MAX_NAME_BYTES, MAX_TAG_BYTES, MAX_TAGS, MAX_USER_DATA_BYTES,
 };
 
 /// A valid `#cloud-config` (an empty mapping) padded with comments to `len` bytes.
@@ -197,30 +199,109 @@ impl Suite<'_> {
             cases.push(("a proxy_port outside 1-65535", "proxy_port".into(), request));
         }
 
+        let capabilities = self.capabilities().await?;
+        if capabilities.contains(&pb::Capability::AddressIdentity) {
+            cases.extend(self.address_identity_cases());
+        }
         for (what, field, request) in cases {
-            let result = self.create_raw(request).await;
-            let status = expect_code(
-                result,
-                Code::InvalidArgument,
-                &format!("Create with {what}"),
-            )?;
-            let named = status.get_error_details().bad_request().is_some_and(|bad| {
-                bad.field_violations.iter().any(|v| {
-                    if field.starts_with("tags[\"") {
-                        v.field.starts_with(&field) && v.field.ends_with("\"]")
-                    } else {
-                        v.field == field
-                    }
-                })
-            });
-            if !named {
-                return Err(Outcome::fail(
-                    format!("Create with {what}: BadRequest naming {field}"),
-                    describe::status(&status),
-                ));
-            }
+            self.refused_naming(what, &field, request).await?;
+        }
+        if capabilities.contains(&pb::Capability::RequestedAddress) {
+            self.requested_address_one_past().await?;
         }
         Ok(())
+    }
+
+    /// Past the limits of `address_identity` (1 to 128 characters of
+    /// `[A-Za-z0-9._-]`), for a provider that takes the field.
+    fn address_identity_cases(&self) -> Vec<(&'static str, String, pb::CreateInstanceRequest)> {
+        let mut too_long = self.request("long-identity");
+        too_long.address_identity = Some(format!(
+            "{:x<width$}",
+            self.identity("long-identity"),
+            width = MAX_KEY_LEN + 1
+        ));
+        let mut slash = self.request("identity-charset");
+        slash.address_identity = Some(format!("{}/a", self.identity("identity-charset")));
+        vec![
+            (
+                "an address_identity one character too long",
+                "address_identity".into(),
+                too_long,
+            ),
+            (
+                "an address_identity with a slash",
+                "address_identity".into(),
+                slash,
+            ),
+        ]
+    }
+
+    /// A `requested_address` one byte past its 64 bytes: a documentation address
+    /// padded with spaces, so no IP address in its textual form. It is refused naming
+    /// the field, and as no address at all: a provider that answers ADDRESS_NOT_IN_RANGE
+    /// has read the padded text as the address.
+    async fn requested_address_one_past(&mut self) -> Checked {
+        let mut request = self.request("long-requested-address");
+        request.address_identity = Some(self.identity("long-requested-address"));
+        request.requested_address = Some(format!(
+            "{:>width$}",
+            OUTSIDE_V4[0],
+            width = MAX_ADDRESS_BYTES + 1
+        ));
+        let what = format!(
+            "a requested_address of {} bytes (an address padded with spaces)",
+            MAX_ADDRESS_BYTES + 1
+        );
+        let status = self
+            .refused_naming(&what, "requested_address", request)
+            .await?;
+        let reason = status
+            .get_error_details()
+            .error_info()
+            .map(|i| i.reason.clone());
+        if reason.as_deref() == Some("ADDRESS_NOT_IN_RANGE") {
+            return Err(Outcome::fail(
+                format!(
+                    "Create with {what}: INVALID_ARGUMENT naming requested_address as no \
+                     address (a reason other than ADDRESS_NOT_IN_RANGE)"
+                ),
+                describe::status(&status),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A Create of `request` (which has `what`) is INVALID_ARGUMENT naming `field`; for
+    /// a map entry, `field` is the start of its path (a key over its limit is cut).
+    async fn refused_naming(
+        &mut self,
+        what: &str,
+        field: &str,
+        request: pb::CreateInstanceRequest,
+    ) -> Result<tonic::Status, Outcome> {
+        let result = self.create_raw(request).await;
+        let status = expect_code(
+            result,
+            Code::InvalidArgument,
+            &format!("Create with {what}"),
+        )?;
+        let named = status.get_error_details().bad_request().is_some_and(|bad| {
+            bad.field_violations.iter().any(|v| {
+                if field.starts_with("tags[\"") {
+                    v.field.starts_with(field) && v.field.ends_with("\"]")
+                } else {
+                    v.field == field
+                }
+            })
+        });
+        if !named {
+            return Err(Outcome::fail(
+                format!("Create with {what}: BadRequest naming {field}"),
+                describe::status(&status),
+            ));
+        }
+        Ok(status)
     }
 }
 

@@ -209,6 +209,11 @@ pub const CHECKS: &[Check] = &[
         "provider.proto: WatchInstances, WatchInstancesResponse",
     ),
     check(
+        "watch-by-id",
+        "a caller that watches one instance must hear of it alone, and an id that names no instance is no error",
+        "provider.proto: WatchInstancesRequest.id",
+    ),
+    check(
         "watch-follows-changes",
         "callers act when an instance runs or goes, instead of polling; a change the stream misses is never acted on",
         "provider.proto: WatchInstances, WatchEventType",
@@ -361,6 +366,7 @@ impl<'a> Suite<'a> {
             "locations-paging" => self.locations_paging().await,
             "locations-placeable" => self.locations_placeable().await,
             "watch-snapshot" => self.watch_snapshot().await,
+            "watch-by-id" => self.watch_by_id().await,
             "watch-follows-changes" => self.watch_follows_changes().await,
             "watch-resume" => self.watch_resume().await,
             "address-identity" => self.address_identity().await,

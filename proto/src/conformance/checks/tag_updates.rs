@@ -20,7 +20,7 @@ use crate::ErrorClass;
 use crate::conformance::{Outcome, TAG, describe};
 use crate::error::reason;
 use crate::pb::{self, WatchEventType};
-use crate::validation::map_entry_path;
+use crate::validation::{MAX_TAG_BYTES, MAX_TAGS, map_entry_path};
 
 /// The tag whose value says which (pretend) owner an instance of these checks has.
 const OWNER_TAG: &str = "egressproxy.dev/conformance-owner";
@@ -432,26 +432,15 @@ impl Suite<'_> {
             .create(self.owned_request("tags-errors", "spare"))
             .await?
             .id;
-        let mut bad = adopter.clone();
-        bad.insert(String::new(), "v".into());
-        let path = map_entry_path("tags", "");
-        let what = "UpdateInstanceTags with an empty tag key";
-        let result = self.update_tags_raw(&id, &spare, &bad).await;
-        let status = expect_code(result, Code::InvalidArgument, what)?;
-        names_field(&status, &path, what)?;
-        self.holds_tags(&format!("{what} changes nothing"), &id, &spare)
-            .await?;
-        // The expectation is checked against the limits too, before it is compared: a
-        // key no instance can have is the caller's mistake, not a lost race.
-        let mut bad = spare.clone();
-        bad.insert(String::new(), "v".into());
-        let path = map_entry_path("expected_tags", "");
-        let what = "UpdateInstanceTags expecting a tag with an empty key";
-        let result = self.update_tags_raw(&id, &bad, &adopter).await;
-        let status = expect_code(result, Code::InvalidArgument, what)?;
-        names_field(&status, &path, what)?;
-        self.holds_tags(&format!("{what} changes nothing"), &id, &spare)
-            .await?;
+        for bad in tag_limit_cases(&spare, &adopter) {
+            let result = self
+                .update_tags_raw(&id, &bad.expected_tags, &bad.tags)
+                .await;
+            let status = expect_code(result, Code::InvalidArgument, &bad.what)?;
+            names_field(&status, &bad.field, &bad.what)?;
+            self.holds_tags(&format!("{} changes nothing", bad.what), &id, &spare)
+                .await?;
+        }
 
         self.delete(&id).await?;
         let expected = "UpdateInstanceTags of an instance after DeleteInstance answered: \
@@ -472,12 +461,99 @@ impl Suite<'_> {
     }
 }
 
-/// The INVALID_ARGUMENT `status` carries a field violation naming `field`.
+/// An update that breaks the limits of tags, and the field it must be refused naming.
+struct BadUpdate {
+    what: String,
+    expected_tags: HashMap<String, String>,
+    tags: HashMap<String, String>,
+    field: String,
+}
+
+/// Updates of an instance tagged `spare` to `adopter` that break the limits of tags.
+/// The expectation is checked against the limits too, before it is compared: a tag no
+/// instance can have is the caller's mistake, not a lost race.
+fn tag_limit_cases(
+    spare: &HashMap<String, String>,
+    adopter: &HashMap<String, String>,
+) -> Vec<BadUpdate> {
+    let with = |tags: &HashMap<String, String>, key: &str, value: String| {
+        let mut tags = tags.clone();
+        tags.insert(key.to_owned(), value);
+        tags
+    };
+    let too_many = |tags: &HashMap<String, String>| {
+        let mut tags = tags.clone();
+        for n in 0..=MAX_TAGS - tags.len() {
+            tags.insert(format!("egressproxy.dev/limit-{n}"), "x".into());
+        }
+        tags
+    };
+    let bad = |what: String, expected_tags, tags, field: String| BadUpdate {
+        what: format!("UpdateInstanceTags {what}"),
+        expected_tags,
+        tags,
+        field,
+    };
+    let value_key = "egressproxy.dev/conformance-limit";
+    let long_value = || "v".repeat(MAX_TAG_BYTES + 1);
+    vec![
+        bad(
+            "with an empty tag key".into(),
+            spare.clone(),
+            with(adopter, "", "v".into()),
+            map_entry_path("tags", ""),
+        ),
+        bad(
+            "expecting a tag with an empty key".into(),
+            with(spare, "", "v".into()),
+            adopter.clone(),
+            map_entry_path("expected_tags", ""),
+        ),
+        bad(
+            format!("to {} tags", MAX_TAGS + 1),
+            spare.clone(),
+            too_many(adopter),
+            "tags".into(),
+        ),
+        bad(
+            format!("to a tag key of {} bytes", MAX_TAG_BYTES + 1),
+            spare.clone(),
+            with(adopter, &"k".repeat(MAX_TAG_BYTES + 1), "v".into()),
+            // The key is over its limit, so the path may hold it cut (see names_field).
+            "tags[\"kk".into(),
+        ),
+        bad(
+            format!("to a tag value of {} bytes", MAX_TAG_BYTES + 1),
+            spare.clone(),
+            with(adopter, value_key, long_value()),
+            map_entry_path("tags", value_key),
+        ),
+        bad(
+            format!("expecting {} tags", MAX_TAGS + 1),
+            too_many(spare),
+            adopter.clone(),
+            "expected_tags".into(),
+        ),
+        bad(
+            format!("expecting a tag value of {} bytes", MAX_TAG_BYTES + 1),
+            with(spare, value_key, long_value()),
+            adopter.clone(),
+            map_entry_path("expected_tags", value_key),
+        ),
+    ]
+}
+
+/// The INVALID_ARGUMENT `status` carries a field violation naming `field`: exactly, or,
+/// for the start of a map entry's path (`tags["kk`), a whole entry path that begins so
+/// (a key over its limit is named cut, marked with its length).
 fn names_field(status: &tonic::Status, field: &str, what: &str) -> Checked {
-    let named = status
-        .get_error_details()
-        .bad_request()
-        .is_some_and(|bad| bad.field_violations.iter().any(|v| v.field == field));
+    let entry_start = field.contains("[\"") && !field.ends_with("\"]");
+    let named = status.get_error_details().bad_request().is_some_and(|bad| {
+        bad.field_violations.iter().any(|v| {
+            v.field == field
+                || (entry_start && v.field.starts_with(field) && v.field.ends_with("\"]"))
+        })
+    });
     if named {
         Ok(())
     } else {

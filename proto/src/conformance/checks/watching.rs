@@ -1,8 +1,9 @@
 //! WatchInstances (since 1.3.0, behind CAPABILITY_WATCH_INSTANCES): a new stream's
-//! snapshot (every matching instance, none other, then SYNCED), the changes of an
-//! instance from Create to RUNNING with an address to DELETED, and resuming (a stream
-//! reopened with a token goes on after it, or says RESTARTED; a token never issued is
-//! refused).
+//! snapshot (every matching instance, none other, then SYNCED), a stream of one
+//! instance by its id (that one alone; an id that names none gets an empty snapshot),
+//! the changes of an instance from Create to RUNNING with an address to DELETED, and
+//! resuming (a stream reopened with a token goes on after it, or says RESTARTED; a
+//! token never issued is refused).
 //!
 //! Each check watches instances carrying the run's tag and a tag of its own
 //! ([`WATCH_TAG`]), so it never waits on another check's instances.
@@ -149,17 +150,26 @@ impl Suite<'_> {
         request
     }
 
-    /// Opens a stream, retrying what callers retry.
+    /// Opens a stream of every instance `tag_selector` matches, retrying what callers
+    /// retry.
     pub(super) async fn open_watch(
         &mut self,
         tag_selector: HashMap<String, String>,
         resume_token: &str,
     ) -> Result<Watch, tonic::Status> {
-        let request = pb::WatchInstancesRequest {
+        self.open_watch_request(pb::WatchInstancesRequest {
             tag_selector,
             id: String::new(),
             resume_token: resume_token.to_owned(),
-        };
+        })
+        .await
+    }
+
+    /// Opens a stream of `request`, retrying what callers retry.
+    async fn open_watch_request(
+        &mut self,
+        request: pb::WatchInstancesRequest,
+    ) -> Result<Watch, tonic::Status> {
         let stream = self
             .retrying("WatchInstances", |mut client| {
                 let request = request.clone();
@@ -217,6 +227,102 @@ impl Suite<'_> {
             )
             .await?;
         Ok(())
+    }
+
+    /// A new stream of one `id` whose selector matches another instance too: only
+    /// the one instance, in its snapshot and in its changes; an id that names no
+    /// instance is no error, only an empty snapshot.
+    pub(super) async fn watch_by_id(&mut self) -> Checked {
+        self.require_watch().await?;
+        let mine = self.create(self.watched("watch-id", "by-id")).await?;
+        let other = self.create(self.watched("watch-id-other", "by-id")).await?;
+        let mut watch = self.watch_id("by-id", &mine.id).await?;
+        let not_other = |event: &pb::WatchInstancesResponse| match &event.instance {
+            Some(instance) if instance.id == other.id => Err(format!(
+                "{} was sent (it matches the selector, but not the id)",
+                other.id
+            )),
+            _ => Ok(()),
+        };
+        let mut listed = false;
+        watch
+            .until(
+                self.watch_deadline(),
+                &format!(
+                    "a new stream with id {} sends UPDATED for it, nothing about {} (its \
+                     tags match the selector too), then SYNCED",
+                    mine.id, other.id
+                ),
+                |event| {
+                    not_other(event)?;
+                    if is(event, WatchEventType::Updated, &mine.id) {
+                        listed = true;
+                    }
+                    if event.r#type() == WatchEventType::Synced && !listed {
+                        return Err(format!("SYNCED before {}", mine.id));
+                    }
+                    Ok(())
+                },
+                |event| event.r#type() == WatchEventType::Synced,
+            )
+            .await?;
+        // Both change now; the stream tells only the one it watches.
+        self.delete(&other.id).await?;
+        self.delete(&mine.id).await?;
+        watch
+            .until(
+                self.watch_deadline(),
+                &format!(
+                    "DELETED {} within {} of its Delete, and nothing about {} (deleted \
+                     just before it)",
+                    mine.id,
+                    humantime::format_duration(self.target.running_timeout),
+                    other.id
+                ),
+                not_other,
+                |event| is(event, WatchEventType::Deleted, &mine.id),
+            )
+            .await?;
+        self.ledger.forget(&mine.id);
+        drop(watch);
+        // A filter, not a lookup: an instance with the id may yet come.
+        let unknown = format!("cf-{}-no-such-instance", self.run_id());
+        let mut watch = self.watch_id("by-id", &unknown).await?;
+        watch
+            .until(
+                self.watch_deadline(),
+                &format!(
+                    "a new stream with id {unknown}, which names no instance, sends SYNCED \
+                     with nothing before it (an id is a filter, not a lookup)"
+                ),
+                |event| match event.r#type() {
+                    WatchEventType::Updated | WatchEventType::Deleted => {
+                        Err("an instance was sent before SYNCED".to_owned())
+                    }
+                    _ => Ok(()),
+                },
+                |event| event.r#type() == WatchEventType::Synced,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// A new stream of the instance `id`, with the selector of this check's `part`.
+    async fn watch_id(&mut self, part: &str, id: &str) -> Result<Watch, Outcome> {
+        let request = pb::WatchInstancesRequest {
+            tag_selector: self.watch_selector(part),
+            id: id.to_owned(),
+            resume_token: String::new(),
+        };
+        self.open_watch_request(request).await.map_err(|status| {
+            Outcome::fail(
+                format!(
+                    "WatchInstances with id {id} opens a stream (also when the id names no \
+                     instance)"
+                ),
+                describe::status(&status),
+            )
+        })
     }
 
     pub(super) async fn watch_follows_changes(&mut self) -> Checked {
