@@ -387,9 +387,11 @@ pub enum Phase {
 pub struct ProxyAddress {
     /// The IP address.
     pub address: String,
-    /// `Internal` or `External`.
+    /// `Internal` or `External` (a scope this operator does not know, from a newer
+    /// provider, shows as `External`).
     pub scope: String,
-    /// `IPv4` or `IPv6`.
+    /// `IPv4` or `IPv6` (a family this operator does not know is read from the
+    /// address), or `Unknown` when neither the provider nor the address tells it.
     pub family: String,
 }
 

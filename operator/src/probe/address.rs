@@ -5,6 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use egressproxy_provider::pb;
 
+use super::address_fields::is_internal;
+
 /// The address the proxy is checked at, as the contract tells callers to choose: the
 /// first `INTERNAL` address of an IP family the operator reaches, and an `EXTERNAL` one
 /// only when there is none. An external address is often not reachable from inside the
@@ -25,7 +27,7 @@ fn choose_address(addresses: &[pb::Address], reaches: impl Fn(IpAddr) -> bool) -
                 .parse::<IpAddr>()
                 .ok()
                 .filter(|ip| !ip.is_unspecified())?;
-            Some((a.scope() != pb::AddressScope::External, ip))
+            Some((is_internal(a), ip))
         })
         .collect();
     let first = |internal: bool, reachable: bool| {
@@ -116,6 +118,31 @@ mod tests {
         assert_eq!(
             choose_address(&addresses, none),
             Some("2001:db8::7".parse().unwrap())
+        );
+    }
+
+    /// Before, a scope this operator does not know (a newer provider's) was read as
+    /// internal, so such an address listed first won over an internal one.
+    #[test]
+    fn a_scope_this_operator_does_not_know_counts_as_external() {
+        let newer_scope = pb::Address {
+            address: "203.0.113.7".to_owned(),
+            scope: 7,
+            family: pb::IpFamily::V4 as i32,
+        };
+        let addresses = [
+            newer_scope.clone(),
+            address("10.0.0.7", pb::AddressScope::Internal),
+        ];
+        let any = |_: IpAddr| true;
+        assert_eq!(
+            choose_address(&addresses, any),
+            Some("10.0.0.7".parse().unwrap())
+        );
+        // Alone, it is used as an external address is: better than none.
+        assert_eq!(
+            choose_address(&[newer_scope], any),
+            Some("203.0.113.7".parse().unwrap())
         );
     }
 

@@ -18,6 +18,7 @@ use super::{Pass, adopt, egress_address, egress_observed, no_room};
 use crate::crd::{ProxyAddress, ReplacedInstance, condition};
 use crate::k8s::events::EventType;
 use crate::probe::address::probe_address;
+use crate::probe::address_fields;
 use crate::providers::placement;
 use crate::shared::error::{Error, Result};
 
@@ -308,18 +309,21 @@ fn status_addresses(addresses: &[pb::Address], chosen: Option<IpAddr>) -> Vec<Pr
         .collect()
 }
 
-/// An address as the status shows it.
+/// An address as the status shows it, its scope and family read as the contract says
+/// (a newer provider's scope as `External`, its family from the address text).
 fn proxy_address(address: &pb::Address) -> ProxyAddress {
     ProxyAddress {
         address: address.address.clone(),
-        scope: match address.scope() {
-            pb::AddressScope::External => "External",
-            _ => "Internal",
+        scope: if address_fields::is_internal(address) {
+            "Internal"
+        } else {
+            "External"
         }
         .into(),
-        family: match address.family() {
-            pb::IpFamily::V6 => "IPv6",
-            _ => "IPv4",
+        family: match address_fields::family(address) {
+            Some(pb::IpFamily::V4) => "IPv4",
+            Some(pb::IpFamily::V6) => "IPv6",
+            Some(pb::IpFamily::Unspecified) | None => "Unknown",
         }
         .into(),
     }
@@ -400,6 +404,32 @@ mod tests {
         assert_eq!(
             (first.scope.as_str(), first.family.as_str()),
             ("Internal", "IPv4")
+        );
+    }
+
+    /// Before, a scope this operator does not know showed as `Internal`, and a family
+    /// it does not know as `IPv4` whatever the address.
+    #[test]
+    fn values_of_a_newer_provider_show_as_the_contract_reads_them() {
+        let newer = pb::Address {
+            address: "2001:db8::9".to_owned(),
+            scope: 7,
+            family: 9,
+        };
+        let listed = status_addresses(&[newer], None);
+        assert_eq!(
+            (listed[0].scope.as_str(), listed[0].family.as_str()),
+            ("External", "IPv6")
+        );
+        let unreadable = pb::Address {
+            address: "not-an-ip".to_owned(),
+            scope: pb::AddressScope::Internal as i32,
+            family: 9,
+        };
+        let listed = status_addresses(&[unreadable], None);
+        assert_eq!(
+            (listed[0].scope.as_str(), listed[0].family.as_str()),
+            ("Internal", "Unknown")
         );
     }
 }
