@@ -214,6 +214,17 @@ async fn a_member_that_lost_its_vm_is_swapped_for_a_ready_spare() {
         Some(&spare.id),
         "the new member adopts the spare"
     );
+    // The spare was booted without a location: the member records the host the
+    // provider chose for it.
+    let chosen = spare.placement.as_ref().and_then(|p| p.location.clone());
+    assert!(chosen.is_some(), "{spare:?}");
+    let recorded = adopted.status.as_ref().unwrap().location.clone();
+    assert_eq!(
+        recorded
+            .and_then(|l| l.host)
+            .map(pb::placement::Location::Host),
+        chosen
+    );
     let what = "the member that lost its VM to be deleted";
     wait_until(&h.proxies(), "egress-0", what, |p: Option<&Proxy>| {
         p.is_none()

@@ -314,6 +314,32 @@ async fn a_proxy_becomes_ready_and_its_instance_goes_with_it() {
     );
 }
 
+/// Before, the status recorded only the placement asked for, which names no host
+/// when the provider chooses one: where the VM ran was nowhere in the cluster.
+#[tokio::test]
+async fn the_status_names_the_host_the_provider_chose() {
+    // The provider puts an instance without a location on the host with the most
+    // room: h1, not the first one listed.
+    let h = Harness::start_with("location", &["--hosts", "h0,h1", "--max-instances", "h0=2"]).await;
+    let port = proxy_port().await;
+    h.create("egress", port, serde_json::json!({})).await;
+    let ready = h.wait_ready("egress").await;
+    let status = ready.status.unwrap();
+    let asked = status.placement.expect("the placement asked for");
+    assert_eq!((asked.host, asked.zone), (None, None));
+    let location = status.location.expect("status.location");
+    assert_eq!(
+        (location.host.as_deref(), location.zone.as_deref()),
+        (Some("h1"), None)
+    );
+    let instances = h.instances().await;
+    let reported = instances[0].placement.as_ref().unwrap();
+    assert_eq!(
+        reported.location,
+        Some(pb::placement::Location::Host("h1".into()))
+    );
+}
+
 #[tokio::test]
 async fn invalid_specs_are_rejected_by_the_api_server() {
     let h = Harness::start("invalid").await;

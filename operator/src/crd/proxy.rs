@@ -312,9 +312,15 @@ pub struct ProxyStatus {
     /// replacement serial).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_key: Option<String>,
-    /// The placement the current VM was created with.
+    /// The placement the current VM was created with (as asked for: a change of
+    /// `spec.placement` is measured against it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// Where the current VM runs, as its provider last reported it: the host or zone
+    /// asked for, or the host the provider chose when the placement named none. Unset
+    /// until the provider has reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<InstanceLocation>,
     /// When the operator created the current VM: the provisioning timeout counts from
     /// here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -352,6 +358,19 @@ pub struct ProxyStatus {
     /// The last error, for humans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// Where a VM runs: one of a host or a zone, by the names the provider's
+/// configuration gives them (a provider asked for a zone may report only the zone).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceLocation {
+    /// The host it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The zone it runs in, when the provider reports a zone rather than a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// A VM being replaced.

@@ -14,8 +14,9 @@
 //! | not Ready nor Degraded | PROVISIONING | no: nothing new |
 //! | not Ready nor Degraded | RUNNING without an address | no: nothing new |
 //! | not Ready nor Degraded | RUNNING with an address | yes: check the proxy |
-//! | Ready or Degraded | RUNNING, the addresses recorded | no: nothing new |
+//! | Ready or Degraded | RUNNING, the addresses and location recorded | no: nothing new |
 //! | Ready or Degraded | RUNNING, other addresses | yes: record and check them |
+//! | Ready or Degraded | RUNNING, another location (moved, or none recorded yet) | yes: record it |
 //! | any | STOPPED, DELETING or a state this operator does not know | yes |
 
 use std::collections::BTreeSet;
@@ -23,6 +24,7 @@ use std::collections::BTreeSet;
 use egressproxy_provider::pb::{self, InstanceState};
 
 use crate::crd::{Phase, Proxy, ProxyStatus};
+use crate::providers::placement;
 
 /// What a watch reported about one instance.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +62,9 @@ pub fn worth_reconciling(proxy: &Proxy, change: Change<'_>) -> bool {
     let serving = matches!(status.phase, Some(Phase::Ready | Phase::Degraded));
     match state {
         InstanceState::Provisioning => serving,
-        InstanceState::Running if serving => !same_addresses(&status, instance),
+        InstanceState::Running if serving => {
+            !same_addresses(&status, instance) || !same_location(&status, instance)
+        }
         InstanceState::Running => !instance.addresses.is_empty(),
         _ => true,
     }
@@ -80,6 +84,13 @@ fn same_addresses(status: &ProxyStatus, instance: &pb::Instance) -> bool {
         .map(|a| a.address.as_str())
         .collect();
     recorded == reported
+}
+
+/// Whether the status records where the instance reports it runs. A report without a
+/// location tells nothing new: the reconcile keeps the one it knows.
+fn same_location(status: &ProxyStatus, instance: &pb::Instance) -> bool {
+    placement::location_of(instance.placement.as_ref())
+        .is_none_or(|reported| status.location.as_ref() == Some(&reported))
 }
 
 #[cfg(test)]
@@ -124,6 +135,26 @@ mod tests {
                 .collect(),
             ..pb::Instance::default()
         }
+    }
+
+    /// `proxy` recorded on host `host`.
+    fn recorded_on(mut proxy: Proxy, host: &str) -> Proxy {
+        if let Some(status) = proxy.status.as_mut() {
+            status.location = Some(crate::crd::InstanceLocation {
+                host: Some(host.into()),
+                zone: None,
+            });
+        }
+        proxy
+    }
+
+    /// `instance` reported on host `host`.
+    fn on(mut instance: pb::Instance, host: &str) -> pb::Instance {
+        instance.placement = Some(pb::Placement {
+            location: Some(pb::placement::Location::Host(host.into())),
+            ..pb::Placement::default()
+        });
+        instance
     }
 
     /// The module's table, row for row.
@@ -226,6 +257,27 @@ mod tests {
                 "ready, other addresses",
                 proxy(Some(Ready), Some("i"), &ip),
                 instance("i", Running, &["10.0.0.8"]),
+                None,
+                true,
+            ),
+            (
+                "ready, same addresses and host",
+                recorded_on(proxy(Some(Ready), Some("i"), &ip), "h0"),
+                on(running.clone(), "h0"),
+                None,
+                false,
+            ),
+            (
+                "ready, moved to another host",
+                recorded_on(proxy(Some(Ready), Some("i"), &ip), "h0"),
+                on(running.clone(), "h1"),
+                None,
+                true,
+            ),
+            (
+                "ready, no host recorded yet",
+                proxy(Some(Ready), Some("i"), &ip),
+                on(running.clone(), "h0"),
                 None,
                 true,
             ),

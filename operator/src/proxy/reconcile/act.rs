@@ -151,6 +151,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
     pass.publish(EventType::Normal, reason, &note).await;
     pass.status.provider_id = Some(instance.id.clone());
     pass.status.placement = Some(pass.proxy.spec.placement.clone());
+    pass.record_location(&instance);
     pass.status.instance_create_time = Some(Time(jiff::Timestamp::now()));
     let message = format!("instance {} created, waiting for it to run", instance.id);
     pass.set(condition::READY, false, "Provisioning", &message);
@@ -272,6 +273,7 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
     status.provider_id = None;
     status.instance_key = None;
     status.placement = None;
+    status.location = None;
     status.instance_create_time = None;
     status.addresses.clear();
     status.replacements = status.replacements.saturating_add(1);

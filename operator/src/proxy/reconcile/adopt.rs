@@ -150,6 +150,7 @@ async fn adopted(pass: &mut Pass<'_>, instance: pb::Instance) -> Result<Option<N
     pass.status.provider_id = Some(instance.id.clone());
     pass.status.instance_key = Some(instance.key.clone());
     pass.status.placement = Some(pass.proxy.spec.placement.clone());
+    pass.record_location(&instance);
     pass.status.instance_create_time = Some(Time(jiff::Timestamp::now()));
     let message = format!("adopted instance {}, checking its proxy", instance.id);
     pass.set(condition::READY, false, "Provisioning", &message);

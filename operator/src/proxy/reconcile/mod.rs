@@ -7,6 +7,8 @@
 //!    create an instance (`finalizer`), so a crash never leaks a VM.
 //! 2. **Observe** ([`observe`]): the provider (looked up, contract version checked),
 //!    the recorded instance (GetInstance) and its proxy (the health check), each once.
+//!    Where the instance reports it runs becomes `status.location` (the host the
+//!    provider chose, or moved it to).
 //! 3. **Plan** ([`plan::plan`]): a pure function of spec, status and observation to
 //!    one [`Step`]: create, replace (placement changed, stopped, vanished), wait for
 //!    the instance, or record the health check. Its table is in `docs/operator.md`.
@@ -52,6 +54,7 @@ pub mod plan;
 use std::sync::Arc;
 use std::time::Duration;
 
+use egressproxy_provider::pb;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -65,7 +68,7 @@ use crate::crd::{Proxy, ProxyStatus};
 use crate::endpoints::service;
 use crate::k8s::events::EventType;
 use crate::k8s::status::{self, set_condition};
-use crate::providers::Provider;
+use crate::providers::{Provider, placement};
 use crate::shared::error::{Error, Result, Retry};
 
 /// Longest wait a provider's quota hint can impose.
@@ -216,6 +219,15 @@ impl Pass<'_> {
         Ok(())
     }
 
+    /// Records where the instance runs, as the provider reports it: the host it chose,
+    /// and a new one when the instance moved. A report without a location (a
+    /// provider's bug) keeps the one last known.
+    fn record_location(&mut self, instance: &pb::Instance) {
+        if let Some(location) = placement::location_of(instance.placement.as_ref()) {
+            self.status.location = Some(location);
+        }
+    }
+
     /// Writes the status (with its derived phase) if it changed.
     async fn save(&mut self) -> Result<()> {
         save(
@@ -317,6 +329,9 @@ async fn passes(pass: &mut Pass<'_>) -> Result<Action> {
     for _ in 0..MAX_PASSES {
         let observation =
             observe::observe(pass.ctx, pass.key, pass.proxy, &pass.status, pass.provider).await?;
+        if let observe::Instance::Found(instance) = &observation.instance {
+            pass.record_location(instance);
+        }
         let step = plan::plan(&pass.proxy.spec, &pass.status, &observation);
         tracing::debug!(proxy = %pass.key, ?step, "planned");
         if let Next::Done(action) = act::act(pass, step).await? {
