@@ -2,12 +2,13 @@
 //! it draws no warnings, `kubectl explain` has a real description to show, and the
 //! cloud-init size is checked in bytes at admission, as providers count it.
 
+mod common;
+
+use common::{CRD, eventually};
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_operator::crd::{Proxy, ProxyPool};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
-
-const CRD: &str = include_str!("../../charts/egressproxy/files/crds.yaml");
 
 /// Every CRD of the chart's file (Proxy, ProxyPool).
 fn crds() -> Vec<CustomResourceDefinition> {
@@ -144,20 +145,15 @@ async fn kubectl_explain_has_a_real_description() {
     // `kubectl explain` reads the served OpenAPI v3 document of the group version. The
     // apiserver publishes a CRD's document a moment after the CRD is established, and
     // offers nothing to watch for it: ask until it is there.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let document: serde_json::Value = loop {
+    let what = "the OpenAPI document to be served";
+    let within = std::time::Duration::from_secs(60);
+    let document: serde_json::Value = eventually(what, within, || async {
         let request = http::Request::get("/openapi/v3/apis/egressproxy.dev/v1alpha1")
             .body(Vec::new())
             .unwrap();
-        match env.client.request(request).await {
-            Ok(document) => break document,
-            Err(error) => assert!(
-                std::time::Instant::now() < deadline,
-                "the OpenAPI document was never served: {error}"
-            ),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+        env.client.request(request).await
+    })
+    .await;
     let schemas = &document["components"]["schemas"];
     let proxy = schemas
         .as_object()

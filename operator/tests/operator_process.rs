@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
-use common::{OperatorOptions, OperatorProcess, WAIT, wait_for_holder};
+use common::{OperatorOptions, OperatorProcess, WAIT, eventually, wait_for_holder};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{Phase, Proxy};
@@ -131,14 +129,14 @@ async fn an_operator_killed_mid_create_leaves_exactly_one_instance() {
         .create(&PostParams::default(), &proxy("egress", port))
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while instances(&s.provider).await.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the operator never called CreateInstance"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the operator to call CreateInstance", WAIT, || async {
+        if instances(&s.provider).await.is_empty() {
+            Err("no instance at the provider")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     operator.kill().await;
     let stranded = proxies.get("egress").await.unwrap();
     assert_eq!(

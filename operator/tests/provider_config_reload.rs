@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{OperatorOptions, OperatorProcess, wait_until};
+use common::{OperatorOptions, OperatorProcess, eventually, wait_until};
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::{Phase, Proxy};
 use kube::Api;
@@ -115,18 +115,19 @@ async fn a_provider_added_to_the_config_file_is_used_without_a_restart() {
 }
 
 /// Waits until the operator counts a rejected reload. The count is only visible on
-/// `/metrics`, so this asks again each time the reload interval has passed.
+/// `/metrics`, so this asks again until it shows.
 async fn wait_until_rejected(operator: &OperatorProcess) -> u64 {
-    let deadline = std::time::Instant::now() + common::WAIT;
-    loop {
-        let count = reload_count(&operator.get("/metrics").await.1, "rejected");
-        if count > 0 {
-            return count;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the invalid config was never rejected"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    eventually(
+        "the invalid config to be rejected",
+        common::WAIT,
+        || async {
+            let count = reload_count(&operator.get("/metrics").await.1, "rejected");
+            if count > 0 {
+                Ok(count)
+            } else {
+                Err("0 rejected reloads")
+            }
+        },
+    )
+    .await
 }

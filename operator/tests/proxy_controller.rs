@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Controller, WAIT, reference_config};
+use common::eventually::count_reached;
+use common::{Controller, WAIT, eventually, reference_config, wait_for_proxy};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
@@ -164,44 +165,16 @@ impl Harness {
     /// so that as many reconciles of a steady Proxy have run.
     async fn wait_calls(&self, method: &str, calls: u64) {
         let target = call_count(self, method).await + calls;
-        let deadline = std::time::Instant::now() + WAIT;
-        while call_count(self, method).await < target {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "fewer than {calls} more {method} calls"
-            );
-            // The provider's counter can only be read, not watched: check it again
-            // shortly.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{calls} more {method} calls");
+        eventually(&what, WAIT, || async {
+            count_reached(call_count(self, method).await, target, "calls")
+        })
+        .await;
     }
 
     /// Waits until Proxy `name` is gone (its finalizer removed).
     async fn wait_deleted(&self, name: &str, what: &str) {
         common::wait_until(&self.proxies(), name, what, |p: Option<&Proxy>| p.is_none()).await;
-    }
-}
-
-/// Waits (watching) until `check` holds for Proxy `name`, or panics with its last status.
-async fn wait_for_proxy(
-    proxies: &Api<Proxy>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Proxy) -> bool,
-) -> Proxy {
-    let last = std::cell::RefCell::new(None);
-    let condition = |proxy: Option<&Proxy>| {
-        *last.borrow_mut() = proxy.and_then(|p| p.status.clone());
-        proxy.is_some_and(&check)
-    };
-    let outcome = tokio::time::timeout(
-        WAIT,
-        kube::runtime::wait::await_condition(proxies.clone(), name, condition),
-    )
-    .await;
-    match outcome {
-        Ok(Ok(Some(proxy))) => proxy,
-        _ => panic!("timed out waiting for {what}: {:#?}", last.borrow()),
     }
 }
 
@@ -1022,16 +995,11 @@ async fn a_proxy_whose_provider_is_gone_keeps_its_finalizer_until_abandoned() {
     assert_eq!(phase(&stuck), Some(Phase::Deleting));
     h.wait_event("orphaned", "DeleteFailed").await;
     // Two more attempts at the deletion, counted, rather than a fixed wait.
-    let reconciles = reconcile_count(&h);
-    let deadline = std::time::Instant::now() + WAIT;
-    while reconcile_count(&h) < reconciles + 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the deletion was not retried"
-        );
-        // An in-process counter: nothing to watch, check it again shortly.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let target = reconcile_count(&h) + 2;
+    eventually("the deletion to be retried twice", WAIT, || async {
+        count_reached(reconcile_count(&h), target, "reconciles")
+    })
+    .await;
     assert!(
         h.proxies().get_opt("orphaned").await.unwrap().is_some(),
         "the finalizer must hold without the annotation"

@@ -6,10 +6,10 @@
 mod common;
 
 use std::net::IpAddr;
-use std::time::Duration;
 
+use common::eventually::count_reached;
 use common::stand_in::{ProxyStandIn, host_addresses};
-use common::{Controller, WAIT, reference_config, wait_until};
+use common::{Controller, WAIT, eventually, reference_config, wait_until};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;
@@ -129,30 +129,22 @@ impl Harness {
                 .unwrap_or(0)
         };
         let target = reconciles() + count;
-        let deadline = std::time::Instant::now() + WAIT;
-        while reconciles() < target {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "fewer than {count} more reconciles"
-            );
-            // A counter in memory: nothing to watch.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{count} more reconciles");
+        eventually(&what, WAIT, || async {
+            count_reached(reconciles(), target, "reconciles")
+        })
+        .await;
     }
 
     /// Waits until the provider has answered `calls` more GetInstance calls: as many
     /// polls of a steady Proxy have run.
     async fn wait_polls(&self, calls: u64) {
         let target = self.get_instance_calls().await + calls;
-        let deadline = std::time::Instant::now() + WAIT;
-        while self.get_instance_calls().await < target {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "fewer than {calls} more polls"
-            );
-            // The provider's counter can only be read, not watched.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{calls} more polls");
+        eventually(&what, WAIT, || async {
+            count_reached(self.get_instance_calls().await, target, "GetInstance calls")
+        })
+        .await;
     }
 }
 

@@ -3,8 +3,13 @@
 //! Events of replacements, deleting a Proxy with a mistyped provider, a missing
 //! Secret's Event, and the ways back from a provider-side permanent error.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::fixtures::wait_event_matching;
+use common::{CRD, WAIT, eventually, wait_for_proxy, wait_until};
 
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -19,9 +24,6 @@ use egressproxy_provider::pb::reference::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-
-const CRD: &str = include_str!("../../charts/egressproxy/files/crds.yaml");
-const WAIT: Duration = Duration::from_secs(40);
 
 struct Harness {
     env: KubeTestEnv,
@@ -122,19 +124,7 @@ impl Harness {
     }
 
     async fn wait_for(&self, name: &str, what: &str, check: impl Fn(&Proxy) -> bool) -> Proxy {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let proxy = self.proxies().get(name).await.unwrap();
-            if check(&proxy) {
-                return proxy;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {:#?}",
-                proxy.status
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_proxy(&self.proxies(), name, what, check).await
     }
 
     async fn wait_phase(&self, name: &str, phase: Phase) -> Proxy {
@@ -145,34 +135,24 @@ impl Harness {
     }
 
     async fn wait_gone(&self, name: &str) {
-        let deadline = Instant::now() + WAIT;
-        while self.proxies().get_opt(name).await.unwrap().is_some() {
-            assert!(Instant::now() < deadline, "{name} was never deleted");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{name} to be deleted");
+        wait_until(&self.proxies(), name, &what, |p: Option<&Proxy>| {
+            p.is_none()
+        })
+        .await;
     }
 
-    /// `(reason, note)` of every Event about `name`.
-    async fn events(&self, name: &str) -> Vec<(String, String)> {
-        let events: Api<Event> = self.env.namespaced();
-        let list = events.list(&ListParams::default()).await.unwrap();
-        list.items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-            .collect()
-    }
-
+    /// Waits until an Event about `name` passes `check(reason, note)`.
     async fn wait_event(&self, name: &str, check: impl Fn(&str, &str) -> bool, what: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let events = self.events(name).await;
-            if events.iter().any(|(r, n)| check(r, n)) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "no {what} Event: {events:#?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let events: Api<Event> = self.env.namespaced();
+        let what = format!("a {what} Event");
+        wait_event_matching(&events, name, &what, |event| {
+            check(
+                event.reason.as_deref().unwrap_or_default(),
+                event.note.as_deref().unwrap_or_default(),
+            )
+        })
+        .await;
     }
 
     async fn control(&self) -> ControlServiceClient<tonic::transport::Channel> {
@@ -249,9 +229,10 @@ async fn deleted_proxies_leave_the_metrics_and_every_in_memory_map() {
     for name in names.into_iter().chain(["typo"]) {
         h.wait_gone(name).await;
     }
-    // The Delete watch event forgets too; wait for it rather than for time.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    // The Delete watch event forgets too; wait for it rather than for time (it shows
+    // only in the metrics, which cannot be watched).
+    let what = "the metrics to forget the deleted Proxies";
+    eventually(what, WAIT, || async {
         let text = h.ctx.metrics.encode();
         let phases = samples(&text, "egressproxy_proxies");
         let tracked = samples(&text, "egressproxy_tracked_proxies");
@@ -261,14 +242,14 @@ async fn deleted_proxies_leave_the_metrics_and_every_in_memory_map() {
             .filter(|(_, value)| *value != 0)
             .collect();
         if leftovers.is_empty() && !tracked.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!(
+                "0 Proxies exist, yet the metrics keep {leftovers:?}:\n{text}"
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "0 Proxies exist, yet the metrics keep {leftovers:?}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     for backoff in [
         &h.ctx.retry_backoff,
         &h.ctx.poll_backoff,

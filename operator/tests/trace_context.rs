@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Controller, reference_config, wait_until};
+use common::{Controller, eventually, reference_config, wait_until};
 use egressproxy_operator::crd::{Phase, Proxy};
 use egressproxy_provider::reference::{MemoryProvider, ReferenceConfig};
 use egressproxy_provider::server::ProviderServer;
@@ -61,8 +61,8 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
 
     // The reconcile that reached Ready may still be finishing (a span is exported when
     // it ends): wait until the CreateInstance span's whole ancestry has been exported.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let (create, client, parent) = loop {
+    let what = "an exported chain reconcile → client span → CreateInstance";
+    let chain = eventually(what, Duration::from_secs(30), || async {
         tracer_provider.force_flush().unwrap();
         let spans = exporter.get_finished_spans().unwrap();
         let create = spans.iter().find(|s| {
@@ -82,18 +82,16 @@ async fn provider_spans_are_children_of_the_reconcile_span() {
             })
         });
         if let (Some(create), Some(client), Some(parent)) = (create, client, parent) {
-            break (create.clone(), client.clone(), parent.clone());
+            return Ok((create.clone(), client.clone(), parent.clone()));
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no exported chain reconcile → client span → CreateInstance: found the provider's \
-             span: {}, its parent: {}, a reconcile parent of that: {}",
+        Err(format!(
+            "the provider's span: {}, its parent: {}, a reconcile parent of that: {}",
             create.is_some(),
             client.is_some(),
             parent.is_some()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        ))
+    });
+    let (create, client, parent) = chain.await;
     assert_eq!(
         client.name, "egressproxy.provider.v1.Provider/CreateInstance",
         "the provider's span is a child of the operator's client span for the call"

@@ -43,20 +43,37 @@ pub fn proxy(name: &str, port: u16, extra: serde_json::Value) -> Proxy {
 
 /// Waits (watching Events) until an Event about Proxy `name` has `reason`; returns it.
 pub async fn wait_event(events: &Api<Event>, name: &str, reason: &str) -> Event {
+    let what = format!("a {reason} Event about {name}");
+    wait_event_matching(events, name, &what, |event| {
+        event.reason.as_deref() == Some(reason)
+    })
+    .await
+}
+
+/// Waits (watching Events) until an Event about Proxy `name` passes `check`; returns
+/// it. Panics with `what` and the Events seen about `name` (reason, note) after [`super::WAIT`].
+pub async fn wait_event_matching(
+    events: &Api<Event>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Event) -> bool,
+) -> Event {
     let seen = std::cell::RefCell::new(Vec::new());
     let found = watcher(events.clone(), watcher::Config::default())
         .applied_objects()
         .try_filter(|event| {
             let about = event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
             if about {
-                seen.borrow_mut()
-                    .push(event.reason.clone().unwrap_or_default());
+                seen.borrow_mut().push((
+                    event.reason.clone().unwrap_or_default(),
+                    event.note.clone().unwrap_or_default(),
+                ));
             }
-            std::future::ready(about && event.reason.as_deref() == Some(reason))
+            std::future::ready(about && check(event))
         });
     let mut found = std::pin::pin!(found);
     match tokio::time::timeout(super::WAIT, found.try_next()).await {
         Ok(Ok(Some(event))) => event,
-        _ => panic!("no {reason} Event about {name}: saw {:?}", seen.borrow()),
+        _ => panic!("timed out waiting for {what}: saw {:#?}", seen.borrow()),
     }
 }

@@ -1,10 +1,12 @@
 //! What the operator's integration tests share: the CRD, one way to run the
 //! controller in-process, the operator binary as a process, and waits that watch the
-//! apiserver for the awaited change instead of sleeping.
+//! apiserver for the awaited change instead of sleeping ([`eventually`] for the few
+//! conditions that are no object the apiserver serves).
 
 #![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
 
 pub mod egress;
+pub mod eventually;
 pub mod fixtures;
 pub mod freezing_relay;
 pub mod pool_harness;
@@ -26,6 +28,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::wait::{Condition, await_condition};
 use tokio::process::{Child, Command};
+
+pub use eventually::eventually;
 
 /// The CRD as the chart ships it.
 pub const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
@@ -175,6 +179,28 @@ where
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
         .unwrap()
+}
+
+/// Waits (watching) until `check` holds for Proxy `name`; panics with `what` and the
+/// Proxy's last status after [`WAIT`].
+pub async fn wait_for_proxy(
+    proxies: &Api<egressproxy_operator::crd::Proxy>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&egressproxy_operator::crd::Proxy) -> bool,
+) -> egressproxy_operator::crd::Proxy {
+    use egressproxy_operator::crd::Proxy;
+    let last = std::cell::RefCell::new(None);
+    let condition = |proxy: Option<&Proxy>| {
+        *last.borrow_mut() = proxy.and_then(|p| p.status.clone());
+        proxy.is_some_and(&check)
+    };
+    let outcome =
+        tokio::time::timeout(WAIT, await_condition(proxies.clone(), name, condition)).await;
+    match outcome {
+        Ok(Ok(Some(proxy))) => proxy,
+        _ => panic!("timed out waiting for {what}: {:#?}", last.borrow()),
+    }
 }
 
 /// Waits (watching the namespace's objects of `api`) until `check` holds for all of
@@ -360,18 +386,11 @@ impl OperatorProcess {
     /// GET `path` from the operator's HTTP endpoints: status code and body.
     pub async fn get(&self, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let deadline = std::time::Instant::now() + WAIT;
-        let mut stream = loop {
-            match tokio::net::TcpStream::connect(self.http).await {
-                Ok(stream) => break stream,
-                Err(error) => assert!(
-                    std::time::Instant::now() < deadline,
-                    "operator HTTP never came up: {error}"
-                ),
-            }
-            // The process is still starting; nothing to watch until it listens.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        // The process may still be starting; nothing to watch until it listens.
+        let mut stream = eventually("the operator's HTTP endpoints to listen", WAIT, || {
+            tokio::net::TcpStream::connect(self.http)
+        })
+        .await;
         let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut answer = String::new();
