@@ -168,9 +168,11 @@ fn check_namespace_name(name: &str) -> Result<(), String> {
 /// than the spec) and the `kubectl apply` annotation (a second copy of the whole
 /// object as the user applied it).
 pub fn trim(proxy: &mut Proxy) {
-    use kube::ResourceExt;
-    proxy.managed_fields_mut().clear();
-    proxy.annotations_mut().remove(LAST_APPLIED);
+    // `None`, not an emptied list: clearing a Vec keeps its buffer allocated.
+    proxy.metadata.managed_fields = None;
+    if let Some(annotations) = proxy.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +197,68 @@ mod tests {
         let scope = WatchScope::from_flags(none).unwrap();
         assert_eq!(scope, WatchScope::AllNamespaces);
         assert!(scope.contains("anything"));
+    }
+
+    /// A Proxy as the apiserver serves it after `kubectl apply` and the operator's own
+    /// writes: two field managers' records, the applied copy, and everything the
+    /// operator reads.
+    fn served_proxy() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "egressproxy.dev/v1alpha1",
+            "kind": "Proxy",
+            "metadata": {
+                "name": "egress",
+                "namespace": "team-a",
+                "uid": "6f1c",
+                "resourceVersion": "42",
+                "generation": 3,
+                "labels": {"team": "a"},
+                "annotations": {
+                    LAST_APPLIED: "{\"kind\":\"Proxy\",\"spec\":{\"provider\":\"reference\"}}",
+                    "egressproxy.dev/reconcile-requested-at": "2024-01-01T00:00:00Z",
+                },
+                "finalizers": ["egressproxy.dev/instance"],
+                "ownerReferences": [{
+                    "apiVersion": "egressproxy.dev/v1alpha1", "kind": "ProxyPool",
+                    "name": "pool", "uid": "9a0b", "controller": true,
+                }],
+                "managedFields": [
+                    {"manager": "kubectl-client-side-apply", "operation": "Update",
+                     "apiVersion": "egressproxy.dev/v1alpha1", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:spec": {"f:provider": {}}}},
+                    {"manager": "egressproxy-operator", "operation": "Apply",
+                     "apiVersion": "egressproxy.dev/v1alpha1", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:status": {"f:phase": {}}}, "subresource": "status"},
+                ],
+            },
+            "spec": {
+                "provider": "reference",
+                "placement": {"machineType": "small", "image": "debian-12"},
+                "proxyPort": 3128,
+            },
+            "status": {"phase": "Ready", "providerId": "i-1", "replacements": 1},
+        })
+    }
+
+    #[test]
+    fn trim_drops_the_field_managers_records_and_the_applied_copy_only() {
+        let mut proxy: Proxy = serde_json::from_value(served_proxy()).unwrap();
+        trim(&mut proxy);
+
+        let mut expected = served_proxy();
+        let metadata = expected["metadata"].as_object_mut().unwrap();
+        metadata.remove("managedFields");
+        metadata["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(LAST_APPLIED);
+        // Both sides go through the type, so the spec's defaults appear in both.
+        let expected: Proxy = serde_json::from_value(expected).unwrap();
+        assert_eq!(
+            serde_json::to_value(&proxy).unwrap(),
+            serde_json::to_value(&expected).unwrap()
+        );
+        assert_eq!(proxy.metadata.managed_fields, None, "gone, buffer and all");
     }
 
     #[test]

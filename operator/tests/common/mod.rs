@@ -47,6 +47,19 @@ pub async fn env_with_crd(test: &str) -> KubeTestEnv {
     env
 }
 
+/// The shared state a controller runs with: `client`, the providers of
+/// `providers_yaml`, instances tagged with `cluster`, metrics of its own.
+pub fn context(client: kube::Client, providers_yaml: &str, cluster: &str) -> Context {
+    let config = ProvidersConfig::parse(providers_yaml).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    Context::new(
+        client,
+        Providers::new(config, metrics.clone()),
+        cluster.to_owned(),
+        metrics,
+    )
+}
+
 /// The controller running in-process on one namespace, stopped when dropped.
 pub struct Controller {
     /// Its shared state (metrics, providers).
@@ -84,14 +97,7 @@ impl Controller {
         cluster: &str,
         configure: impl FnOnce(&mut Context),
     ) -> Controller {
-        let config = ProvidersConfig::parse(providers_yaml).unwrap();
-        let metrics = Arc::new(Metrics::default());
-        let mut ctx = Context::new(
-            env.client.clone(),
-            Providers::new(config, metrics.clone()),
-            cluster.to_owned(),
-            metrics,
-        );
+        let mut ctx = context(env.client.clone(), providers_yaml, cluster);
         configure(&mut ctx);
         let ctx = Arc::new(ctx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -30,6 +30,21 @@ impl RequestLog {
             .cloned()
             .collect()
     }
+
+    /// The lists (not watches) of `resource` (`proxies`, …) sent after the first `mark`:
+    /// a GET whose path ends at the collection, in any namespace or in all.
+    pub fn lists_of(&self, mark: usize, resource: &str) -> Vec<String> {
+        self.0.lock().unwrap()[mark..]
+            .iter()
+            .filter(|request| !request.contains("watch=true") && !request.contains("watch=1"))
+            .filter(|request| {
+                let (method, rest) = request.split_once(' ').unwrap_or_default();
+                let path = rest.split('?').next().unwrap_or_default();
+                method == "GET" && path.rsplit('/').next() == Some(resource)
+            })
+            .cloned()
+            .collect()
+    }
 }
 
 /// A client that sends through `client` and records each request in the log.
