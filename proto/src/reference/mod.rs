@@ -21,12 +21,14 @@
 //! (Create, Delete, a forced state, and timers at the end of provisioning and of
 //! DELETING), which serves WatchInstances. [`Faults`] and the control service
 //! ([`control`], served only when asked for) let tests inject errors, latency and
-//! hangs, and force an instance's state. A [`Misbehaviour`] breaks one contract rule on purpose, to test the
-//! conformance suite.
+//! hangs, and force an instance's state; [`MemoryProvider::call_counts`] and
+//! [`MemoryProvider::peak_calls_in_flight`] tell them how callers used the provider. A
+//! [`Misbehaviour`] breaks one contract rule on purpose, to test the conformance suite.
 
 pub mod addresses;
 pub mod control;
 mod faults;
+mod in_flight;
 mod locations;
 mod misbehave;
 mod tags;
@@ -133,6 +135,8 @@ pub struct MemoryProvider {
     config: Arc<ReferenceConfig>,
     state: Arc<Mutex<State>>,
     faults: Faults,
+    /// Calls running now, and the most that ran at once.
+    in_flight: in_flight::CallsInFlight,
     hub: WatchHub,
     /// Wakes an update held in its race window (only to misbehave, see `tags.rs`).
     tag_race: Arc<tokio::sync::Notify>,
@@ -193,6 +197,7 @@ impl MemoryProvider {
             config: Arc::new(config),
             state: Arc::default(),
             faults: Faults::default(),
+            in_flight: in_flight::CallsInFlight::default(),
             hub: WatchHub::default(),
             tag_race: Arc::default(),
         }
@@ -221,13 +226,21 @@ impl MemoryProvider {
         self.lock().calls.clone()
     }
 
-    /// Counts the call, then applies any injected fault; returns how long to hold the
-    /// answer back once the work is done.
+    /// The most calls of each Provider method that ran at once (injected latency
+    /// included), since the provider started.
+    pub fn peak_calls_in_flight(&self) -> BTreeMap<String, u64> {
+        self.in_flight.peak()
+    }
+
+    /// Counts the call, then applies any injected fault; returns the call's place among
+    /// those in flight (hold it until the answer goes) and how long to hold the answer
+    /// back once the work is done.
     async fn enter(
         &self,
         method: &str,
         metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Option<Duration>, Status> {
+    ) -> Result<(in_flight::InFlight, Option<Duration>), Status> {
+        let running = self.in_flight.enter(method);
         *self.lock().calls.entry(method.to_owned()).or_default() += 1;
         if self.breaks(Misbehaviour::RefusesTraceContext) && metadata.contains_key("traceparent") {
             return Err(self.encode(
@@ -235,7 +248,12 @@ impl MemoryProvider {
                     .with_reason("TRACE_CONTEXT_REFUSED"),
             ));
         }
-        self.faults.apply(method).await.map_err(|e| self.encode(&e))
+        let hold = self
+            .faults
+            .apply(method)
+            .await
+            .map_err(|e| self.encode(&e))?;
+        Ok((running, hold))
     }
 
     fn breaks(&self, misbehaviour: Misbehaviour) -> bool {
@@ -870,7 +888,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::GetPluginInfoRequest>,
     ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
-        let hold = self.enter("GetPluginInfo", request.metadata()).await?;
+        let (_running, hold) = self.enter("GetPluginInfo", request.metadata()).await?;
         hold_answer(hold).await;
         Ok(Response::new(pb::GetPluginInfoResponse {
             name: PLUGIN_NAME.into(),
@@ -888,7 +906,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        let hold = self.enter("GetCapabilities", request.metadata()).await?;
+        let (_running, hold) = self.enter("GetCapabilities", request.metadata()).await?;
         let capabilities = [
             pb::Capability::ValidatePlacement,
             pb::Capability::VendorData,
@@ -923,7 +941,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::CreateInstanceRequest>,
     ) -> Result<Response<pb::CreateInstanceResponse>, Status> {
-        let hold = self.enter("CreateInstance", request.metadata()).await?;
+        let (_running, hold) = self.enter("CreateInstance", request.metadata()).await?;
         if self.breaks(Misbehaviour::TransientWithoutErrorInfo)
             && !std::mem::replace(&mut self.lock().answered_a_create, true)
         {
@@ -961,7 +979,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::GetInstanceRequest>,
     ) -> Result<Response<pb::GetInstanceResponse>, Status> {
-        let hold = self.enter("GetInstance", request.metadata()).await?;
+        let (_running, hold) = self.enter("GetInstance", request.metadata()).await?;
         let instance = self
             .get(&request.into_inner().id)
             .map_err(|e| self.encode(&e))?;
@@ -975,7 +993,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::DeleteInstanceRequest>,
     ) -> Result<Response<pb::DeleteInstanceResponse>, Status> {
-        let hold = self.enter("DeleteInstance", request.metadata()).await?;
+        let (_running, hold) = self.enter("DeleteInstance", request.metadata()).await?;
         self.delete(&request.into_inner().id)
             .map_err(|e| self.encode(&e))?;
         hold_answer(hold).await;
@@ -986,7 +1004,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
-        let hold = self.enter("ListInstances", request.metadata()).await?;
+        let (_running, hold) = self.enter("ListInstances", request.metadata()).await?;
         if self.breaks(Misbehaviour::CancelledAtDeadline) {
             // Far longer than the check's 1 ms deadline, so that tonic's own timer ends
             // the call even when a loaded machine wakes both timers late at once.
@@ -1003,7 +1021,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::ValidatePlacementRequest>,
     ) -> Result<Response<pb::ValidatePlacementResponse>, Status> {
-        let hold = self.enter("ValidatePlacement", request.metadata()).await?;
+        let (_running, hold) = self.enter("ValidatePlacement", request.metadata()).await?;
         let mut placement = request.into_inner().placement;
         if self.breaks(Misbehaviour::ValidateMissingPlacementAccepted) && placement.is_none() {
             placement = Some(self.default_placement());
@@ -1030,7 +1048,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::WatchInstancesRequest>,
     ) -> Result<Response<crate::watch::WatchStream>, Status> {
-        let hold = self.enter("WatchInstances", request.metadata()).await?;
+        let (_running, hold) = self.enter("WatchInstances", request.metadata()).await?;
         let stream = self.watch_stream(request.into_inner())?;
         hold_answer(hold).await;
         Ok(Response::new(stream))
@@ -1040,7 +1058,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::UpdateInstanceTagsRequest>,
     ) -> Result<Response<pb::UpdateInstanceTagsResponse>, Status> {
-        let hold = self.enter("UpdateInstanceTags", request.metadata()).await?;
+        let (_running, hold) = self.enter("UpdateInstanceTags", request.metadata()).await?;
         if !self.config.update_tags {
             return Err(self.encode(&ProviderError::unimplemented(
                 "this provider does not offer UpdateInstanceTags (no CAPABILITY_UPDATE_TAGS)",
@@ -1060,7 +1078,7 @@ impl pb::provider_server::Provider for MemoryProvider {
         &self,
         request: Request<pb::ListLocationsRequest>,
     ) -> Result<Response<pb::ListLocationsResponse>, Status> {
-        let hold = self.enter("ListLocations", request.metadata()).await?;
+        let (_running, hold) = self.enter("ListLocations", request.metadata()).await?;
         let answer = self
             .locations_page(&request.into_inner())
             .map_err(|e| self.encode(&e))?;
