@@ -8,6 +8,7 @@
 //! - [`certificates`]: a test CA with server and client certificates (openssl).
 //! - [`chaos`]: a seeded random sequence for fault injection.
 //! - [`helm`]: the project's chart through the real `helm` and `kubectl`.
+//! - [`doc_commands`]: a document's shell blocks run as written, its site names filled in.
 //! - [`http_server`]: an image server on loopback that answers as a test needs.
 //! - [`kube_apiserver`]: a real kube-apiserver with embedded etcd, one per test process.
 //! - [`kube_env`]: per-test client and namespace on it; applies CRDs.
@@ -33,6 +34,7 @@ pub mod chaos;
 pub mod chart_pod;
 pub mod cluster;
 pub mod cpu;
+pub mod doc_commands;
 pub mod e2e;
 pub mod garbage_collector;
 pub mod helm;

@@ -162,6 +162,19 @@ impl Sshd {
         self.daemon.as_mut().context("sshd is not running")
     }
 
+    /// Accepts `public_key` (an `authorized_keys` line) for every user from now on, as
+    /// adding a key to a hypervisor's account does: sshd reads the file at each login.
+    pub fn authorize(&self, public_key: &str) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let path = self.path("authorized_keys");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        writeln!(file, "{}", public_key.trim())
+            .with_context(|| format!("append to {}", path.display()))
+    }
+
     /// The loopback port sshd listens on.
     pub fn port(&self) -> u16 {
         self.port

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use chart_support::create_ssh_secret;
 use egressproxy_integration::chart_pod::ChartPod;
+use egressproxy_integration::doc_commands::fenced_blocks;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::kvm_agent::ServedAgent;
@@ -32,23 +33,7 @@ const RELEASE: &str = "egressproxy";
 
 /// The fenced blocks of `lang` in the document.
 fn blocks(lang: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut current: Option<String> = None;
-    for line in DOC.lines() {
-        match &mut current {
-            None if line.trim() == format!("```{lang}") => current = Some(String::new()),
-            Some(block) if line.trim() == "```" => {
-                found.push(std::mem::take(block));
-                current = None;
-            }
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    found
+    fenced_blocks(DOC, lang)
 }
 
 fn run_block(block: &str, dir: &Path, kubeconfig: &Path) {

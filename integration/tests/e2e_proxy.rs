@@ -1,14 +1,17 @@
-//! The real path, end to end, installed as users install it: `helm install` of the chart
-//! into a single-node cluster, whose kubelet runs the operator and the agent from the
-//! images built from `deploy/docker/`. A Proxy with user-data becomes a VM booted from
-//! the guest image through the in-cluster operator and agent; its squid proxies a
-//! request from the hypervisor's network and one from a pod in another namespace; one
-//! trace runs from the operator's reconcile into the agent's libvirt calls, and deleting
-//! the Proxy leaves no domain, overlay, seed or NVRAM (the cached base stays). No secret
-//! of the run (the Proxy's user-data, taken from a Secret, and the credentials in the
-//! agent's image URL) appears in a log, a span or an Event; `helm uninstall` leaves
-//! nothing of the release in the cluster, and at the end nothing of the run is left on
-//! the machine. `helm test` passes once the release is up.
+//! The real path, end to end, installed as users install it: the commands of
+//! `docs/install.md` run as written (its host, namespace and image names filled in),
+//! into a single-node cluster whose kubelet runs the operator and the agent from the
+//! images built from `deploy/docker/`. `helm test` passes once the release is up. The
+//! document's Proxy, its user-data in a Secret, becomes a VM booted from the guest image
+//! through the in-cluster operator and agent; its squid proxies a request from the
+//! hypervisor's network, and the document's pod in another namespace gets an answer
+//! through the Proxy's Service name (CoreDNS and kube-proxy). One trace runs from the
+//! operator's reconcile into the agent's libvirt calls. The document's uninstall is
+//! refused while the Proxy exists, naming it; the deletion it asks for leaves no
+//! domain, overlay, seed or NVRAM (the cached base stays), and the uninstall then leaves
+//! nothing of the release in the cluster. No secret of the run (the Proxy's user-data
+//! and the credentials in the agent's image URL) appears in a log, a span or an Event,
+//! and at the end nothing of the run is left on the machine.
 //!
 //! Needs root (network namespaces, useradd, debootstrap on a cold image cache), the
 //! system packages of `integration/tools/install-system-packages.sh`, what `make setup`
@@ -18,7 +21,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use egressproxy_integration::cluster::pods;
+use egressproxy_integration::cluster::TOOLBOX_IMAGE;
+use egressproxy_integration::doc_commands::{DocShell, blocks_under, fill_in};
 use egressproxy_integration::e2e::http_servers::TARGET_BODY;
 use egressproxy_integration::e2e::otlp::ReceivedSpan;
 use egressproxy_integration::e2e::stack::{
@@ -26,59 +30,112 @@ use egressproxy_integration::e2e::stack::{
     StackOptions,
 };
 use egressproxy_integration::e2e::wait_for;
-use egressproxy_integration::kube_env::KubeTestEnv;
 
-const SAMPLE: &str = include_str!("../../docs/examples/proxy-squid.yaml");
+const INSTALL_DOC: &str = include_str!("../../docs/install.md");
+/// The user-data the document's Proxy takes from its Secret.
+const SQUID_CLOUD_CONFIG: &str = include_str!("../../docs/examples/squid-cloud-config.yaml");
 /// Apply → Ready: a TCG boot on a loaded 2-core machine, plus a cold image download.
 const READY_WITHIN: Duration = Duration::from_secs(600);
 /// Several times a loaded TCG boot, and short enough for a replacement to be Ready
 /// within [`READY_WITHIN`].
 const PROVISIONING_TIMEOUT_SECONDS: u32 = 240;
-const PROXY: &str = "web";
-const USER_DATA_SECRET: &str = "web-user-data";
+/// The document's Proxy.
+const PROXY: &str = "egress";
 
-/// The sample Proxy, renamed and pointed at this stack's names and target, with its
-/// user-data moved into a Secret (applied first in the same manifest) and a unique
-/// marker added to it; and the `visible_hostname` the user-data sets.
-fn proxy_manifest(stack: &Stack, marker: &str) -> (String, String) {
-    let mut proxy: serde_norway::Value = serde_norway::from_str(SAMPLE).unwrap();
-    proxy["metadata"]["name"] = PROXY.into();
-    proxy["spec"]["provider"] = PROVIDER.into();
-    proxy["spec"]["placement"]["host"] = HOST.into();
-    proxy["spec"]["placement"]["machineType"] = MACHINE_TYPE.into();
-    proxy["spec"]["placement"]["image"] = IMAGE.into();
-    proxy["spec"]["healthCheck"]["url"] = stack.target.url().into();
-    proxy["spec"]["healthCheck"]["periodSeconds"] = 5.into();
-    proxy["spec"]["healthCheck"]["timeoutSeconds"] = 3.into();
-    // A guest that hangs while booting (seen about once in 50 TCG boots) is replaced
-    // well before the test gives up.
-    proxy["spec"]["provisioningTimeoutSeconds"] = PROVISIONING_TIMEOUT_SECONDS.into();
-    let user_data = proxy["spec"]["cloudInit"]["userData"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let visible_hostname = user_data
+/// The document's "3. A Ready Proxy": its user-data file (with a unique marker added, a
+/// secret to look for later) into a Secret, its Proxy applied in the stack's namespace
+/// with the stack's image and target, and `kubectl wait` until it is Ready. The
+/// `visible_hostname` the user-data sets.
+fn apply_the_documented_proxy(stack: &Stack, shell: &DocShell, marker: &str) -> String {
+    let user_data = shell.dir().join("cloud-config.yaml");
+    std::fs::write(&user_data, format!("{SQUID_CLOUD_CONFIG}# {marker}\n")).unwrap();
+    let visible_hostname = SQUID_CLOUD_CONFIG
         .lines()
         .find_map(|l| l.trim().strip_prefix("visible_hostname "))
-        .expect("the sample's user-data sets visible_hostname")
+        .expect("the user-data sets visible_hostname")
         .trim()
         .to_owned();
-    let user_data = format!("{user_data}\n# {marker}\n");
-    proxy["spec"]["cloudInit"] = serde_norway::from_str(&format!(
-        "userDataSecretRef: {{name: {USER_DATA_SECRET}, key: user-data}}"
-    ))
+    let block = blocks_under(INSTALL_DOC, "3. A Ready Proxy", "sh")
+        .unwrap()
+        .into_iter()
+        .find(|block| block.contains("kubectl apply"))
+        .expect("the document applies a Proxy");
+    let block = fill_in(
+        &block,
+        &[
+            ("team-a", stack.kube.namespace.clone()),
+            (
+                "docs/examples/squid-cloud-config.yaml",
+                user_data.display().to_string(),
+            ),
+            ("image: proxy-image", format!("image: {IMAGE}")),
+            // Checked often, and a guest that hangs while booting (seen about once in 50
+            // TCG boots) is replaced well before the wait gives up.
+            (
+                "    url: http://example.com/",
+                format!(
+                    "    url: {}\n    periodSeconds: 5\n    timeoutSeconds: 3",
+                    stack.target.url()
+                ),
+            ),
+            (
+                "spec:\n",
+                format!("spec:\n  provisioningTimeoutSeconds: {PROVISIONING_TIMEOUT_SECONDS}\n"),
+            ),
+            (
+                "--timeout=10m",
+                format!("--timeout={}s", READY_WITHIN.as_secs()),
+            ),
+        ],
+    )
     .unwrap();
-    let mut secret: serde_norway::Value = serde_norway::from_str(&format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {USER_DATA_SECRET}}}\nstringData: {{}}\n"
-    ))
-    .unwrap();
-    secret["stringData"]["user-data"] = user_data.into();
-    let manifest = format!(
-        "{}---\n{}",
-        serde_norway::to_string(&secret).unwrap(),
-        serde_norway::to_string(&proxy).unwrap()
+    let output = shell
+        .run(&block)
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", stack.cluster_report()));
+    eprintln!("e2e: the document's Proxy:\n{output}");
+    visible_hostname
+}
+
+/// The document's "4. A request through the Proxy": a pod of another namespace fetches
+/// the target with `http_proxy` set to the Proxy's Service name.
+fn a_pod_of_another_namespace_is_proxied_by_the_service_name(
+    stack: &Stack,
+    shell: &DocShell,
+    visible_hostname: &str,
+) {
+    let client_namespace = format!(
+        "e2e-client-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    (manifest, visible_hostname)
+    let toolbox = egressproxy_integration::tools::image_archive(TOOLBOX_IMAGE)
+        .unwrap()
+        .name;
+    let block = blocks_under(INSTALL_DOC, "4. A request through the Proxy", "sh")
+        .unwrap()
+        .remove(0);
+    let block = fill_in(
+        &block,
+        &[
+            ("team-a", stack.kube.namespace.clone()),
+            ("team-b", client_namespace),
+            ("--image=busybox", format!("--image={toolbox}")),
+            ("http://example.com/", stack.target.url()),
+        ],
+    )
+    .unwrap();
+    let output = shell
+        .run(&block)
+        .unwrap_or_else(|err| panic!("{err:#}\n{}", stack.cluster_report()));
+    assert!(
+        output.contains(TARGET_BODY.trim()),
+        "the target's body came through to the pod:\n{output}"
+    );
+    assert!(
+        output
+            .lines()
+            .any(|l| l.contains("Via:") && l.contains(visible_hostname)),
+        "the answer came through the Proxy's squid ({visible_hostname} in Via):\n{output}"
+    );
 }
 
 /// The spans of the trace that holds `name`, and the names from it up to the root.
@@ -139,17 +196,13 @@ fn observable_output(stack: &Stack, proxy_yaml: &str) -> Vec<(String, String)> {
     places
 }
 
-async fn scenario(stack: &Stack) {
+async fn scenario(stack: &mut Stack) {
     let marker = format!("user-data-secret-{}", uuid::Uuid::new_v4().simple());
-    let (manifest, visible_hostname) = proxy_manifest(stack, &marker);
-    let started = Instant::now();
-    stack.kubectl_apply(&manifest).unwrap();
+    let shell = DocShell::new(&stack.dir().join("install"), stack.kubeconfig()).unwrap();
 
-    // 1. Ready.
-    wait_for("the Proxy to be Ready", READY_WITHIN, || {
-        stack.proxy_field(PROXY, "{.status.phase}") == "Ready"
-    })
-    .await;
+    // 1. Ready: the document's Proxy.
+    let started = Instant::now();
+    let visible_hostname = apply_the_documented_proxy(stack, &shell, &marker);
     let replacements = stack.proxy_field(PROXY, "{.status.replacements}");
     eprintln!(
         "e2e: apply -> Ready in {:.1} s (replacements: {replacements})",
@@ -197,8 +250,8 @@ async fn scenario(stack: &Stack) {
         stack.target.vias()
     );
 
-    // 2b. A pod in another namespace of the cluster, through the proxy.
-    a_pod_of_another_namespace_is_proxied(stack, &proxy_url, &visible_hostname).await;
+    // 2b. The document's pod in another namespace, through the Proxy's Service name.
+    a_pod_of_another_namespace_is_proxied_by_the_service_name(stack, &shell, &visible_hostname);
 
     // 3. What the user sees.
     let table = stack.kubectl(&["get", "proxies"]).unwrap();
@@ -273,9 +326,38 @@ async fn scenario(stack: &Stack) {
         "the trace starts at the operator's reconcile: {chain:?}"
     );
 
-    // 6. Delete: nothing of the instance is left, the cached base stays.
+    // 5. A jinja template that pins a package version: cloud-init merges it with the
+    // guest-agent bootstrap.
+    jinja_user_data_gets_the_bootstrap(stack).await;
+
+    // 6. The document's uninstall: refused while the Proxy exists; the deletion it asks
+    // for leaves nothing of the instance (the cached base stays); then the release goes
+    // and leaves nothing in the cluster.
     let before_delete = Stack::files_in(&stack.pool_dir());
-    stack.delete_proxy(PROXY, Duration::from_secs(120)).await;
+    let uninstall = stack.uninstall_as_documented().await.unwrap();
+    assert!(
+        !uninstall.refused.succeeded && uninstall.refused.output.contains("pre-delete"),
+        "helm uninstall is refused by the pre-delete hook while the Proxy exists: {:?}",
+        uninstall.refused
+    );
+    let named = format!("{}/{PROXY}", stack.kube.namespace);
+    assert!(
+        uninstall.hook_log.output.contains("refusing to uninstall")
+            && uninstall.hook_log.output.contains(&named),
+        "the hook's log names {named}: {:?}",
+        uninstall.hook_log
+    );
+    assert!(uninstall.deleted.succeeded, "{:?}", uninstall.deleted);
+    assert!(
+        uninstall.uninstalled.succeeded,
+        "{:?}",
+        uninstall.uninstalled
+    );
+    assert!(
+        uninstall.left.is_empty(),
+        "helm uninstall left objects of the release: {:?}",
+        uninstall.left
+    );
     let bases: Vec<String> = before_delete
         .iter()
         .filter(|f| f.starts_with("egressproxy-base-"))
@@ -313,10 +395,6 @@ async fn scenario(stack: &Stack) {
         stack.images.downloads() >= 1,
         "the image was fetched with its credentials"
     );
-    // 8. A jinja template that pins a package version: cloud-init merges it with the
-    // guest-agent bootstrap.
-    jinja_user_data_gets_the_bootstrap(stack).await;
-
     let places = observable_output(stack, &proxy_yaml);
     assert!(
         places
@@ -327,65 +405,6 @@ async fn scenario(stack: &Stack) {
     );
     let shown = secrets_shown(&[&marker, password], &places);
     assert!(shown.is_empty(), "secrets shown: {shown:?}");
-}
-
-/// `helm uninstall` leaves nothing of the release in the cluster.
-async fn uninstall_leaves_nothing(stack: &mut Stack) {
-    let left = stack.uninstall_release().await.unwrap();
-    assert!(
-        left.is_empty(),
-        "helm uninstall left objects of the release: {left:?}"
-    );
-}
-
-/// A pod of another namespace than the release's fetches the target through the Proxy's
-/// squid (`http_proxy`), routed from the node to the guest's network.
-async fn a_pod_of_another_namespace_is_proxied(
-    stack: &Stack,
-    proxy_url: &str,
-    visible_hostname: &str,
-) {
-    let cluster = stack
-        .cluster()
-        .expect("the stack runs the chart in a cluster");
-    let client = KubeTestEnv::new("e2e-client").await.unwrap();
-    let target = stack.target.url();
-    let manifest = pods::toolbox_pod(
-        "client",
-        &[("http_proxy", proxy_url)],
-        &format!("wget -S -O - {target} 2>&1"),
-    )
-    .unwrap();
-    cluster
-        .kubectl()
-        .run(
-            &["apply", "-n", &client.namespace, "-f", "-"],
-            Some(&manifest),
-        )
-        .unwrap();
-    let phase = pods::phase_when_finished(
-        &client.client,
-        &client.namespace,
-        "client",
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
-    let output = cluster.pod_logs(&client.namespace, "client");
-    assert_eq!(
-        phase, "Succeeded",
-        "the client pod's request through {proxy_url} ended {phase:?}:\n{output}"
-    );
-    assert!(
-        output.contains(TARGET_BODY.trim()),
-        "the target's body came through to the pod:\n{output}"
-    );
-    assert!(
-        output
-            .lines()
-            .any(|l| l.contains("Via:") && l.contains(visible_hostname)),
-        "the answer came through the Proxy's squid ({visible_hostname} in Via):\n{output}"
-    );
 }
 
 /// A jinja template whose `packages:` pins a version as a quoted string (bare, YAML 1.1
@@ -486,8 +505,7 @@ async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
             tested.contains("Phase:") && tested.contains("Succeeded"),
             "helm test:\n{tested}"
         );
-        scenario(&stack).await;
-        uninstall_leaves_nothing(&mut stack).await;
+        scenario(&mut stack).await;
     })
     .catch_unwind()
     .await;

@@ -6,29 +6,14 @@
 use std::path::Path;
 use std::process::Command;
 
+use egressproxy_integration::doc_commands::fenced_blocks;
 use egressproxy_integration::reference_provider::workspace_binary;
 
 const DOC: &str = include_str!("../../docs/getting-started.md");
 
 /// The fenced blocks of `lang` in the document.
 fn blocks(lang: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut current: Option<String> = None;
-    for line in DOC.lines() {
-        match &mut current {
-            None if line.trim() == format!("```{lang}") => current = Some(String::new()),
-            Some(block) if line.trim() == "```" => {
-                found.push(std::mem::take(block));
-                current = None;
-            }
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    found
+    fenced_blocks(DOC, lang)
 }
 
 fn help(binary: &str, subcommand: Option<&str>) -> String {

@@ -92,20 +92,19 @@ async fn main() -> anyhow::Result<()> {
          kubectl -n {namespace} get events --field-selector involvedObject.name={name}\n\
          \n\
          # the release's pods and their logs:\n\
-         kubectl -n {namespace} get pods -o wide\n\
-         kubectl -n {namespace} logs deploy/{OPERATOR}\n\
-         kubectl -n {namespace} logs deploy/{AGENT}\n\
+         kubectl -n {release} get pods -o wide\n\
+         kubectl -n {release} logs deploy/{OPERATOR}\n\
+         kubectl -n {release} logs deploy/{AGENT}\n\
          \n\
-         # a request through the proxy, from a pod:\n\
+         # a request through the proxy's Service, from a pod:\n\
          kubectl -n {namespace} run client --rm -i --restart=Never --image={toolbox} \\\n\
-         \x20 --image-pull-policy=Never --env=http_proxy=http://{address}:3128 -- wget -qO- {target}\n\
-         # and from the hypervisor's network namespace:\n\
+         \x20 --image-pull-policy=Never --env=http_proxy=http://{name}.{namespace}.svc:3128 -- wget -qO- {target}\n\
+         # and from the hypervisor's network namespace, at the VM's address:\n\
          ip netns exec {netns} curl -i -x http://{address}:3128 {target}\n\
          \n\
-         # the agent's gRPC API (server reflection), over its mutual TLS:\n\
-         kubectl -n {namespace} port-forward svc/{AGENT} 50051 &\n\
-         {grpcurl} -cacert {dir}/certs/ca.crt -cert {dir}/certs/client.crt -key {dir}/certs/client.key \\\n\
-         \x20 -servername {AGENT}.{namespace}.svc 127.0.0.1:50051 list\n\
+         # the agent's gRPC API (server reflection) over its mutual TLS, as the chart's notes say:\n\
+         export PATH={tools}:$PATH\n\
+         helm get notes egressproxy -n {release}\n\
          \n\
          # the VM, through the private libvirtd:\n\
          virsh -c '{libvirt}' list --all\n\
@@ -117,12 +116,13 @@ async fn main() -> anyhow::Result<()> {
         total = started.elapsed().as_secs_f64(),
         kubeconfig = stack.kubeconfig().display(),
         namespace = stack.kube.namespace,
+        release = stack.release_namespace().unwrap_or_default(),
+        tools = egressproxy_integration::tools::bin_dir()
+            .map_or_else(|_| String::new(), |dir| dir.display().to_string()),
         netns = stack.netns(),
         target = stack.target.url(),
         toolbox = egressproxy_integration::tools::image_archive(TOOLBOX_IMAGE)
             .map_or_else(|_| "toolbox".to_owned(), |image| image.name),
-        grpcurl = egressproxy_integration::tools::bin("grpcurl")
-            .map_or_else(|_| "grpcurl".to_owned(), |p| p.display().to_string()),
         libvirt = stack.libvirt_uri(),
         dir = stack.dir().display(),
     );

@@ -1,39 +1,49 @@
-//! The stack's operator and kvm-agent installed the way users install them: one
-//! `helm install` of `charts/egressproxy` into the stack's single-node cluster
-//! ([`crate::cluster`]), with the in-cluster agent, mutual TLS between the two, and the
-//! agent's SSH key and known_hosts in a Secret. The chart's Deployments run as pods under
-//! the kubelet, from the images `make images` built from `deploy/docker/` and with the
-//! chart's own security context (uid 65532, read-only root filesystem).
+//! The stack's operator and kvm-agent installed the way users install them: the commands
+//! of `docs/install.md` ("2a. Agent in the cluster, over SSH"), run as written
+//! ([`crate::doc_commands`]) with this machine's names filled in, into the stack's
+//! single-node cluster ([`crate::cluster`]). The chart's Deployments run as pods under
+//! the kubelet, from the images `make images` built from `deploy/docker/`, with the
+//! chart's own security context (uid 65532, read-only root filesystem) and its own
+//! certificates for the mutual TLS between the two (the default `tls.source: helm`).
 //!
-//! 1. [`Release::install`] makes the Secrets the chart expects (TLS for the agent's
-//!    Service name, a client certificate for the operator, the SSH key), writes the
-//!    values, and runs `helm install`.
+//! 1. [`Release::install`] runs the document's first block (the release's namespace, the
+//!    agent's SSH key, the hypervisor's host key by `ssh-keyscan`, the Secret), authorizes
+//!    the new key at the stack's sshd as the document asks, writes `my-values.yaml` from
+//!    `examples/in-cluster-agent-ssh.yaml` with the stack's hosts, machine types and
+//!    images, and runs the second block (`helm install --wait`, the pods, the agent's log).
 //! 2. [`Release::wait_available`] watches both Deployments until each has an available
 //!    replica (its readiness probe passed), and shows the pods' states and output if not.
-//! 3. [`Release::uninstall`] runs `helm uninstall`, waits until the release's pods are
-//!    gone, and lists whatever of the release is still in the cluster.
+//! 3. [`Release::uninstall_as_documented`] runs "Upgrades and uninstall" command by
+//!    command: the refused `helm uninstall`, the hook's log, the deletion it asks for,
+//!    the `helm uninstall` that then passes; then it waits until the release's pods are
+//!    gone and lists whatever of the release is still in the cluster.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
-use crate::certificates::make_certificates;
 use crate::cluster::{Cluster, pods};
-use crate::helm::{Helm, Kubectl};
+use crate::doc_commands::{DocShell, LineOutcome, blocks_under, commands_of, fill_in};
+use crate::helm::{Helm, Kubectl, chart_dir};
 use crate::kube_env::KubeTestEnv;
+use crate::sshd::Sshd;
 
-/// The release name.
-pub const RELEASE: &str = "e2e";
+/// The release name, as `docs/install.md` installs it.
+pub const RELEASE: &str = "egressproxy";
 /// The operator's Deployment (the chart's name for it).
-pub const OPERATOR: &str = "e2e-egressproxy-operator";
+pub const OPERATOR: &str = "egressproxy-operator";
 /// The agent's Deployment and Service.
-pub const AGENT: &str = "e2e-egressproxy-kvm-agent";
-const SSH_SECRET: &str = "kvm-agent-ssh";
+pub const AGENT: &str = "egressproxy-kvm-agent";
+/// The document the release is installed and uninstalled by.
+const INSTALL_DOC: &str = include_str!("../../../docs/install.md");
+/// The chart's example the values start from, as the document says.
+const EXAMPLE_VALUES: &str =
+    include_str!("../../../charts/egressproxy/examples/in-cluster-agent-ssh.yaml");
 /// The label every object of the release carries.
-const INSTANCE_LABEL: &str = "app.kubernetes.io/instance=e2e";
+const INSTANCE_LABEL: &str = "app.kubernetes.io/instance=egressproxy";
 /// How long `helm test` may take: the test pod starts from an image already on the
 /// node and makes two calls of at most 20 s each.
 const HELM_TEST_WITHIN: &str = "3m";
@@ -46,79 +56,98 @@ pub struct Release {
     namespace: String,
     helm: Helm,
     kubectl: Kubectl,
+    shell: DocShell,
 }
 
-/// What the release's values say beyond the chart's defaults.
+/// What the release's values say beyond the chart's example.
 #[derive(Debug)]
 pub struct ReleaseSettings<'a> {
-    /// The `kvmAgent.config` document (hosts, machine types, images, transport), as YAML
-    /// indented for that key.
+    /// The `kvmAgent.config` document (hosts, machine types, images, transport).
     pub agent_config: &'a str,
-    /// The agent's private key and known_hosts file.
-    pub ssh_key: &'a Path,
-    /// See [`ReleaseSettings::ssh_key`].
-    pub known_hosts: &'a Path,
+    /// The hypervisor's sshd; the key the document makes is authorized there.
+    pub sshd: &'a Sshd,
+    /// The command that collects the hypervisor's host key, in place of the document's
+    /// `ssh-keyscan` of its example hosts.
+    pub keyscan: &'a str,
     /// The provider name Proxies use.
     pub provider: &'a str,
     /// The OTLP endpoint both export spans to.
     pub otel_endpoint: &'a str,
     /// `operator.clusterName`.
     pub cluster_name: &'a str,
-    /// Where certificates and the values file go.
+    /// The working directory of the document's commands (keys, values).
     pub dir: &'a Path,
 }
 
+/// What the document's uninstall commands did, each in order.
+#[derive(Debug)]
+pub struct DocumentedUninstall {
+    /// `helm uninstall` while Proxies exist: refused by the pre-delete hook.
+    pub refused: LineOutcome,
+    /// The hook Job's log.
+    pub hook_log: LineOutcome,
+    /// `kubectl delete proxypools,proxies …`.
+    pub deleted: LineOutcome,
+    /// `helm uninstall` once they are gone.
+    pub uninstalled: LineOutcome,
+    /// What of the release is still in the cluster afterwards ([`Kubectl::release_leftovers`]).
+    pub left: Vec<String>,
+}
+
 impl Release {
-    /// Makes the Secrets the chart expects and installs it.
+    /// Steps 1 and 2 of the module docs: the document's commands, as written.
     pub async fn install(
         kube: &KubeTestEnv,
+        cluster: &Cluster,
         settings: &ReleaseSettings<'_>,
     ) -> anyhow::Result<Self> {
-        let namespace = kube.namespace.clone();
-        let certs = settings.dir.join("certs");
-        std::fs::create_dir_all(&certs)?;
-        make_certificates(&certs, &format!("{AGENT}.{namespace}.svc"))?;
-        create_secret(
-            kube,
-            SSH_SECRET,
-            &[
-                ("id_ed25519", settings.ssh_key),
-                ("known_hosts", settings.known_hosts),
-            ],
-        )
-        .await?;
-        create_secret(
-            kube,
-            &format!("{AGENT}-tls"),
-            &[
-                ("tls.crt", &certs.join("server.crt")),
-                ("tls.key", &certs.join("server.key")),
-                ("ca.crt", &certs.join("ca.crt")),
-            ],
-        )
-        .await?;
-        create_secret(
-            kube,
-            &format!("{OPERATOR}-client-tls"),
-            &[
-                ("tls.crt", &certs.join("client.crt")),
-                ("tls.key", &certs.join("client.key")),
-                ("ca.crt", &certs.join("ca.crt")),
-            ],
-        )
-        .await?;
-
-        let values = settings.dir.join("values.yaml");
-        std::fs::write(&values, values_yaml(settings, &namespace))?;
+        let namespace = format!(
+            "egressproxy-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         let kubeconfig = kube.apiserver().kubeconfig_path();
-        let helm = Helm::new(kubeconfig)?;
-        helm.install(RELEASE, &namespace, &[&values], &[])
-            .context("helm install the chart")?;
-        Ok(Self {
-            namespace,
-            helm,
+        let shell = DocShell::new(settings.dir, kubeconfig)?;
+        let in_namespace = [
+            ("namespace egressproxy", format!("namespace {namespace}")),
+            ("-n egressproxy", format!("-n {namespace}")),
+        ];
+
+        let keys = install_block("ssh-keygen")?;
+        let mut pairs = in_namespace.to_vec();
+        pairs.push((
+            "ssh-keyscan hv1.example.org hv2.example.org",
+            settings.keyscan.to_owned(),
+        ));
+        shell.run(&fill_in(&keys, &pairs)?)?;
+        let public_key = std::fs::read_to_string(settings.dir.join("id_ed25519.pub"))
+            .context("the document's ssh-keygen wrote id_ed25519.pub")?;
+        settings.sshd.authorize(&public_key)?;
+
+        std::fs::write(settings.dir.join("my-values.yaml"), values_yaml(settings)?)?;
+        let install = install_block("helm install")?;
+        let mut pairs = vec![("charts/egressproxy", chart_dir().display().to_string())];
+        pairs.push(in_namespace[1].clone());
+        let release = Self {
+            helm: Helm::new(kubeconfig)?,
             kubectl: Kubectl::new(kubeconfig),
-        })
+            namespace,
+            shell,
+        };
+        release
+            .shell
+            .run(&fill_in(&install, &pairs)?)
+            .with_context(|| {
+                format!(
+                    "helm install as documented\n{}",
+                    release.pods_report(cluster)
+                )
+            })?;
+        Ok(release)
+    }
+
+    /// The release's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// Waits until the operator's and the agent's Deployments each have an available
@@ -172,8 +201,7 @@ impl Release {
 
     /// The agent's configuration as its pod reads it (the chart's config Secret).
     pub async fn agent_config(&self, kube: &KubeTestEnv) -> anyhow::Result<String> {
-        let secret = kube
-            .namespaced::<Secret>()
+        let secret = Api::<Secret>::namespaced(kube.client.clone(), &self.namespace)
             .get(AGENT)
             .await
             .with_context(|| format!("read the agent's config Secret {AGENT}"))?;
@@ -193,12 +221,33 @@ impl Release {
             .with_context(|| format!("helm test\n{}", self.pods_report(cluster)))
     }
 
-    /// `helm uninstall`, then waits until the release's pods are gone; what of the
-    /// release is still there ([`Kubectl::release_leftovers`]).
-    pub async fn uninstall(&self, kube: &KubeTestEnv) -> anyhow::Result<Vec<String>> {
-        self.helm
-            .uninstall(RELEASE, &self.namespace)
-            .context("helm uninstall")?;
+    /// Step 3 of the module docs. `before_uninstall` runs just before the last `helm
+    /// uninstall`, while the release's pods still run (to copy their logs).
+    pub async fn uninstall_as_documented(
+        self,
+        kube: &KubeTestEnv,
+        before_uninstall: impl FnOnce(),
+    ) -> anyhow::Result<DocumentedUninstall> {
+        let block = blocks_under(INSTALL_DOC, "Upgrades and uninstall", "sh")?
+            .into_iter()
+            .find(|block| block.contains("helm uninstall"))
+            .context("docs/install.md's uninstall commands")?;
+        let block = fill_in(
+            &block,
+            &[("-n egressproxy", format!("-n {}", self.namespace))],
+        )?;
+        let commands = commands_of(&block);
+        let [refused, hook_log, deleted, uninstalled] = commands.as_slice() else {
+            bail!(
+                "docs/install.md's uninstall block has {} commands, not 4:\n{block}",
+                commands.len()
+            );
+        };
+        let refused = self.shell.run_command(refused)?;
+        let hook_log = self.shell.run_command(hook_log)?;
+        let deleted = self.shell.run_command(deleted)?;
+        before_uninstall();
+        let uninstalled = self.shell.run_command(uninstalled)?;
         pods::gone(
             &kube.client,
             &self.namespace,
@@ -206,69 +255,50 @@ impl Release {
             PODS_GONE_WITHIN,
         )
         .await?;
-        Ok(self.kubectl.release_leftovers(&self.namespace, RELEASE))
+        Ok(DocumentedUninstall {
+            refused,
+            hook_log,
+            deleted,
+            uninstalled,
+            left: self.kubectl.release_leftovers(&self.namespace, RELEASE),
+        })
     }
 }
 
-/// The values a user with one hypervisor would write, plus debug logs (the run checks
-/// that no secret shows at any level) and a short span export delay.
-fn values_yaml(settings: &ReleaseSettings<'_>, namespace: &str) -> String {
-    let debug_env = |filter: &str| {
-        format!(
-            "\n    - {{name: RUST_LOG, value: \"{filter}\"}}\
-             \n    - {{name: OTEL_BSP_SCHEDULE_DELAY, value: \"200\"}}"
-        )
+/// The block of `docs/install.md`'s "2a." section that holds `command`.
+fn install_block(command: &str) -> anyhow::Result<String> {
+    blocks_under(INSTALL_DOC, "2a.", "sh")?
+        .into_iter()
+        .find(|block| block.contains(command))
+        .with_context(|| format!("docs/install.md's section 2a has no block with {command:?}"))
+}
+
+/// `my-values.yaml`: the chart's in-cluster example with this stack's cluster name,
+/// provider name and agent configuration, plus what the test adds: spans to the stack's
+/// receiver, debug logs (the run checks that no secret shows at any level), a short span
+/// export delay, no garbage-collection sweep during the run, and the stack's call
+/// deadline.
+fn values_yaml(settings: &ReleaseSettings<'_>) -> anyhow::Result<String> {
+    use serde_norway::Value;
+    let mut values: Value = serde_norway::from_str(EXAMPLE_VALUES)?;
+    let debug_env = |filter: &str| -> anyhow::Result<Value> {
+        Ok(serde_norway::from_str(&format!(
+            "[{{name: RUST_LOG, value: \"{filter}\"}}, {{name: OTEL_BSP_SCHEDULE_DELAY, value: \"200\"}}]"
+        ))?)
     };
-    format!(
-        "crds:\n\
-         \x20 enabled: false\n\
-         global:\n\
-         \x20 otel:\n\
-         \x20   endpoint: \"{otel}\"\n\
-         operator:\n\
-         \x20 clusterName: \"{cluster}\"\n\
-         \x20 watchNamespaces: [\"{namespace}\"]\n\
-         \x20 gc: {{interval: 1h}}\n\
-         \x20 extraEnv:{operator_env}\n\
-         kvmAgent:\n\
-         \x20 enabled: true\n\
-         \x20 providerName: {provider}\n\
-         \x20 callTimeout: 60s\n\
-         \x20 extraEnv:{agent_env}\n\
-         \x20 ssh:\n\
-         \x20   secretName: {SSH_SECRET}\n\
-         \x20 tls:\n\
-         \x20   source: secret\n\
-         \x20   mtls:\n\
-         \x20     enabled: true\n\
-         \x20 config:\n{config}",
-        otel = settings.otel_endpoint,
-        cluster = settings.cluster_name,
-        operator_env = debug_env("info,kube=warn,egressproxy_operator=debug"),
-        provider = settings.provider,
-        agent_env = debug_env("info,kvm_agent=debug,egressproxy_provider=debug"),
-        config = settings.agent_config,
-    )
-}
-
-async fn create_secret(
-    kube: &KubeTestEnv,
-    name: &str,
-    files: &[(&str, &Path)],
-) -> anyhow::Result<()> {
-    let mut data = serde_json::Map::new();
-    for (key, path) in files {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("read {} for Secret {name}", path.display()))?;
-        data.insert((*key).to_owned(), serde_json::Value::String(text));
-    }
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "stringData": data,
-    }))?;
-    Api::<Secret>::namespaced(kube.client.clone(), &kube.namespace)
-        .create(&PostParams::default(), &secret)
-        .await
-        .with_context(|| format!("create Secret {name}"))?;
-    Ok(())
+    values["global"] = serde_norway::from_str(&format!(
+        "otel: {{endpoint: \"{}\"}}",
+        settings.otel_endpoint
+    ))?;
+    let operator = &mut values["operator"];
+    operator["clusterName"] = settings.cluster_name.into();
+    operator["gc"] = serde_norway::from_str("{interval: 1h}")?;
+    operator["extraEnv"] = debug_env("info,kube=warn,egressproxy_operator=debug")?;
+    let agent = &mut values["kvmAgent"];
+    agent["providerName"] = settings.provider.into();
+    agent["callTimeout"] = "60s".into();
+    agent["extraEnv"] = debug_env("info,kvm_agent=debug,egressproxy_provider=debug")?;
+    agent["config"] = serde_norway::from_str(settings.agent_config)
+        .context("the stack's agent configuration is YAML")?;
+    Ok(serde_norway::to_string(&values)?)
 }

@@ -8,7 +8,8 @@
 //! 3. a system user with a name unique to this run, and a private sshd that refuses
 //!    forwarding except through the `Match` block of `docs/kvm-agent.md` for that user;
 //! 4. an HTTP server with the image, an OTLP span receiver, and the shared real
-//!    kube-apiserver with the Proxy CRD and a namespace of this run;
+//!    kube-apiserver with the Proxy CRD (the chart's, with
+//!    [`StackOptions::through_chart`]) and a namespace of this run;
 //! 5. `kvm-agent serve` on loopback, reaching libvirtd through the sshd;
 //! 6. the operator inside the network namespace (its health check reaches the guests
 //!    there), with loopback relays to the apiserver, the agent and the span receiver;
@@ -173,7 +174,10 @@ impl Stack {
     pub async fn start_with(name: &str, options: &StackOptions) -> anyhow::Result<Self> {
         let image = tokio::task::spawn_blocking(guest_image).await??;
         let kube = KubeTestEnv::new(name).await?;
-        apply_crds_yaml(&kube.client, CRD).await?;
+        // Through the chart, `helm install` brings the CRD, as it does for users.
+        if !options.through_chart {
+            apply_crds_yaml(&kube.client, CRD).await?;
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("e2e-stack")

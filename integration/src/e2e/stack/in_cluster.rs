@@ -10,9 +10,11 @@
 //!    the guests (the operator's health check, clients of the proxies) and the gateway's
 //!    services by routing, masqueraded to the node's address; the libvirt network is
 //!    routed, so the guests are reachable from outside it.
-//! 3. `helm install` ([`Release::install`]) with a known_hosts naming sshd at the
-//!    gateway's address; then it waits until both Deployments are available, and copies
-//!    the agent's configuration as its pod reads it to [`Stack::agent_config`].
+//! 3. The commands of `docs/install.md` ([`Release::install`]) in the `install` folder
+//!    of [`Stack::dir`], the host key collected from sshd at the gateway's address, into
+//!    a namespace of the release's own; then it waits until both Deployments are
+//!    available, and copies the agent's configuration as its pod reads it to
+//!    [`Stack::agent_config`].
 //! 4. [`Stack::collect_pod_logs`] copies the pods' output to `operator.log` and
 //!    `kvm-agent.log` of [`Stack::dir`], where [`Stack::log_tails`] and the tests' secret
 //!    checks read them.
@@ -26,11 +28,13 @@ use anyhow::Context;
 
 use super::{GATEWAY, GUEST_NETWORK, PROVIDER, Stack};
 use crate::cluster::{Cluster, ClusterOptions, Uplink};
-use crate::e2e::release::{AGENT, OPERATOR, Release, ReleaseSettings};
+use crate::e2e::release::{AGENT, DocumentedUninstall, OPERATOR, Release, ReleaseSettings};
 use crate::relay::LoopbackRelay;
 
 /// The project's images (`make images`) the cluster imports.
 const PROJECT_IMAGES: [&str; 2] = ["operator", "kvm-agent"];
+/// The folder of [`Stack::dir`] where the install document's commands run.
+const INSTALL_DIR: &str = "install";
 /// How long the release's pods may take to be Ready (the images are local; the agent
 /// checks its hosts first).
 const AVAILABLE_WITHIN: Duration = Duration::from_secs(180);
@@ -56,32 +60,32 @@ impl Stack {
             }),
             images: PROJECT_IMAGES.iter().map(|s| (*s).to_owned()).collect(),
         };
-        let cluster = Cluster::start(&options).await?;
+        self.cluster = Some(Cluster::start(&options).await?);
+        let cluster = self.cluster.as_ref().context("the cluster")?;
 
-        let known_hosts = self.dir.path().join("known_hosts");
-        let loopback = std::fs::read_to_string(self.sshd.known_hosts())?;
-        std::fs::write(
-            &known_hosts,
-            loopback.replace("[127.0.0.1]:", &format!("[{GATEWAY}]:")),
-        )?;
-        let agent_config = self.agent_settings(4, false, GATEWAY)?;
+        let agent_config = self.agent_settings(0, false, GATEWAY)?;
         let otel_endpoint = self
             .spans
             .endpoint()
             .replace("127.0.0.1", &GATEWAY.to_string());
         let cluster_name = format!("e2e-{}", self.kube.namespace);
+        // The hypervisor's sshd as the cluster reaches it: at the gateway's address.
+        let keyscan = format!(
+            "ip netns exec {netns} ssh-keyscan -p {port} {GATEWAY}",
+            port = self.sshd.port()
+        );
+        let dir = self.dir.path().join(INSTALL_DIR);
+        std::fs::create_dir_all(&dir)?;
         let settings = ReleaseSettings {
             agent_config: &agent_config,
-            ssh_key: &self.sshd.client_key(),
-            known_hosts: &known_hosts,
+            sshd: &self.sshd,
+            keyscan: &keyscan,
             provider: PROVIDER,
             otel_endpoint: &otel_endpoint,
             cluster_name: &cluster_name,
-            dir: self.dir.path(),
+            dir: &dir,
         };
-        let release = Release::install(&self.kube, &settings).await?;
-        self.cluster = Some(cluster);
-        let cluster = self.cluster.as_ref().context("the cluster")?;
+        let release = Release::install(&self.kube, cluster, &settings).await?;
         release
             .wait_available(&self.kube, cluster, AVAILABLE_WITHIN)
             .await?;
@@ -100,12 +104,8 @@ impl Stack {
     /// `kvm-agent.log` of [`Stack::dir`] (nothing without the chart: the processes write
     /// there themselves).
     pub fn collect_pod_logs(&self) {
-        let Some(cluster) = &self.cluster else {
-            return;
-        };
-        for (deployment, file) in [(OPERATOR, "operator.log"), (AGENT, "kvm-agent.log")] {
-            let text = cluster.deployment_logs(&self.kube.namespace, deployment);
-            let _ = std::fs::write(self.dir.path().join(file), text);
+        if let (Some(cluster), Some(release)) = (&self.cluster, &self.release) {
+            copy_pod_logs(cluster, release.namespace(), self.dir.path());
         }
     }
 
@@ -127,13 +127,33 @@ impl Stack {
         release.test(cluster)
     }
 
-    /// `helm uninstall` of the release; what of it is still in the cluster afterwards.
-    pub async fn uninstall_release(&mut self) -> anyhow::Result<Vec<String>> {
-        self.collect_pod_logs();
+    /// The release's namespace (with [`super::StackOptions::through_chart`]).
+    pub fn release_namespace(&self) -> Option<&str> {
+        self.release.as_ref().map(Release::namespace)
+    }
+
+    /// The uninstall commands of `docs/install.md`, as written (see
+    /// [`Release::uninstall_as_documented`]); the pods' output is copied to the stack's
+    /// logs just before the last `helm uninstall`.
+    pub async fn uninstall_as_documented(&mut self) -> anyhow::Result<DocumentedUninstall> {
         let release = self
             .release
             .take()
             .context("the stack was not installed with the chart")?;
-        release.uninstall(&self.kube).await
+        let cluster = self.cluster.as_ref().context("the stack has no cluster")?;
+        let namespace = release.namespace().to_owned();
+        let dir = self.dir.path();
+        release
+            .uninstall_as_documented(&self.kube, || copy_pod_logs(cluster, &namespace, dir))
+            .await
+    }
+}
+
+/// Copies the output of the operator's and the agent's pods in `namespace` to
+/// `operator.log` and `kvm-agent.log` of `dir`.
+fn copy_pod_logs(cluster: &Cluster, namespace: &str, dir: &std::path::Path) {
+    for (deployment, file) in [(OPERATOR, "operator.log"), (AGENT, "kvm-agent.log")] {
+        let text = cluster.deployment_logs(namespace, deployment);
+        let _ = std::fs::write(dir.join(file), text);
     }
 }
