@@ -1,7 +1,8 @@
 //! The real path, end to end, installed as users install it: the commands of
 //! `docs/install.md` run as written (its host, namespace and image names filled in),
 //! into a single-node cluster whose kubelet runs the operator and the agent from the
-//! images built from `deploy/docker/`. `helm test` passes once the release is up. The
+//! images built from `deploy/docker/`. `helm test` passes once the release is up, and
+//! the document's `helm upgrade` restarts only what a changed value needs. The
 //! document's Proxy, its user-data in a Secret, becomes a VM booted from the guest image
 //! through the in-cluster operator and agent; its squid proxies a request from the
 //! hypervisor's network, and the document's pod in another namespace gets an answer
@@ -200,6 +201,11 @@ async fn scenario(stack: &mut Stack) {
     let marker = format!("user-data-secret-{}", uuid::Uuid::new_v4().simple());
     let shell = DocShell::new(&stack.dir().join("install"), stack.kubeconfig()).unwrap();
 
+    // 0. A jinja template that pins a package version: cloud-init merges it with the
+    // guest-agent bootstrap. First, while it is the only Proxy, so that its VM is the
+    // only one and its deletion leaves none.
+    jinja_user_data_gets_the_bootstrap(stack).await;
+
     // 1. Ready: the document's Proxy.
     let started = Instant::now();
     let visible_hostname = apply_the_documented_proxy(stack, &shell, &marker);
@@ -326,17 +332,17 @@ async fn scenario(stack: &mut Stack) {
         "the trace starts at the operator's reconcile: {chain:?}"
     );
 
-    // 5. A jinja template that pins a package version: cloud-init merges it with the
-    // guest-agent bootstrap.
-    jinja_user_data_gets_the_bootstrap(stack).await;
-
-    // 6. The document's uninstall: refused while the Proxy exists; the deletion it asks
+    // 5. The document's uninstall: refused while the Proxy exists; the deletion it asks
     // for leaves nothing of the instance (the cached base stays); then the release goes
     // and leaves nothing in the cluster.
     let before_delete = Stack::files_in(&stack.pool_dir());
     let uninstall = stack.uninstall_as_documented().await.unwrap();
     assert!(
-        !uninstall.refused.succeeded && uninstall.refused.output.contains("pre-delete"),
+        !uninstall.refused.succeeded
+            && uninstall
+                .refused
+                .output
+                .contains("job egressproxy-operator-uninstall-check failed"),
         "helm uninstall is refused by the pre-delete hook while the Proxy exists: {:?}",
         uninstall.refused
     );
@@ -383,7 +389,7 @@ async fn scenario(stack: &mut Stack) {
     );
     eprintln!("e2e: image downloads: {}", stack.images.downloads());
 
-    // 7. No secret of the run was shown anywhere. The markers are checked against what
+    // 6. No secret of the run was shown anywhere. The markers are checked against what
     // holds them, so a search that finds nothing proves something.
     let password = stack.images.password();
     let agent_config = std::fs::read_to_string(stack.agent_config()).unwrap();
@@ -405,6 +411,38 @@ async fn scenario(stack: &mut Stack) {
     );
     let shown = secrets_shown(&[&marker, password], &places);
     assert!(shown.is_empty(), "secrets shown: {shown:?}");
+}
+
+/// The document's `helm upgrade`: the same values restart nothing; a changed agent
+/// configuration restarts the agent (its config checksum) and not the operator.
+async fn upgrades_restart_only_what_they_must(stack: &Stack) {
+    let before = stack.release_pods().await.unwrap();
+    for component in ["operator", "kvm-agent"] {
+        assert_eq!(
+            before[component].len(),
+            1,
+            "one {component} pod runs: {before:?}"
+        );
+    }
+    let same = stack.upgrade_as_documented(|_| {}).await.unwrap();
+    assert_eq!(
+        same, before,
+        "an upgrade with the same values restarts nothing"
+    );
+    let changed = stack
+        .upgrade_as_documented(|values| {
+            values["kvmAgent"]["config"]["transport"]["defaultCallTimeout"] = "61s".into();
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        changed["operator"], before["operator"],
+        "a changed agent config leaves the operator running"
+    );
+    assert!(
+        !changed["kvm-agent"].is_subset(&before["kvm-agent"]),
+        "a changed agent config restarts the agent: before {before:?}, after {changed:?}"
+    );
 }
 
 /// A jinja template whose `packages:` pins a version as a quoted string (bare, YAML 1.1
@@ -505,6 +543,7 @@ async fn a_proxy_becomes_a_vm_that_proxies_and_leaves_nothing_behind() {
             tested.contains("Phase:") && tested.contains("Succeeded"),
             "helm test:\n{tested}"
         );
+        upgrades_restart_only_what_they_must(&stack).await;
         scenario(&mut stack).await;
     })
     .catch_unwind()

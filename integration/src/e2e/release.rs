@@ -13,17 +13,20 @@
 //!    images, and runs the second block (`helm install --wait`, the pods, the agent's log).
 //! 2. [`Release::wait_available`] watches both Deployments until each has an available
 //!    replica (its readiness probe passed), and shows the pods' states and output if not.
+//!    [`Release::upgrade_as_documented`] runs the document's `helm upgrade --wait` after
+//!    a change to `my-values.yaml`, and tells which pods run afterwards.
 //! 3. [`Release::uninstall_as_documented`] runs "Upgrades and uninstall" command by
 //!    command: the refused `helm uninstall`, the hook's log, the deletion it asks for,
 //!    the `helm uninstall` that then passes; then it waits until the release's pods are
 //!    gone and lists whatever of the release is still in the cluster.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams};
 
 use crate::cluster::{Cluster, pods};
 use crate::doc_commands::{DocShell, LineOutcome, blocks_under, commands_of, fill_in};
@@ -219,6 +222,66 @@ impl Release {
         self.helm
             .test(RELEASE, &self.namespace, HELM_TEST_WITHIN)
             .with_context(|| format!("helm test\n{}", self.pods_report(cluster)))
+    }
+
+    /// The document's `helm upgrade`, as written, after `edit` changed `my-values.yaml`;
+    /// the names of the release's pods per component (`operator`, `kvm-agent`) that run
+    /// afterwards, so that a caller sees which were replaced.
+    pub async fn upgrade_as_documented(
+        &self,
+        kube: &KubeTestEnv,
+        edit: impl FnOnce(&mut serde_norway::Value),
+    ) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+        let path = self.shell.dir().join("my-values.yaml");
+        let mut values: serde_norway::Value =
+            serde_norway::from_str(&std::fs::read_to_string(&path)?)?;
+        edit(&mut values);
+        std::fs::write(&path, serde_norway::to_string(&values)?)?;
+        let block = blocks_under(INSTALL_DOC, "Upgrades and uninstall", "sh")?
+            .into_iter()
+            .find(|block| block.contains("helm upgrade"))
+            .context("docs/install.md's upgrade command")?;
+        let block = fill_in(
+            &block,
+            &[
+                ("charts/egressproxy", chart_dir().display().to_string()),
+                ("-n egressproxy", format!("-n {}", self.namespace)),
+            ],
+        )?;
+        self.shell
+            .run(&block)
+            .context("helm upgrade as documented")?;
+        self.running_pods(kube).await
+    }
+
+    /// The names of the release's pods that run and are not being deleted, per component.
+    pub async fn running_pods(
+        &self,
+        kube: &KubeTestEnv,
+    ) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+        let pods = Api::<Pod>::namespaced(kube.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(INSTANCE_LABEL))
+            .await
+            .context("list the release's pods")?;
+        let mut running: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for pod in pods {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if phase != Some("Running") || pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let component = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get("app.kubernetes.io/component"))
+                .cloned()
+                .unwrap_or_default();
+            running
+                .entry(component)
+                .or_default()
+                .insert(pod.metadata.name.unwrap_or_default());
+        }
+        Ok(running)
     }
 
     /// Step 3 of the module docs. `before_uninstall` runs just before the last `helm

@@ -21,6 +21,7 @@
 //!
 //! [`StackOptions::through_chart`]: super::StackOptions::through_chart
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -130,6 +131,23 @@ impl Stack {
     /// The release's namespace (with [`super::StackOptions::through_chart`]).
     pub fn release_namespace(&self) -> Option<&str> {
         self.release.as_ref().map(Release::namespace)
+    }
+
+    /// The names of the release's running pods per component (see
+    /// [`Release::running_pods`]).
+    pub async fn release_pods(&self) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+        let release = self.release.as_ref().context("the stack has no release")?;
+        release.running_pods(&self.kube).await
+    }
+
+    /// `docs/install.md`'s `helm upgrade` after `edit` changed the values (see
+    /// [`Release::upgrade_as_documented`]); the pods that run afterwards.
+    pub async fn upgrade_as_documented(
+        &self,
+        edit: impl FnOnce(&mut serde_norway::Value),
+    ) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+        let release = self.release.as_ref().context("the stack has no release")?;
+        release.upgrade_as_documented(&self.kube, edit).await
     }
 
     /// The uninstall commands of `docs/install.md`, as written (see
