@@ -1,6 +1,6 @@
 //! The real path, end to end, installed as users install it: the commands of
-//! `docs/install.md` run as written (its host, namespace and image names filled in),
-//! into a single-node cluster whose kubelet runs the operator and the agent from the
+//! `docs/install.md` run as written (the test's names, target URL and shorter timeouts
+//! filled in; section 3's namespace is the test's own), into a single-node cluster whose kubelet runs the operator and the agent from the
 //! images built from `deploy/docker/`. `helm test` passes once the release is up, and
 //! the document's `helm upgrade` restarts only what a changed value needs. The
 //! document's Proxy, its user-data in a Secret, becomes a VM booted from the guest image
@@ -339,10 +339,9 @@ async fn scenario(stack: &mut Stack) {
     let uninstall = stack.uninstall_as_documented().await.unwrap();
     assert!(
         !uninstall.refused.succeeded
-            && uninstall
-                .refused
-                .output
-                .contains("job egressproxy-operator-uninstall-check failed"),
+            && uninstall.refused.output.contains(
+                "* job egressproxy-operator-uninstall-check failed: BackoffLimitExceeded"
+            ),
         "helm uninstall is refused by the pre-delete hook while the Proxy exists: {:?}",
         uninstall.refused
     );

@@ -7,12 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{proxy, proxy_port};
+use common::fixtures::{instance_request, proxy, proxy_port};
 use common::request_log::recording;
 use common::{Controller, reference_config, wait_ready};
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::crd::Proxy;
-use egressproxy_provider::pb;
+use egressproxy_operator::providers::instance_tags;
 use kube::api::{Api, PostParams};
 
 #[tokio::test]
@@ -42,25 +42,12 @@ async fn a_sweep_judges_by_the_cached_proxies_without_listing_them() {
     )
     .unwrap();
     let tags = [
-        ("egressproxy.dev/cluster", cluster.as_str()),
-        ("egressproxy.dev/namespace", env.namespace.as_str()),
-        ("egressproxy.dev/uid", "a-proxy-long-gone"),
+        (instance_tags::CLUSTER, cluster.as_str()),
+        (instance_tags::NAMESPACE, env.namespace.as_str()),
+        (instance_tags::UID, "a-proxy-long-gone"),
     ];
     let orphan = client
-        .create_instance(pb::CreateInstanceRequest {
-            key: "orphan".into(),
-            tags: tags
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            placement: Some(pb::Placement {
-                location: None,
-                machine_type: "small".into(),
-                image: "debian-12".into(),
-            }),
-            proxy_port: 3128,
-            ..Default::default()
-        })
+        .create_instance(instance_request("orphan", &tags))
         .await
         .unwrap()
         .into_inner()

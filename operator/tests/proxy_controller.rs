@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::eventually::count_reached;
+use common::fixtures::instance_request;
 use common::{Controller, WAIT, eventually, reference_config, wait_for_proxy};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -739,20 +740,7 @@ async fn garbage_collection_deletes_only_our_orphans() {
         .unwrap();
     let mut client = h.provider_client().await;
     let create = |key: &str, tags: Vec<(&str, &str)>| {
-        let request = pb::CreateInstanceRequest {
-            key: key.into(),
-            tags: tags
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            placement: Some(pb::Placement {
-                location: None,
-                machine_type: "small".into(),
-                image: "debian-12".into(),
-            }),
-            proxy_port: 3128,
-            ..Default::default()
-        };
+        let request = instance_request(key, &tags);
         let mut client = client.clone();
         async move {
             client

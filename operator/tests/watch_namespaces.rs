@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::fixtures::instance_request;
 use common::{Controller, WAIT, reference_config};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -93,20 +94,7 @@ async fn orphan(provider: &ReferenceProvider, cluster: &str, namespace: &str) ->
         ("egressproxy.dev/namespace", namespace),
         ("egressproxy.dev/uid", "gone"),
     ];
-    let request = pb::CreateInstanceRequest {
-        key: format!("orphan-{namespace}"),
-        tags: tags
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-        placement: Some(pb::Placement {
-            location: None,
-            machine_type: "small".into(),
-            image: "debian-12".into(),
-        }),
-        proxy_port: 3128,
-        ..Default::default()
-    };
+    let request = instance_request(&format!("orphan-{namespace}"), &tags);
     client
         .clone()
         .create_instance(request)

@@ -75,10 +75,8 @@ async fn main() -> anyhow::Result<()> {
     while jsonpath(&stack, &name, "{.status.phase}") != "Ready" {
         anyhow::ensure!(
             applied.elapsed() < READY_WITHIN,
-            "the sample Proxy was not Ready within {READY_WITHIN:?}; the operator's log:\n{}",
-            stack
-                .kubectl(&["logs", &format!("deploy/{OPERATOR}")])
-                .unwrap_or_default()
+            "the sample Proxy was not Ready within {READY_WITHIN:?}; the logs:\n{}",
+            stack.log_tails()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

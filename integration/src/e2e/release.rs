@@ -115,7 +115,7 @@ impl Release {
             ("-n egressproxy", format!("-n {namespace}")),
         ];
 
-        let keys = install_block("ssh-keygen")?;
+        let keys = install_block("2a.", "ssh-keygen")?;
         let mut pairs = in_namespace.to_vec();
         pairs.push((
             "ssh-keyscan hv1.example.org hv2.example.org",
@@ -127,7 +127,7 @@ impl Release {
         settings.sshd.authorize(&public_key)?;
 
         std::fs::write(settings.dir.join("my-values.yaml"), values_yaml(settings)?)?;
-        let install = install_block("helm install")?;
+        let install = install_block("2a.", "helm install")?;
         let mut pairs = vec![("charts/egressproxy", chart_dir().display().to_string())];
         pairs.push(in_namespace[1].clone());
         let release = Self {
@@ -237,10 +237,7 @@ impl Release {
             serde_norway::from_str(&std::fs::read_to_string(&path)?)?;
         edit(&mut values);
         std::fs::write(&path, serde_norway::to_string(&values)?)?;
-        let block = blocks_under(INSTALL_DOC, "Upgrades and uninstall", "sh")?
-            .into_iter()
-            .find(|block| block.contains("helm upgrade"))
-            .context("docs/install.md's upgrade command")?;
+        let block = install_block("Upgrades and uninstall", "helm upgrade")?;
         let block = fill_in(
             &block,
             &[
@@ -291,10 +288,7 @@ impl Release {
         kube: &KubeTestEnv,
         before_uninstall: impl FnOnce(),
     ) -> anyhow::Result<DocumentedUninstall> {
-        let block = blocks_under(INSTALL_DOC, "Upgrades and uninstall", "sh")?
-            .into_iter()
-            .find(|block| block.contains("helm uninstall"))
-            .context("docs/install.md's uninstall commands")?;
+        let block = install_block("Upgrades and uninstall", "helm uninstall")?;
         let block = fill_in(
             &block,
             &[("-n egressproxy", format!("-n {}", self.namespace))],
@@ -328,12 +322,14 @@ impl Release {
     }
 }
 
-/// The block of `docs/install.md`'s "2a." section that holds `command`.
-fn install_block(command: &str) -> anyhow::Result<String> {
-    blocks_under(INSTALL_DOC, "2a.", "sh")?
+/// The shell block under `docs/install.md`'s heading `section` that holds `command`.
+fn install_block(section: &str, command: &str) -> anyhow::Result<String> {
+    blocks_under(INSTALL_DOC, section, "sh")?
         .into_iter()
         .find(|block| block.contains(command))
-        .with_context(|| format!("docs/install.md's section 2a has no block with {command:?}"))
+        .with_context(|| {
+            format!("docs/install.md's section {section:?} has no block with {command:?}")
+        })
 }
 
 /// `my-values.yaml`: the chart's in-cluster example with this stack's cluster name,

@@ -2,6 +2,7 @@
 //! drive the controller against the reference provider.
 
 use egressproxy_operator::crd::Proxy;
+use egressproxy_provider::pb;
 use futures::TryStreamExt;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
@@ -75,5 +76,25 @@ pub async fn wait_event_matching(
     match tokio::time::timeout(super::WAIT, found.try_next()).await {
         Ok(Ok(Some(event))) => event,
         _ => panic!("timed out waiting for {what}: saw {:#?}", seen.borrow()),
+    }
+}
+
+/// A Create of `key` on the reference provider's `small` machine type and `debian-12`
+/// image, tagged with `tags`: an instance made behind the operator's back (an orphan,
+/// another cluster's, a superseded one).
+pub fn instance_request(key: &str, tags: &[(&str, &str)]) -> pb::CreateInstanceRequest {
+    pb::CreateInstanceRequest {
+        key: key.into(),
+        tags: tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        placement: Some(pb::Placement {
+            location: None,
+            machine_type: "small".into(),
+            image: "debian-12".into(),
+        }),
+        proxy_port: 3128,
+        ..Default::default()
     }
 }

@@ -20,27 +20,28 @@ impl RequestLog {
     /// The requests sent after the first `mark`, other than watches, whose path names
     /// one of `resources` (`services`, `endpointslices`, …).
     pub fn reads_and_writes_of(&self, mark: usize, resources: &[&str]) -> Vec<String> {
-        self.0.lock().unwrap()[mark..]
-            .iter()
-            .filter(|request| !request.contains("watch=true") && !request.contains("watch=1"))
-            .filter(|request| {
-                let path = request.split(['?', ' ']).nth(1).unwrap_or_default();
-                path.split('/').any(|part| resources.contains(&part))
-            })
-            .cloned()
-            .collect()
+        self.requests_since(mark, |_, path| {
+            path.split('/').any(|part| resources.contains(&part))
+        })
     }
 
     /// The lists (not watches) of `resource` (`proxies`, …) sent after the first `mark`:
     /// a GET whose path ends at the collection, in any namespace or in all.
     pub fn lists_of(&self, mark: usize, resource: &str) -> Vec<String> {
+        self.requests_since(mark, |method, path| {
+            method == "GET" && path.rsplit('/').next() == Some(resource)
+        })
+    }
+
+    /// The requests sent after the first `mark`, other than watches, for which `wanted`
+    /// holds of their method and path (without the query).
+    fn requests_since(&self, mark: usize, wanted: impl Fn(&str, &str) -> bool) -> Vec<String> {
         self.0.lock().unwrap()[mark..]
             .iter()
             .filter(|request| !request.contains("watch=true") && !request.contains("watch=1"))
             .filter(|request| {
                 let (method, rest) = request.split_once(' ').unwrap_or_default();
-                let path = rest.split('?').next().unwrap_or_default();
-                method == "GET" && path.rsplit('/').next() == Some(resource)
+                wanted(method, rest.split('?').next().unwrap_or_default())
             })
             .cloned()
             .collect()

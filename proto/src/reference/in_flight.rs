@@ -39,6 +39,13 @@ impl CallsInFlight {
         self.lock().peak.clone()
     }
 
+    /// Starts the peaks again from the calls running now, so that a later [`Self::peak`]
+    /// tells about what happened since.
+    pub(crate) fn restart_peaks(&self) {
+        let mut counts = self.lock();
+        counts.peak = counts.running.clone();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
         self.0
             .lock()
@@ -64,6 +71,24 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restarted_peaks_count_from_the_calls_running_then() {
+        let calls = CallsInFlight::default();
+        let first = calls.enter("GetInstance");
+        drop((calls.enter("GetInstance"), calls.enter("GetInstance")));
+        calls.restart_peaks();
+        assert_eq!(
+            calls.peak(),
+            BTreeMap::from([("GetInstance".to_owned(), 1)])
+        );
+        let second = calls.enter("GetInstance");
+        assert_eq!(
+            calls.peak(),
+            BTreeMap::from([("GetInstance".to_owned(), 2)])
+        );
+        drop((first, second));
+    }
 
     #[test]
     fn the_peak_is_the_most_calls_of_a_method_running_together() {

@@ -227,9 +227,14 @@ impl MemoryProvider {
     }
 
     /// The most calls of each Provider method that ran at once (injected latency
-    /// included), since the provider started.
+    /// included), since the provider started or [`Self::restart_peak_calls_in_flight`].
     pub fn peak_calls_in_flight(&self) -> BTreeMap<String, u64> {
         self.in_flight.peak()
+    }
+
+    /// Starts [`Self::peak_calls_in_flight`] again from the calls running now.
+    pub fn restart_peak_calls_in_flight(&self) {
+        self.in_flight.restart_peaks();
     }
 
     /// Counts the call, then applies any injected fault; returns the call's place among

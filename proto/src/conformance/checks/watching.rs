@@ -201,25 +201,44 @@ impl Suite<'_> {
             .create(self.watched("watch-other", "not-watched"))
             .await?;
         let mut watch = self.watch("snapshot").await?;
+        self.read_snapshot(
+            &mut watch,
+            &mine.id,
+            (&other.id, "its tags do not match"),
+            &format!(
+                "a new stream sends UPDATED for {} (it matches the selector), nothing about \
+                 instances that do not match, then SYNCED",
+                mine.id
+            ),
+        )
+        .await
+    }
+
+    /// Reads a new stream's snapshot: UPDATED for `mine` and nothing about `excluded.0`
+    /// (whose sending would be wrong because `excluded.1`), then SYNCED; `expected`
+    /// says so in the check's words.
+    async fn read_snapshot(
+        &self,
+        watch: &mut Watch,
+        mine: &str,
+        excluded: (&str, &str),
+        expected: &str,
+    ) -> Checked {
+        let (other, why_not) = excluded;
         let mut listed = false;
         watch
             .until(
                 self.watch_deadline(),
-                &format!(
-                    "a new stream sends UPDATED for {} (it matches the selector), nothing about \
-                     instances that do not match, then SYNCED",
-                    mine.id
-                ),
+                expected,
                 |event| {
-                    let id = event.instance.as_ref().map(|i| i.id.as_str());
-                    if id == Some(&other.id) {
-                        return Err(format!("{} was sent (its tags do not match)", other.id));
+                    if event.instance.as_ref().is_some_and(|i| i.id == other) {
+                        return Err(format!("{other} was sent ({why_not})"));
                     }
-                    if is(event, WatchEventType::Updated, &mine.id) {
+                    if is(event, WatchEventType::Updated, mine) {
                         listed = true;
                     }
                     if event.r#type() == WatchEventType::Synced && !listed {
-                        return Err(format!("SYNCED before {}", mine.id));
+                        return Err(format!("SYNCED before {mine}"));
                     }
                     Ok(())
                 },
@@ -244,28 +263,17 @@ impl Suite<'_> {
             )),
             _ => Ok(()),
         };
-        let mut listed = false;
-        watch
-            .until(
-                self.watch_deadline(),
-                &format!(
-                    "a new stream with id {} sends UPDATED for it, nothing about {} (its \
-                     tags match the selector too), then SYNCED",
-                    mine.id, other.id
-                ),
-                |event| {
-                    not_other(event)?;
-                    if is(event, WatchEventType::Updated, &mine.id) {
-                        listed = true;
-                    }
-                    if event.r#type() == WatchEventType::Synced && !listed {
-                        return Err(format!("SYNCED before {}", mine.id));
-                    }
-                    Ok(())
-                },
-                |event| event.r#type() == WatchEventType::Synced,
-            )
-            .await?;
+        self.read_snapshot(
+            &mut watch,
+            &mine.id,
+            (&other.id, "it matches the selector, but not the id"),
+            &format!(
+                "a new stream with id {} sends UPDATED for it, nothing about {} (its tags \
+                 match the selector too), then SYNCED",
+                mine.id, other.id
+            ),
+        )
+        .await?;
         // Both change now; the stream tells only the one it watches.
         self.delete(&other.id).await?;
         self.delete(&mine.id).await?;
