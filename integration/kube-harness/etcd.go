@@ -19,14 +19,11 @@ type embeddedEtcd struct {
 }
 
 func startEtcd(dir string) (*embeddedEtcd, error) {
-	clientPort, err := freeLoopbackPort()
+	ports, err := freeLoopbackPorts(2)
 	if err != nil {
 		return nil, err
 	}
-	peerPort, err := freeLoopbackPort()
-	if err != nil {
-		return nil, err
-	}
+	clientPort, peerPort := ports[0], ports[1]
 	clientURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
 	peerURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
 

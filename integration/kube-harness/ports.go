@@ -26,14 +26,21 @@ func listenLoopback(port int) (net.Listener, error) {
 	return nil, fmt.Errorf("cannot listen on 127.0.0.1:%d: %v", port, err)
 }
 
-// freeLoopbackPort asks the kernel for a free port and releases it. etcd binds its own
-// listeners from URLs, so there is a short window in which another process could take
-// the port; etcd then fails to start with an error that names it.
-func freeLoopbackPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("cannot find a free loopback port for etcd: %v", err)
+// freeLoopbackPorts asks the kernel for n distinct free ports and releases them. Each
+// listener stays open until all n are chosen: a port released before the next is asked
+// for can be handed out again, and etcd then gets the same port for its client and its
+// peer URL and cannot bind the second. etcd binds its own listeners from URLs, so there
+// is still a short window in which another process could take a port; etcd then fails
+// to start with an error that names it.
+func freeLoopbackPorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for len(ports) < n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("cannot find a free loopback port for etcd: %v", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
