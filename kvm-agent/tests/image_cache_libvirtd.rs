@@ -757,6 +757,39 @@ async fn a_download_timing_out_mid_upload_deletes_its_volume_on_the_spot() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_timing_out_while_its_volume_is_created_leaves_no_volume() {
+    let fixture = Fixture::start().await;
+    // Timeouts a few milliseconds apart, from before the volume is created to after:
+    // some fire while the creating call is still running on the hypervisor, whose
+    // volume appears after the download has given up.
+    let url = fixture
+        .server
+        .serve("/creating.qcow2", qcow2_image().to_vec(), Mode::Slow);
+    let image = image(&url, qcow2_image());
+    for timeout_ms in 1..=120 {
+        let cache = ImageCache::new(ImageCacheOptions {
+            spool_dir: fixture.spool.path().to_owned(),
+            download_timeout: Duration::from_millis(timeout_ms),
+            ..ImageCacheOptions::default()
+        });
+        let error = fixture.ensure(&cache, &image, GENEROUS).await.unwrap_err();
+        // The shortest timeouts pass during the first lookup, before any volume.
+        assert!(
+            matches!(
+                error.class(),
+                ErrorClass::Transient | ErrorClass::DeadlineExceeded
+            ),
+            "{error}"
+        );
+        assert!(
+            fixture.files().is_empty(),
+            "after {timeout_ms} ms: {:?}",
+            fixture.files()
+        );
+    }
+}
+
 /// What docs/kvm-agent.md and ADR 0003 say of eviction racing a Create that found an old
 /// base: the overlay step fails (transient) and the retry fetches the base again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,32 +210,37 @@ impl Job {
                 permanent: true,
             });
         }
-        // Held by the upload task until its libvirt call returns, even after this future
+        // Held by the upload task until its libvirt calls return, even after this future
         // is dropped (timeout): `run` waits for it before deleting a failed volume.
         let uploading = self.uploading.clone().lock_owned().await;
         // A full pool fails here, named, before a volume exists.
         self.ensure_space(length).await?;
-        create_upload_target(host, pool, &names.base, length, self.call_deadline()).await?;
+        // From here the volume may exist. The create runs in the upload task, under the
+        // call timeout alone: were it cut at the download's deadline, libvirtd could
+        // finish it after `run` had deleted nothing, and the volume would stay.
         *created = true;
+        let create_deadline = Instant::now() + self.options.call_timeout;
         let upload = tokio::spawn({
             let (host, pool, volume) = (host.clone(), pool.to_owned(), names.base.clone());
             let deadline = self.deadline;
             async move {
                 let _uploading = uploading;
-                upload_volume(&host, &pool, &volume, source, length, deadline).await
+                create_upload_target(&host, &pool, &volume, length, create_deadline).await?;
+                Ok::<_, ImageError>(
+                    upload_volume(&host, &pool, &volume, source, length, deadline).await,
+                )
             }
             .in_current_span()
         });
-        let upload = upload
-            .await
-            .unwrap_or_else(|join| {
-                Err(TransportError::Worker {
-                    host: host.name().to_owned(),
-                    op: "virStorageVolUpload",
-                    reason: join.to_string(),
-                })
-            })
-            .map_err(|e| take_failure().unwrap_or_else(|| e.into()));
+        let upload: Result<u64, TransportError> = match upload.await {
+            Ok(created) => created?,
+            Err(join) => Err(TransportError::Worker {
+                host: host.name().to_owned(),
+                op: "virStorageVolUpload",
+                reason: join.to_string(),
+            }),
+        };
+        let upload = upload.map_err(|e| take_failure().unwrap_or_else(|| e.into()));
         if let Err(error) = upload {
             // libvirt reports a pool that filled up during the upload as its helper's
             // end of file: name the cause when the pool has no room for the rest.
