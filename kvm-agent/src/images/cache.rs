@@ -22,20 +22,22 @@
 //!    `imageDownloadTimeout`.
 //! 5. **Stage.** With a `Content-Length`, a sparse raw volume of that size is created and
 //!    the body streams straight into [`upload_volume`](crate::transport::bulk::upload_volume) (a dedicated bulk connection).
-//!    Both calls run in one task that outlives a timed-out download, and the create is
-//!    bounded by `defaultCallTimeout` alone: cut at the download's deadline, libvirtd
-//!    could still finish it after the cleanup below had found nothing to delete.
 //!    Without one, the body is first spooled to an unnamed file in
 //!    `transport.imageSpoolDir` (libvirt needs the length before the first byte; the
 //!    container's root is read-only), then uploaded from there. Memory stays bounded
-//!    either way.
+//!    either way. Create and upload run in one task that outlives a timed-out download,
+//!    and the create is bounded by `defaultCallTimeout` alone: cut at the download's
+//!    deadline, libvirtd could still finish it after the cleanup below had found
+//!    nothing to delete.
 //! 6. **Verify.** The reader fails the read that would hand out the last bytes when the
 //!    digest is wrong (permanent) or the body is short (transient), so the upload never
 //!    completes with wrong content. On any failure the download is cancelled, the create
-//!    and upload calls are awaited (at most `UPLOAD_SETTLE`, so the volume is not deleted
-//!    under a stream still writing it), and the volume is deleted on the spot (retried while
-//!    libvirt reports it in use; libvirt 11 does not on a dir pool, a test shows); when
-//!    even that fails (or the agent is killed), step 3 deletes it next time.
+//!    and upload calls are awaited (at most `UPLOAD_SETTLE` or `defaultCallTimeout`,
+//!    whichever is longer, so the volume is neither deleted before its create returns
+//!    nor under a stream still writing it), and the volume is deleted on the spot
+//!    (retried while libvirt reports it in use; libvirt 11 does not on a dir pool, a test
+//!    shows); when even that fails (a create cut at its own timeout that libvirtd still
+//!    finishes, or an agent killed), step 3 deletes it next time.
 //! 7. **Inspect.** A pool refresh makes libvirt probe the file: its format must be the
 //!    configured one and it must not name a backing file (a guest could otherwise read a
 //!    file of the hypervisor); its capacity is the virtual size, which an overlay must

@@ -29,7 +29,8 @@ use crate::transport::pool::HostPool;
 const SPOOL_CHUNK: usize = 256 * 1024;
 
 /// How long a failed download waits for its upload call to return before deleting the
-/// half-written volume anyway (the next attempt deletes it when this one cannot).
+/// half-written volume anyway (the next attempt deletes it when this one cannot). The
+/// wait is at least `call_timeout`, which bounds the create that precedes the upload.
 const UPLOAD_SETTLE: Duration = Duration::from_secs(5);
 
 /// Bounds of the retry hint given to a caller whose deadline passed mid-download.
@@ -91,7 +92,7 @@ pub(super) struct Job {
     pub(super) progress: Arc<Progress>,
     /// The end of `imageDownloadTimeout`.
     pub(super) deadline: Instant,
-    /// Locked while the upload's libvirt call runs.
+    /// Locked while the upload task's libvirt calls (create, then upload) run.
     pub(super) uploading: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -143,17 +144,19 @@ impl Job {
             Err(error) => {
                 metrics.image_lookup(host.name(), "failed");
                 if created {
-                    // Not under a stream still writing it: let the upload call return
-                    // first (its source is cancelled, its connection cut at the
-                    // deadline), within a bound.
+                    // Not before a create still running, nor under a stream still
+                    // writing: let the upload task's calls return first (the create
+                    // within `call_timeout`, the upload's source cancelled and its
+                    // connection cut at the deadline), within a bound.
+                    let settle = UPLOAD_SETTLE.max(self.options.call_timeout);
                     let uploading = self.uploading.clone();
-                    if tokio::time::timeout(UPLOAD_SETTLE, uploading.lock_owned())
+                    if tokio::time::timeout(settle, uploading.lock_owned())
                         .await
                         .is_err()
                     {
                         tracing::warn!(
                             volume = %self.names.base,
-                            "the upload has not returned {UPLOAD_SETTLE:?} after its failure; deleting the volume anyway"
+                            "the upload has not returned {settle:?} after its failure; deleting the volume anyway"
                         );
                     }
                     delete_half_written(host, pool, &self.names.base).await;
@@ -225,7 +228,16 @@ impl Job {
             let deadline = self.deadline;
             async move {
                 let _uploading = uploading;
+                // Past the download's deadline nothing more is started: `run` reports the
+                // timeout and deletes what the create made. (A bulk dial that cannot
+                // succeed would count as a failed SSH connect and back the host off.)
+                if let Some(late) = too_late(&host, deadline) {
+                    return Ok::<_, ImageError>(Err(late));
+                }
                 create_upload_target(&host, &pool, &volume, length, create_deadline).await?;
+                if let Some(late) = too_late(&host, deadline) {
+                    return Ok::<_, ImageError>(Err(late));
+                }
                 Ok::<_, ImageError>(
                     upload_volume(&host, &pool, &volume, source, length, deadline).await,
                 )
@@ -233,7 +245,7 @@ impl Job {
             .in_current_span()
         });
         let upload: Result<u64, TransportError> = match upload.await {
-            Ok(created) => created?,
+            Ok(outcome) => outcome?,
             Err(join) => Err(TransportError::Worker {
                 host: host.name().to_owned(),
                 op: "virStorageVolUpload",
@@ -269,6 +281,15 @@ impl Job {
             available,
         })
     }
+}
+
+/// The upload's deadline error when `deadline` has passed.
+fn too_late(host: &HostPool, deadline: Instant) -> Option<TransportError> {
+    (Instant::now() >= deadline).then(|| TransportError::DeadlineExceeded {
+        host: host.name().to_owned(),
+        op: "virStorageVolUpload",
+        after: Duration::ZERO,
+    })
 }
 
 struct CancelOnDrop(fetch::Canceller);
