@@ -1173,3 +1173,90 @@ async fn a_static_block_on_a_bridge_gives_concurrent_creates_distinct_addresses(
     }
     assert!(agent.guest_host.domains().is_empty());
 }
+
+/// Runs `virsh` against the guest host's libvirtd and returns its output; fails the test
+/// when virsh does.
+fn virsh(agent: &Agent, args: &[&str]) -> String {
+    let uri = agent.guest_host.libvirtd.uri();
+    let out = std::process::Command::new("virsh")
+        .args(["-c", uri.as_str()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "virsh {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What docs/kvm-agent.md says of a Create refused for want of an address on a libvirt
+/// network: the domain it defined stays, shut off and listed STOPPED without an address;
+/// a retry of the key once an address is free reserves it and starts the domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_refused_for_want_of_an_address_keeps_its_domain_shut_off_until_one_is_free() {
+    let agent = agent(FaultHook::default()).await;
+    // Every address of the network's DHCP range reserved for MACs no instance has (not
+    // the agent's prefix, so its sweep leaves them).
+    let hosts: String = (10..=250)
+        .map(|n| format!("<host mac='52:54:00:ee:00:{n:02x}' ip='192.168.200.{n}'/>"))
+        .collect();
+    let network = agent.guest_host.libvirtd.dir().join("full-network.xml");
+    std::fs::write(
+        &network,
+        format!(
+            "<network><name>default</name><bridge name='virbr-ep0'/>\
+             <ip address='192.168.200.1' netmask='255.255.255.0'>\
+             <dhcp><range start='192.168.200.10' end='192.168.200.250'/>{hosts}</dhcp>\
+             </ip></network>"
+        ),
+    )
+    .unwrap();
+    virsh(&agent, &["net-destroy", "default"]);
+    virsh(&agent, &["net-undefine", "default"]);
+    virsh(&agent, &["net-define", &network.display().to_string()]);
+    virsh(&agent, &["net-start", "default"]);
+    assert_eq!(dhcp_hosts(&agent, false).len(), 241);
+
+    let mut request = request("uid-exhausted");
+    request.address_identity = Some("proxy-uid-exhausted".into());
+    let err = agent.create(&request).await.unwrap_err();
+    assert_eq!(err.reason, "ADDRESSES_EXHAUSTED", "{err}");
+    assert_eq!(err.class, ErrorClass::QuotaExhausted, "{err}");
+    let names = InstanceNames::for_key(&request.key).unwrap();
+    assert_eq!(agent.guest_host.domstate(&names.domain), "shut off");
+    let listed = agent
+        .instances
+        .list(&[], deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].state(), pb::InstanceState::Stopped, "{listed:?}");
+    assert!(listed[0].addresses.is_empty(), "{listed:?}");
+
+    // One address freed: the retried Create reserves it and starts the same domain.
+    virsh(
+        &agent,
+        &[
+            "net-update",
+            "default",
+            "delete",
+            "ip-dhcp-host",
+            "<host mac='52:54:00:ee:00:7b' ip='192.168.200.123'/>",
+            "--live",
+            "--config",
+        ],
+    );
+    let instance = agent.create(&request).await.unwrap();
+    assert_eq!(instance.id, listed[0].id);
+    assert_eq!(agent.guest_host.domstate(&names.domain), "running");
+    let mac = kvm_agent::libvirt::identity_mac::mac_for_identity("proxy-uid-exhausted");
+    assert!(
+        dhcp_hosts(&agent, false).contains(&(Some(mac), Some("192.168.200.123".parse().unwrap()))),
+        "{:?}",
+        dhcp_hosts(&agent, false)
+    );
+    agent
+        .instances
+        .delete(&instance.id, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert!(agent.guest_host.domains().is_empty());
+}
