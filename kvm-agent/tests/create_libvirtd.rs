@@ -948,17 +948,11 @@ async fn user_data_never_reaches_logs_or_spans() {
 
 /// The DHCP host entries of the host's `default` network, live or as defined.
 fn dhcp_hosts(agent: &Agent, inactive: bool) -> Vec<(Option<String>, Option<std::net::Ipv4Addr>)> {
-    let uri = agent.guest_host.libvirtd.uri();
-    let mut args = vec!["-c", &uri, "net-dumpxml", "default"];
+    let mut args = vec!["net-dumpxml", "default"];
     if inactive {
         args.push("--inactive");
     }
-    let out = std::process::Command::new("virsh")
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let xml = String::from_utf8(out.stdout).unwrap();
+    let xml = agent.guest_host.virsh(&args);
     let mut hosts: Vec<_> = kvm_agent::libvirt::xml::network::DhcpFacts::parse(&xml)
         .unwrap()
         .hosts
@@ -1174,19 +1168,6 @@ async fn a_static_block_on_a_bridge_gives_concurrent_creates_distinct_addresses(
     assert!(agent.guest_host.domains().is_empty());
 }
 
-/// Runs `virsh` against the guest host's libvirtd and returns its output; fails the test
-/// when virsh does.
-fn virsh(agent: &Agent, args: &[&str]) -> String {
-    let uri = agent.guest_host.libvirtd.uri();
-    let out = std::process::Command::new("virsh")
-        .args(["-c", uri.as_str()])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "virsh {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// What docs/kvm-agent.md says of a Create refused for want of an address on a libvirt
 /// network: the domain it defined stays, shut off and listed STOPPED without an address;
 /// a retry of the key once an address is free reserves it and starts the domain.
@@ -1199,20 +1180,12 @@ async fn a_create_refused_for_want_of_an_address_keeps_its_domain_shut_off_until
         .map(|n| format!("<host mac='52:54:00:ee:00:{n:02x}' ip='192.168.200.{n}'/>"))
         .collect();
     let network = agent.guest_host.libvirtd.dir().join("full-network.xml");
-    std::fs::write(
-        &network,
-        format!(
-            "<network><name>default</name><bridge name='virbr-ep0'/>\
-             <ip address='192.168.200.1' netmask='255.255.255.0'>\
-             <dhcp><range start='192.168.200.10' end='192.168.200.250'/>{hosts}</dhcp>\
-             </ip></network>"
-        ),
-    )
-    .unwrap();
-    virsh(&agent, &["net-destroy", "default"]);
-    virsh(&agent, &["net-undefine", "default"]);
-    virsh(&agent, &["net-define", &network.display().to_string()]);
-    virsh(&agent, &["net-start", "default"]);
+    std::fs::write(&network, guest_env::network_xml(&hosts)).unwrap();
+    let virsh = |args: &[&str]| agent.guest_host.virsh(args);
+    virsh(&["net-destroy", "default"]);
+    virsh(&["net-undefine", "default"]);
+    virsh(&["net-define", &network.display().to_string()]);
+    virsh(&["net-start", "default"]);
     assert_eq!(dhcp_hosts(&agent, false).len(), 241);
 
     let mut request = request("uid-exhausted");
@@ -1232,18 +1205,15 @@ async fn a_create_refused_for_want_of_an_address_keeps_its_domain_shut_off_until
     assert!(listed[0].addresses.is_empty(), "{listed:?}");
 
     // One address freed: the retried Create reserves it and starts the same domain.
-    virsh(
-        &agent,
-        &[
-            "net-update",
-            "default",
-            "delete",
-            "ip-dhcp-host",
-            "<host mac='52:54:00:ee:00:7b' ip='192.168.200.123'/>",
-            "--live",
-            "--config",
-        ],
-    );
+    virsh(&[
+        "net-update",
+        "default",
+        "delete",
+        "ip-dhcp-host",
+        "<host mac='52:54:00:ee:00:7b' ip='192.168.200.123'/>",
+        "--live",
+        "--config",
+    ]);
     let instance = agent.create(&request).await.unwrap();
     assert_eq!(instance.id, listed[0].id);
     assert_eq!(agent.guest_host.domstate(&names.domain), "running");

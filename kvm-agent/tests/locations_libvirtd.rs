@@ -10,7 +10,6 @@
 mod common;
 mod guest_env;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,16 +27,6 @@ use kvm_agent::transport::pool::Pool;
 const GENEROUS: Duration = Duration::from_secs(120);
 const MIB: u64 = 1 << 20;
 
-fn virsh(host: &GuestHost, args: &[&str]) -> String {
-    let out = Command::new("virsh")
-        .args(["-c", &host.libvirtd.uri()])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "virsh {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A `Name: value` line of virsh's output, its first word parsed.
 fn field(text: &str, name: &str) -> u64 {
     text.lines()
@@ -50,14 +39,15 @@ fn field(text: &str, name: &str) -> u64 {
 /// The host's free memory for VMs as virsh sees it: memory less what each running
 /// domain was given, less the default 512 MiB reserve; and its CPUs.
 fn virsh_figures(host: &GuestHost) -> (u64, u32) {
-    let node = virsh(host, &["nodeinfo"]);
+    let node = host.virsh(&["nodeinfo"]);
     let memory = field(&node, "Memory size") * 1024;
     let cpus = u32::try_from(field(&node, "CPU(s)")).unwrap();
-    let committed: u64 = virsh(host, &["list", "--name"])
+    let committed: u64 = host
+        .virsh(&["list", "--name"])
         .lines()
         .map(str::trim)
         .filter(|name| !name.is_empty())
-        .map(|name| field(&virsh(host, &["dominfo", name]), "Used memory") * 1024)
+        .map(|name| field(&host.virsh(&["dominfo", name]), "Used memory") * 1024)
         .sum();
     (memory - committed - 512 * MIB, cpus)
 }
@@ -120,8 +110,8 @@ async fn locations_report_what_libvirt_holds_and_creates_go_where_there_is_room(
          <os><type arch='x86_64'>hvm</type></os></domain>",
     )
     .unwrap();
-    virsh(&guest_host, &["define", &other.display().to_string()]);
-    virsh(&guest_host, &["start", "someone-else"]);
+    guest_host.virsh(&["define", &other.display().to_string()]);
+    guest_host.virsh(&["start", "someone-else"]);
 
     let list = || async {
         list_locations(

@@ -27,7 +27,8 @@ pub struct GuestHost {
     pub images: PathBuf,
 }
 
-fn virsh(libvirtd: &Libvirtd, args: &[&str]) {
+/// Runs virsh against `libvirtd` and returns its output; fails the test when virsh does.
+fn virsh(libvirtd: &Libvirtd, args: &[&str]) -> String {
     let out = Command::new("virsh")
         .args(["-c", &libvirtd.uri()])
         .args(args)
@@ -40,6 +41,18 @@ fn virsh(libvirtd: &Libvirtd, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The host's `default` network: an isolated bridge whose dnsmasq leases
+/// 192.168.200.10-250, with `dhcp_hosts` (`<host …/>` elements) reserved in it.
+pub fn network_xml(dhcp_hosts: &str) -> String {
+    format!(
+        "<network><name>default</name><bridge name='virbr-ep0'/>\
+         <ip address='192.168.200.1' netmask='255.255.255.0'>\
+         <dhcp><range start='192.168.200.10' end='192.168.200.250'/>{dhcp_hosts}</dhcp>\
+         </ip></network>"
+    )
 }
 
 impl GuestHost {
@@ -56,14 +69,7 @@ impl GuestHost {
         );
         virsh(&libvirtd, &["pool-start", "default"]);
         let network = libvirtd.dir().join("network.xml");
-        std::fs::write(
-            &network,
-            "<network><name>default</name><bridge name='virbr-ep0'/>\
-             <ip address='192.168.200.1' netmask='255.255.255.0'>\
-             <dhcp><range start='192.168.200.10' end='192.168.200.250'/></dhcp>\
-             </ip></network>",
-        )
-        .unwrap();
+        std::fs::write(&network, network_xml("")).unwrap();
         virsh(&libvirtd, &["net-define", &network.display().to_string()]);
         virsh(&libvirtd, &["net-start", "default"]);
         let sshd = Sshd::start().expect("start sshd");
@@ -136,6 +142,12 @@ impl GuestHost {
             }
         }
         out
+    }
+
+    /// `virsh ARGS` against this host's libvirtd: its output; fails the test when virsh
+    /// does.
+    pub fn virsh(&self, args: &[&str]) -> String {
+        virsh(&self.libvirtd, args)
     }
 
     /// `virsh domstate NAME`.
