@@ -55,11 +55,18 @@ spec:
 }
 
 /// A pod that asks CoreDNS for the Service, then fetches it by ClusterIP and by name.
+/// The Service's EndpointSlice already lists the web pod, but kube-proxy applies it to
+/// the node's rules on its own schedule, which nothing in the API reports: the first
+/// fetch retries, a bounded number of times, until the ClusterIP answers.
 fn client_manifest(namespace: &str, cluster_ip: &str) -> String {
     let script = format!(
         "set -e\n\
          nslookup web.{namespace}.svc.cluster.local\n\
-         echo \"by-ip: $(wget -qO- http://{cluster_ip}/)\"\n\
+         tries=0\n\
+         until wget -qO /tmp/page http://{cluster_ip}/; do\n\
+           tries=$((tries + 1)); [ $tries -lt 30 ] || exit 1; sleep 1\n\
+         done\n\
+         echo \"by-ip: $(cat /tmp/page) after $tries retries\"\n\
          echo \"by-name: $(wget -qO- http://web/)\"\n"
     );
     pods::toolbox_pod("client", &[], &script).unwrap()
@@ -251,6 +258,16 @@ async fn pods_services_dns_and_the_project_images_run_on_the_node() {
     assert!(
         in_pod_range(&pod_ip),
         "the web pod's address {pod_ip:?} is not in {POD_CIDR}"
+    );
+    // Its readiness probe passes and the Service lists it: only then does the
+    // ClusterIP route to it.
+    let listed = pods::service_lists_ready(&kube.client, &namespace, "web", &pod_ip, WITHIN)
+        .await
+        .unwrap();
+    assert!(
+        listed,
+        "the web Service's EndpointSlice did not list {pod_ip} as ready within {WITHIN:?}\n{}",
+        cluster.log_tails()
     );
 
     // 2. Another pod reaches it through the Service's ClusterIP and by the Service's name.

@@ -33,12 +33,31 @@ report() {
     printf '  %-16s %8s\n' total $((SECONDS - run_start))
     # A full disk fails a build or a test with a message far from its cause.
     if [ "$rc" -ne 0 ]; then df -h . /tmp 2>/dev/null || true; fi
+    # A failed test's message is far up a long log, and often only the end of a log is
+    # kept: repeat each failure's first lines last.
+    if [ "$rc" -ne 0 ] && [ -s "$logs/test.log" ]; then failure_digest "$logs/test.log"; fi
   } >&2
   if [ -n "${CI_STAGE_TIMES:-}" ]; then cp "$times" "$CI_STAGE_TIMES"; fi
   rm -rf "$times" "$logs"
   exit "$rc"
 }
 trap report EXIT
+
+# failure_digest LOG: the first lines of each failed test's panic in a `cargo test` log,
+# and each test binary that died without one, at most 30 lines.
+failure_digest() {
+  echo
+  echo "test failures (first lines; the whole output is above):"
+  awk '
+    /^---- .* stdout ----$/ { name = $2; next }
+    /panicked at/ { left = 6; print "  " name ": " substr($0, 1, 240); next }
+    left > 0 {
+      if ($0 == "" || $0 ~ /^note: run with/) { left = 0; next }
+      print "    " substr($0, 1, 240); left--
+    }
+    /process didn.t exit successfully/ { print "  " substr($0, 1, 240) }
+  ' "$1" | head -n 30
+}
 
 # stage NAME COMMAND...: runs COMMAND and records its wall time and exit status.
 stage() {
@@ -73,4 +92,4 @@ stage fmt-check make fmt-check
 stage lint make lint
 stage breaking make breaking
 stage generate-check make generate-check
-stage test make test
+stage test bash -o pipefail -c 'make test 2>&1 | tee "$1"' test "$logs/test.log"

@@ -3,10 +3,13 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{WatchStreamExt, watcher};
 
 /// Waits until pod `name` of `namespace` has ended (`Succeeded` or `Failed`), or `within`
 /// has passed; returns its phase then (`Pending` or `Running` when it has not ended).
@@ -54,6 +57,39 @@ pub async fn deployment_available(
     match available {
         Ok(Ok(_)) => Ok(true),
         Ok(Err(err)) => Err(anyhow::Error::new(err).context(format!("watch Deployment {name}"))),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Waits until an EndpointSlice of Service `service` lists `address` as ready: the
+/// Service then routes to it once kube-proxy has applied the slice; false when `within`
+/// passes first.
+pub async fn service_lists_ready(
+    client: &kube::Client,
+    namespace: &str,
+    service: &str,
+    address: &str,
+    within: Duration,
+) -> anyhow::Result<bool> {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("kubernetes.io/service-name={service}");
+    let lists = |slice: &EndpointSlice| {
+        slice.endpoints.iter().flatten().any(|endpoint| {
+            endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(true)
+                && endpoint.addresses.iter().any(|a| a == address)
+        })
+    };
+    let listing = watcher(slices, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .applied_objects()
+        .try_filter(|slice| std::future::ready(lists(slice)));
+    let found = tokio::time::timeout(within, std::pin::pin!(listing).try_next()).await;
+    match found {
+        Ok(Ok(Some(_))) => Ok(true),
+        Ok(Ok(None)) => anyhow::bail!("the watch of {service}'s EndpointSlices ended"),
+        Ok(Err(err)) => {
+            Err(anyhow::Error::new(err).context(format!("watch {service}'s EndpointSlices")))
+        }
         Err(_) => Ok(false),
     }
 }
