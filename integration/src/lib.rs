@@ -36,6 +36,7 @@ pub mod cluster;
 pub mod cpu;
 pub mod doc_commands;
 pub mod e2e;
+pub mod eventually;
 pub mod garbage_collector;
 pub mod helm;
 pub mod http_server;

@@ -18,6 +18,7 @@ use std::time::Duration;
 use chart_support::create_ssh_secret;
 use egressproxy_integration::chart_pod::ChartPod;
 use egressproxy_integration::doc_commands::fenced_blocks;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::kvm_agent::ServedAgent;
@@ -76,25 +77,13 @@ async fn plugin_info(
 }
 
 async fn eventually_answers(address: &str, server_name: &str, client_dir: &Path) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let answer = plugin_info(
-            address,
-            server_name,
-            &client_dir.join("ca.crt"),
-            Some(client_dir),
-        )
-        .await;
-        match answer {
-            Ok(name) => return name,
-            Err(error) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "{server_name} never answered the operator's certificate: {error}"
-            ),
-        }
-        // The agent is still starting: connect again shortly.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Until it answers, the agent is still starting.
+    let what = format!("{server_name} to answer the operator's certificate");
+    let ca = client_dir.join("ca.crt");
+    eventually(&what, Duration::from_secs(30), || {
+        plugin_info(address, server_name, &ca, Some(client_dir))
+    })
+    .await
 }
 
 #[tokio::test]

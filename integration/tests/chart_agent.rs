@@ -8,10 +8,11 @@ mod chart_support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chart_support::{create_secret, create_ssh_secret, make_certificates};
 use egressproxy_integration::chart_pod::ChartPod;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::tools;
@@ -104,20 +105,17 @@ async fn the_agent_serves_mutual_tls_as_the_chart_runs_it() {
         .await
         .unwrap();
     let address = agent.listen().to_string();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let answer = loop {
+    // Until it answers, the agent is still starting (nothing listens yet).
+    let what = "the agent to answer over mutual TLS";
+    let answer = eventually(what, Duration::from_secs(30), || async {
         let output = grpcurl(&address, &authority, certs, true);
         if output.status.success() {
-            break String::from_utf8_lossy(&output.stdout).into_owned();
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
         }
-        assert!(
-            Instant::now() < deadline,
-            "the agent never answered over mutual TLS: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        // The agent is still starting (nothing listens yet): ask again shortly.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     assert!(answer.contains("\"contractVersion\""), "{answer}");
 
     let refused = grpcurl(&address, &authority, certs, false);

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use chart_support::{PROMETHEUS_OPERATOR_KINDS, create_ssh_secret};
 use egressproxy_integration::chart_pod::{ChartPod, Probe};
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use k8s_openapi::api::core::v1::Service;
@@ -56,26 +57,23 @@ fn monitoring_api(env: &KubeTestEnv, kind: &str) -> Api<DynamicObject> {
 /// starts.
 async fn scrape(address: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut stream) = tokio::net::TcpStream::connect(address).await {
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut response = String::new();
-            stream.read_to_string(&mut response).await.unwrap();
-            let (head, body) = response.split_once("\r\n\r\n").unwrap();
-            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-            return body.to_owned();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nothing serves /metrics on {address}"
-        );
-        // Not listening yet: the process is starting.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Until it listens, the process is starting.
+    let what = format!("/metrics served on {address}");
+    let mut stream = eventually(&what, Duration::from_secs(30), || async {
+        tokio::net::TcpStream::connect(address)
+            .await
+            .map_err(|error| format!("connect: {error}"))
+    })
+    .await;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
 }
 
 #[tokio::test]
@@ -141,14 +139,15 @@ async fn service_monitors_reach_the_metrics_and_the_rule_covers_both_components(
     .await
     .unwrap();
     // One health call, so the agent has served something.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !agent.run_probe(Probe::Readiness).unwrap().status.success() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("the agent to serve", Duration::from_secs(30), || async {
+        let probe = agent.run_probe(Probe::Readiness).unwrap();
+        if probe.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&probe.stderr).into_owned())
+        }
+    })
+    .await;
     let agent_metrics = scrape(agent.metrics_listen()).await;
     assert!(
         agent_metrics.contains(

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use chart_support::create_ssh_secret;
 use egressproxy_integration::chart_pod::{ChartPod, Probe, hook_pod_spec, run_pod_to_completion};
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::helm::{Helm, Kubectl};
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
@@ -50,20 +51,17 @@ fn text(output: &std::process::Output) -> String {
 /// Runs `probe` until it passes (the agent is still starting until it listens), up to
 /// 30 s; returns its output.
 async fn passes(agent: &ChartPod, probe: Probe) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    // Each probe is the next look, as the kubelet's period would be.
+    let what = format!("the {probe:?} probe to pass");
+    eventually(&what, Duration::from_secs(30), || async {
         let output = agent.run_probe(probe).unwrap();
         if output.status.success() {
-            return text(&output);
+            Ok(text(&output))
+        } else {
+            Err(text(&output))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the {probe:?} probe never passed: {}",
-            text(&output)
-        );
-        // The next probe is the next look, as the kubelet's period would be.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// Installs release `release` with VALUES plus `set`, and starts its agent.

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use chart_support::create_ssh_secret;
 use egressproxy_integration::chart_pod::ChartPod;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::helm::Helm;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_provider::client::{ClientOptions, ClientTls, connect_lazy};
@@ -76,18 +77,12 @@ async fn first_answer(
     ca: &Path,
     identity: (&Path, &Path),
 ) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match plugin_info(agent.listen(), server_name, ca, Some(identity)).await {
-            Ok(name) => return name,
-            Err(error) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "the agent never answered the operator's certificate: {error}"
-            ),
-        }
-        // Not listening yet: the next attempt connects again.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "the agent to answer the operator's certificate",
+        Duration::from_secs(30),
+        || plugin_info(agent.listen(), server_name, ca, Some(identity)),
+    )
+    .await
 }
 
 /// Runs NOTES' grpcurl commands as a user pastes them, in an empty directory, with the

@@ -7,6 +7,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use anyhow::Context;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::kube_apiserver::{KubeApiserver, StartOptions};
 use egressproxy_integration::kube_env::{KubeTestEnv, apply_crds_yaml};
 use futures::{StreamExt, TryStreamExt};
@@ -192,11 +193,17 @@ async fn rbac_denies_a_service_account_until_a_role_allows_it() -> anyhow::Resul
 
     grant_configmap_read(&env, "reader").await?;
     // The RBAC authorizer reads roles from an informer cache: allow it to catch up.
-    let allowed = poll(Duration::from_secs(20), || async {
-        reader_maps.get("settings").await.ok()
-    })
+    eventually(
+        "get allowed after the RoleBinding",
+        Duration::from_secs(20),
+        || async {
+            reader_maps
+                .get("settings")
+                .await
+                .map_err(|e| format!("{e}"))
+        },
+    )
     .await;
-    assert!(allowed.is_some(), "get still denied after the RoleBinding");
 
     let delete = reader_maps.delete("settings", &Default::default()).await;
     assert_eq!(
@@ -413,16 +420,17 @@ async fn the_shared_harness_dies_with_a_panicking_test_process() -> anyhow::Resu
         .trim()
         .split_once('\n')
         .context("probe has dir and pid")?;
-    let gone = poll(Duration::from_secs(30), || async {
-        let dir_gone = !std::path::Path::new(dir).exists();
-        let process_gone = !process_alive(pid);
-        (dir_gone && process_gone).then_some(())
+    let what =
+        format!("harness {pid} and its directory {dir} to go with the panicking test process");
+    eventually(&what, Duration::from_secs(30), || async {
+        match (std::path::Path::new(dir).exists(), process_alive(pid)) {
+            (false, false) => Ok(()),
+            (dir_left, process_left) => Err(format!(
+                "directory left: {dir_left}, process alive: {process_left}"
+            )),
+        }
     })
     .await;
-    assert!(
-        gone.is_some(),
-        "harness {pid} or its directory {dir} outlived the panicking test process"
-    );
     Ok(())
 }
 
@@ -434,21 +442,4 @@ fn process_alive(pid: &str) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next());
         !matches!(state, Some("Z" | "X"))
     })
-}
-
-async fn poll<T, F, Fut>(timeout: Duration, mut attempt: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = attempt().await {
-            return Some(value);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }

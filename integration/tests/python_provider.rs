@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::process::spawn_listening;
 use egressproxy_integration::reference_provider::{ReferenceProvider, workspace_binary};
 use egressproxy_integration::tools;
@@ -174,14 +175,17 @@ async fn ctrl_c_deletes_what_the_run_created_and_nothing_else() {
             .into_inner()
             .instances
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while list(client.clone()).await.len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the run never created an instance"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the run to create an instance",
+        Duration::from_secs(30),
+        || async {
+            match list(client.clone()).await.len() {
+                2.. => Ok(()),
+                n => Err(format!("{n} instances")),
+            }
+        },
+    )
+    .await;
     let pid = nix::unistd::Pid::from_raw(run.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), run.wait())

@@ -17,6 +17,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{caller_trace, deadline_in, spans_of};
+use egressproxy_integration::eventually::{eventually, try_eventually};
 use egressproxy_integration::http_server::HttpServer;
 use egressproxy_provider::{ErrorClass, pb};
 use guest_env::{GuestHost, ipxe_qcow2, qemu_img_info, sha256_file};
@@ -229,23 +230,23 @@ async fn create_get_list_delete_over_ssh() {
     assert!(err.message.contains(key), "{err}");
 
     // iPXE asks for a lease: RUNNING with the lease's address.
-    let started = std::time::Instant::now();
-    let running = loop {
-        let instance = agent
-            .instances
-            .get(&created.id, deadline_in(GENEROUS))
-            .await
-            .unwrap();
-        if instance.state() == pb::InstanceState::Running {
-            break instance;
-        }
-        assert_eq!(instance.state(), pb::InstanceState::Provisioning);
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "no address after 90 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let running = eventually(
+        "RUNNING with an address",
+        Duration::from_secs(90),
+        || async {
+            let instance = agent
+                .instances
+                .get(&created.id, deadline_in(GENEROUS))
+                .await
+                .unwrap();
+            match instance.state() {
+                pb::InstanceState::Running => Ok(instance),
+                pb::InstanceState::Provisioning => Err("PROVISIONING"),
+                other => panic!("{other:?} while waiting for an address: {instance:?}"),
+            }
+        },
+    )
+    .await;
     assert!(
         running.addresses[0].address.starts_with("192.168.200."),
         "{:?}",
@@ -456,23 +457,20 @@ async fn a_bios_guest_whose_dhcp_attempt_failed_boots_again_and_gets_its_address
         "the guest did not boot again after its failed boot: {said}\n{}",
         agent.guest_host.diagnostics()
     );
-    let started = std::time::Instant::now();
-    let running = loop {
+    let what = "RUNNING with an address after dnsmasq answered again";
+    let running = try_eventually(what, GENEROUS, || async {
         let instance = agent
             .instances
             .get(&created.id, deadline_in(GENEROUS))
             .await
             .unwrap();
-        if instance.state() == pb::InstanceState::Running {
-            break instance;
+        match instance.state() {
+            pb::InstanceState::Running => Ok(instance),
+            _ => Err(format!("{instance:?}")),
         }
-        assert!(
-            started.elapsed() < GENEROUS,
-            "no address {GENEROUS:?} after dnsmasq answered again: {instance:?}\n{}",
-            agent.guest_host.diagnostics()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|timed_out| panic!("{timed_out}\n{}", agent.guest_host.diagnostics()));
     assert!(
         running.addresses[0].address.starts_with("192.168.200."),
         "{:?}",

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use egressproxy_integration::libvirtd::Libvirtd;
+use egressproxy_integration::process::wait_until;
 use kvm_agent::libvirt::host::capabilities::{
     ProbeOutcome, VirtTypes, detect_virt_type, domain_capabilities, probe, probe_domain_xml,
     start_probe_domain,
@@ -80,15 +81,12 @@ fn a_probe_guest_is_destroyed_when_its_connection_closes() {
         }
     }
     assert!(paused, "the probe guest could be paused");
-    let gone = (0..100).any(|_| {
-        let found = observer.lookup_domain_by_name(name);
-        if found.is_err() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        false
-    });
-    assert!(gone, "the paused probe guest outlived its connection");
+    wait_until(
+        "the paused probe guest to go with its connection",
+        Duration::from_secs(10),
+        || Ok(observer.lookup_domain_by_name(name).is_err()),
+    )
+    .unwrap();
 }
 
 /// `auto` detection runs under its own deadline, once per host: a caller whose deadline

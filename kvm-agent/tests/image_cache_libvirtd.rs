@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::http_server::{Delivery, HttpServer, Reply};
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
@@ -639,16 +640,22 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
     );
     // The download finishes without any caller waiting: the server sends the last byte,
     // then the agent uploads it and writes the marker last.
-    let started = std::time::Instant::now();
-    while fixture.server.completed("/slow.qcow2") == 0 {
-        assert!(started.elapsed() < GENEROUS, "the download stalled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the download to complete", GENEROUS, || {
+        std::future::ready(match fixture.server.completed("/slow.qcow2") {
+            0 => Err("not completed"),
+            _ => Ok(()),
+        })
+    })
+    .await;
     let marker = marker_volume(&base_volume(&sha256_hex(qcow2_image())).unwrap());
-    while !fixture.files().contains(&marker) {
-        assert!(started.elapsed() < GENEROUS, "the upload stalled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the upload to write its marker", GENEROUS, || {
+        let files = fixture.files();
+        std::future::ready(match files.contains(&marker) {
+            true => Ok(()),
+            false => Err(format!("{files:?}")),
+        })
+    })
+    .await;
     let started = std::time::Instant::now();
     let base = fixture
         .ensure(&cache, &image, Duration::from_secs(10))

@@ -10,6 +10,7 @@ mod guest_env;
 use std::process::Command;
 use std::time::Duration;
 
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::http_server::HttpServer;
 use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_integration::reference_provider::workspace_binary;
@@ -182,16 +183,9 @@ async fn kvm_agent_serve_passes_the_conformance_suite() {
             .unwrap()
             .success()
     );
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = served.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = eventually("an exit after SIGTERM", Duration::from_secs(20), || {
+        std::future::ready(served.try_wait().unwrap().ok_or("still running"))
+    })
+    .await;
     assert!(status.success(), "{status:?}");
 }

@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::libvirtd::Libvirtd;
 use egressproxy_integration::sshd::Sshd;
 use kvm_agent::error::{Error, ErrorClass, TransportError};
@@ -474,16 +475,12 @@ async fn hung_call_on_a_current_thread_runtime_fails_within_deadline() {
     host.lib_version(deadline_in(GENEROUS)).await.unwrap();
 }
 
-/// Polls `ready` until it holds; panics after a minute.
+/// Looks at `ready` until it holds; panics after a minute.
 async fn until(what: &str, mut ready: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ready() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(what, Duration::from_secs(60), || {
+        std::future::ready(if ready() { Ok(()) } else { Err("not yet") })
+    })
+    .await
 }
 
 /// One IPv4 TCP socket of this network namespace: (local, remote, state, unread bytes).

@@ -8,9 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::eventually::count_reached;
 use common::fixtures::{proxy, proxy_port};
 use common::{Controller, WAIT, eventually, reference_config, wait_for_all};
+use egressproxy_integration::eventually::count_reached;
 use egressproxy_operator::crd::{Phase, Proxy};
 use egressproxy_operator::k8s::watch_scope::WatchScope;
 use egressproxy_operator::providers::ProvidersConfig;

@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::eventually::count_reached;
 use common::fixtures::instance_request;
 use common::{Controller, WAIT, eventually, reference_config, wait_for_proxy};
+use egressproxy_integration::eventually::count_reached;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;

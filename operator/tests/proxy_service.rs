@@ -7,9 +7,9 @@ mod common;
 
 use std::net::IpAddr;
 
-use common::eventually::count_reached;
 use common::stand_in::{ProxyStandIn, host_addresses};
 use common::{Controller, WAIT, eventually, reference_config, wait_until};
+use egressproxy_integration::eventually::count_reached;
 use egressproxy_integration::kube_env::KubeTestEnv;
 use egressproxy_integration::reference_provider::ReferenceProvider;
 use egressproxy_operator::context::Context;

@@ -6,11 +6,12 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egressproxy_integration::kube_env::KubeTestEnv;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::runtime::wait::await_condition;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -89,18 +90,16 @@ pub(crate) async fn create_proxy(env: &KubeTestEnv, namespace: &str, name: &str,
 
 pub(crate) async fn wait_ready(env: &KubeTestEnv, namespace: &str, name: &str) {
     let api = proxy_api(&env.client, namespace);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let proxy = api.get(name).await.unwrap();
-        let status = proxy.data.get("status").cloned().unwrap_or_default();
-        if status.get("phase").and_then(|phase| phase.as_str()) == Some("Ready") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Proxy {namespace}/{name} never became Ready: {status:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    let ready = |proxy: Option<&DynamicObject>| {
+        proxy
+            .and_then(|p| p.data.pointer("/status/phase"))
+            .and_then(|phase| phase.as_str())
+            == Some("Ready")
+    };
+    let watched = tokio::time::timeout(WAIT, await_condition(api.clone(), name, ready)).await;
+    if !matches!(watched, Ok(Ok(_))) {
+        let status = api.get(name).await.map(|p| p.data["status"].clone());
+        panic!("Proxy {namespace}/{name} was not Ready within {WAIT:?} ({watched:?}): {status:?}");
     }
 }
 

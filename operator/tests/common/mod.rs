@@ -6,7 +6,6 @@
 #![allow(dead_code, unreachable_pub)] // Each test file uses its own part of this module.
 
 pub mod egress;
-pub mod eventually;
 pub mod fixtures;
 pub mod freezing_relay;
 pub mod pool_harness;
@@ -29,7 +28,7 @@ use kube::Api;
 use kube::runtime::wait::{Condition, await_condition};
 use tokio::process::{Child, Command};
 
-pub use eventually::eventually;
+pub use egressproxy_integration::eventually::eventually;
 
 /// The CRD as the chart ships it.
 pub const CRD: &str = include_str!("../../../charts/egressproxy/files/crds.yaml");
