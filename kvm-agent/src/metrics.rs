@@ -8,6 +8,10 @@
 //! - `kvm_agent_image_cache_lookups_total{host,result}`: base image checks: `hit` (the
 //!   base was complete on the host), `downloaded` (fetched and uploaded), `failed`;
 //! - `kvm_agent_image_downloaded_bytes_total{host}`: bytes fetched into the cache;
+//! - `kvm_agent_image_cache_bytes{host}` and `kvm_agent_image_cache_images{host}`: what
+//!   the cache holds on the host (the bytes its complete bases take, and how many there
+//!   are), as the watch sweep last measured it (every 30 s); a host that did not answer
+//!   has no sample until it does;
 //! - `kvm_agent_ssh_sessions{host}`: SSH sessions open now;
 //! - `kvm_agent_ssh_connects_total{host,result}`: SSH connections, `ok` or `error`.
 //!
@@ -64,6 +68,8 @@ pub struct AgentMetrics {
     libvirt_calls: Family<LibvirtLabels, Histogram, fn() -> Histogram>,
     image_lookups: Family<HostResultLabels, Counter>,
     image_bytes: Family<HostLabels, Counter>,
+    cache_bytes: Family<HostLabels, Gauge>,
+    cache_images: Family<HostLabels, Gauge>,
     ssh_sessions: Family<HostLabels, Gauge>,
     ssh_connects: Family<HostResultLabels, Counter>,
 }
@@ -76,6 +82,8 @@ impl Default for AgentMetrics {
             libvirt_calls: Family::new_with_constructor(latency_histogram),
             image_lookups: Family::default(),
             image_bytes: Family::default(),
+            cache_bytes: Family::default(),
+            cache_images: Family::default(),
             ssh_sessions: Family::default(),
             ssh_connects: Family::default(),
         };
@@ -99,6 +107,16 @@ impl Default for AgentMetrics {
             "image_downloaded_bytes",
             "Bytes of images fetched into the cache, by host",
             metrics.image_bytes.clone(),
+        );
+        registry.register(
+            "image_cache_bytes",
+            "Bytes the complete base images of the cache take, by host",
+            metrics.cache_bytes.clone(),
+        );
+        registry.register(
+            "image_cache_images",
+            "Complete base images in the cache, by host",
+            metrics.cache_images.clone(),
         );
         registry.register(
             "ssh_sessions",
@@ -164,6 +182,25 @@ impl AgentMetrics {
             host: host.to_owned(),
         };
         self.image_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    /// Records what the image cache holds on `host`: `Some((images, bytes))`, or `None`
+    /// when it could not be measured (the host's samples go until it can be).
+    pub fn image_cache_held(&self, host: &str, held: Option<(u64, u64)>) {
+        let labels = HostLabels {
+            host: host.to_owned(),
+        };
+        match held {
+            Some((images, bytes)) => {
+                let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                self.cache_images.get_or_create(&labels).set(gauge(images));
+                self.cache_bytes.get_or_create(&labels).set(gauge(bytes));
+            }
+            None => {
+                self.cache_images.remove(&labels);
+                self.cache_bytes.remove(&labels);
+            }
+        }
     }
 
     /// Records one SSH connection attempt to `host`.
@@ -233,6 +270,9 @@ mod tests {
         metrics.libvirt_call("hv1", "virDomainCreate", true, Duration::from_millis(3));
         metrics.image_lookup("hv1", "hit");
         metrics.image_downloaded("hv1", 1024);
+        metrics.image_cache_held("hv1", Some((2, 4096)));
+        metrics.image_cache_held("hv2", Some((1, 10)));
+        metrics.image_cache_held("hv2", None);
         metrics.ssh_connect("hv1", false);
         let session = metrics.ssh_session_opened("hv1");
         egressproxy_provider::server::CallObserver::observe(
@@ -246,12 +286,18 @@ mod tests {
             "kvm_agent_libvirt_call_duration_seconds_count{host=\"hv1\",op=\"virDomainCreate\",result=\"ok\"} 1",
             "kvm_agent_image_cache_lookups_total{host=\"hv1\",result=\"hit\"} 1",
             "kvm_agent_image_downloaded_bytes_total{host=\"hv1\"} 1024",
+            "kvm_agent_image_cache_bytes{host=\"hv1\"} 4096",
+            "kvm_agent_image_cache_images{host=\"hv1\"} 2",
             "kvm_agent_ssh_connects_total{host=\"hv1\",result=\"error\"} 1",
             "kvm_agent_ssh_sessions{host=\"hv1\"} 1",
             "kvm_agent_grpc_request_duration_seconds_count{method=\"/egressproxy.provider.v1.Provider/ListInstances\",code=\"Unavailable\"} 1",
         ] {
             assert!(text.contains(expected), "{expected} not in\n{text}");
         }
+        assert!(
+            !text.contains("host=\"hv2\""),
+            "a host not measured has no sample:\n{text}"
+        );
         drop(session);
         assert!(
             metrics

@@ -18,7 +18,7 @@ use egressproxy_integration::sshd::Sshd;
 use kvm_agent::config::{ImageConfig, ImageFormat};
 use kvm_agent::error::{Error, ErrorClass};
 use kvm_agent::images::cache::{
-    BaseImage, ImageCache, ImageCacheOptions, KeptBecause, marker_volume,
+    BaseImage, CacheUsage, ImageCache, ImageCacheOptions, KeptBecause, marker_volume,
 };
 use kvm_agent::libvirt::naming::base_volume;
 use kvm_agent::libvirt::xml::volume::{overlay_volume, raw_volume};
@@ -495,6 +495,59 @@ async fn a_full_pool_is_named_leaves_no_volume_and_a_grown_one_takes_the_base() 
     let base = fixture.ensure(&cache, &image, GENEROUS).await.unwrap();
     assert!(base.volume.starts_with("egressproxy-base-"), "{base:?}");
     assert_eq!(std::fs::read_dir(&seen_by_libvirtd).unwrap().count(), 2);
+}
+
+/// What `/metrics` reports of the cache: complete bases only (a base without its marker
+/// is half-written), by the bytes they take on the hypervisor's disk; nothing once
+/// evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_complete_bases_by_the_bytes_they_take_on_disk() {
+    use std::os::unix::fs::MetadataExt;
+    let fixture = Fixture::start().await;
+    let cache = fixture.cache();
+    let usage = || cache.usage(&fixture.host, deadline_in(GENEROUS));
+    assert_eq!(
+        usage().await.unwrap(),
+        CacheUsage::default(),
+        "an empty pool"
+    );
+
+    let half_written = base_volume(&sha256_hex(&other_image())).unwrap();
+    fixture
+        .create_volume(raw_volume(&half_written, 1 << 20).unwrap())
+        .await;
+    assert_eq!(
+        usage().await.unwrap(),
+        CacheUsage::default(),
+        "a base without its marker is not held"
+    );
+
+    let url = fixture
+        .server
+        .serve("/debian.qcow2", qcow2_image().to_vec(), Mode::Normal);
+    let base = fixture
+        .ensure(&cache, &image(&url, qcow2_image()), GENEROUS)
+        .await
+        .unwrap();
+    let on_disk = std::fs::metadata(&base.path).unwrap().blocks() * 512;
+    assert!(on_disk > 0);
+    assert_eq!(
+        usage().await.unwrap(),
+        CacheUsage {
+            images: 1,
+            bytes: on_disk
+        }
+    );
+
+    cache
+        .evict_unused(&fixture.host, deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    assert_eq!(
+        usage().await.unwrap(),
+        CacheUsage::default(),
+        "after eviction"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

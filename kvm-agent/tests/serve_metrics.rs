@@ -10,6 +10,7 @@ mod guest_env;
 use std::time::Duration;
 
 use egressproxy_integration::alerts;
+use egressproxy_integration::eventually::eventually;
 use egressproxy_integration::http_server::HttpServer;
 use egressproxy_integration::kvm_agent::ServedAgent;
 use egressproxy_provider::client::{ClientOptions, connect_lazy};
@@ -149,6 +150,24 @@ async fn metrics_count_calls_libvirt_the_image_cache_and_ssh_sessions() {
         ) >= Some(1.0),
         "{text}"
     );
+
+    // The watch sweep measured what the cache holds on the host (its values are checked
+    // in image_cache_libvirtd.rs); the first sweep runs at start, the next in 30 s.
+    let url = format!("http://{metrics_address}/metrics");
+    eventually(
+        "the image cache's gauges",
+        Duration::from_secs(30),
+        || async {
+            let text = http_get(&url).await;
+            let images = sample(&text, "kvm_agent_image_cache_images{host=\"hv1\"}");
+            let bytes = sample(&text, "kvm_agent_image_cache_bytes{host=\"hv1\"}");
+            match (images, bytes) {
+                (Some(_), Some(_)) => Ok(()),
+                _ => Err(text),
+            }
+        },
+    )
+    .await;
 
     // Every agent metric an alert of the chart reads is one this workload produced.
     let families = alerts::families(&text);

@@ -47,7 +47,8 @@
 //! The libvirt calls of each step are in `host_volumes`. [`ImageCache::evict_unused`]
 //! (`eviction`) deletes every base (marker first) that no volume in the pool uses as its
 //! backing file, that is not being downloaded by this process and that is older than
-//! [`DEFAULT_EVICTION_MIN_AGE`] (by default). See
+//! [`DEFAULT_EVICTION_MIN_AGE`] (by default). [`ImageCache::usage`] (`usage`) counts the
+//! complete bases and the bytes they take, for `/metrics`. See
 //! `docs/adr/0003-content-addressed-base-images.md` for the reasoning, and its caveat: the
 //! single flight is per process, so one agent (one replica) serves a host.
 
@@ -62,6 +63,7 @@ pub use super::base_volume::{BaseImage, marker_volume};
 pub use super::cache_options::{DEFAULT_EVICTION_MIN_AGE, DEFAULT_IDLE_TIMEOUT, ImageCacheOptions};
 use super::download::{Job, Progress};
 pub use super::eviction::{EvictionReport, KeptBecause};
+pub use super::usage::CacheUsage;
 use crate::config::ImageConfig;
 use crate::images::error::ImageError;
 use crate::libvirt::naming;
@@ -177,6 +179,16 @@ impl ImageCache {
             .collect();
         let min_age = self.options.eviction_min_age;
         super::eviction::evict(host, in_flight, min_age, deadline).await
+    }
+
+    /// How many complete bases `host` holds and the bytes they take. See
+    /// `images::usage`.
+    pub async fn usage(
+        &self,
+        host: &Arc<HostPool>,
+        deadline: Instant,
+    ) -> Result<CacheUsage, ImageError> {
+        super::usage::measure(host, deadline).await
     }
 }
 

@@ -10,6 +10,7 @@
 //! - `download`: one download of a base, the detached work the cache waits on.
 //! - `host_volumes`: the cache's libvirt steps (look up, create, inspect, delete).
 //! - `eviction`: deleting base volumes no domain uses any more.
+//! - `usage`: what the cache holds on a host (complete bases and their bytes).
 
 mod base_volume;
 pub mod cache;
@@ -20,5 +21,6 @@ pub(crate) mod eviction;
 pub mod fetch;
 mod host_volumes;
 mod http;
+mod usage;
 
 pub use error::ImageError;

@@ -28,6 +28,10 @@
 //!    caller told STOPPED would replace a VM that is fine. An instance that a sweep
 //!    finds STOPPED where the hub said otherwise is read again under its key's lock
 //!    (which Create and Delete hold), and not at all while one of them runs.
+//! 7. **The image cache's size** rides on the full sweeps: a host whose listing answered
+//!    is asked what its cache holds (`ImageCache::usage`, one bounded call), for the
+//!    `kvm_agent_image_cache_*` gauges. A host that does not answer loses its samples
+//!    until it does, and is asked no more often than it is swept.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -156,7 +160,10 @@ impl InstanceWatch {
                     }
                     async move {
                         let nic = NicKind::of(&host.attachment());
-                        this.sweep_host(instances, &host.name, nic, &mut last).await;
+                        let answered = this.sweep_host(instances, &host.name, nic, &mut last).await;
+                        if full {
+                            measure_image_cache(instances, &host.name, answered).await;
+                        }
                         (host.name.clone(), last)
                     }
                 })
@@ -165,19 +172,20 @@ impl InstanceWatch {
         }
     }
 
-    /// Lists `host`'s domains and tells the hub what changed since `last`.
+    /// Lists `host`'s domains and tells the hub what changed since `last`; whether the
+    /// host answered.
     async fn sweep_host(
         &self,
         instances: &Instances,
         host: &str,
         nic: NicKind,
         last: &mut HostSeen,
-    ) {
+    ) -> bool {
         let Ok(pool) = instances.pool().host(host) else {
-            return;
+            return false;
         };
         if last.retry_at.is_some_and(|at| Instant::now() < at) {
-            return;
+            return false;
         }
         let known = last.addresses.clone();
         let listed_at = Instant::now();
@@ -198,7 +206,7 @@ impl InstanceWatch {
                 last.retry_at = Some(Instant::now() + wait);
                 tracing::debug!(%host, %error, retry_in = ?wait,
                     "watch sweep skipped a host that did not answer");
-                return;
+                return false;
             }
         };
         let mut now = HostSeen::default();
@@ -221,6 +229,7 @@ impl InstanceWatch {
             }
         }
         *last = now;
+        true
     }
 
     /// Whether `instance` reads STOPPED where the hub last said otherwise (or said
@@ -246,6 +255,25 @@ impl InstanceWatch {
             None => {}
         }
     }
+}
+
+/// Records what the image cache holds on `host` (step 7 of the module docs); a host
+/// that did not answer its sweep is not asked, and loses its samples.
+async fn measure_image_cache(instances: &Instances, host: &str, answered: bool) {
+    let held = match instances.pool().host(host) {
+        Ok(pool) if answered => {
+            let deadline = Instant::now() + SWEEP_CALL_TIMEOUT;
+            match instances.image_cache().usage(&pool, deadline).await {
+                Ok(usage) => Some((usage.images, usage.bytes)),
+                Err(error) => {
+                    tracing::debug!(%host, %error, "could not measure the image cache");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    crate::metrics::global().image_cache_held(host, held);
 }
 
 #[cfg(test)]
