@@ -856,7 +856,17 @@ async fn a_key_is_one_instance_across_hosts() {
     let mut reordered = (**agent.instances.config()).clone();
     reordered.hosts.reverse();
     let reordered = Arc::new(reordered);
-    let found = Instances::new(reordered.clone(), Arc::new(Pool::new(&reordered).unwrap()))
+    let pool = Arc::new(Pool::new(&reordered).unwrap());
+    // hv1 answers this agent before the Create asks it: the Create gives a host that
+    // does not answer within a few seconds up (a host that is down must not stop
+    // Creates), and a first SSH dial on a loaded machine can take that long. What is
+    // tested here is a host that answers.
+    pool.host("hv1")
+        .unwrap()
+        .lib_version(deadline_in(GENEROUS))
+        .await
+        .unwrap();
+    let found = Instances::new(reordered.clone(), pool)
         .create(&on(None), deadline_in(GENEROUS))
         .await
         .unwrap();
