@@ -15,6 +15,7 @@ use kube::Resource;
 
 use crate::crd::Proxy;
 use crate::k8s::events::{EventPublisher, EventType};
+use crate::k8s::own_writes::OwnWrites;
 use crate::k8s::published::Published;
 use crate::providers::Providers;
 use crate::shared::backoff::Backoff;
@@ -32,6 +33,11 @@ pub const DEFAULT_PERMANENT_RETRY: Duration = Duration::from_secs(300);
 /// once.
 pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 32;
 
+/// Default of `--max-concurrent-service-syncs`: the Services of a burst of new Proxies
+/// are written a few at a time, so that the apiserver's work on them (a ClusterIP
+/// allocation each) does not crowd out the writes that make Proxies Ready.
+pub const DEFAULT_MAX_CONCURRENT_SERVICE_SYNCS: u16 = 4;
+
 /// Shared state of the controller.
 pub struct Context {
     /// Kubernetes client.
@@ -42,6 +48,8 @@ pub struct Context {
     pub cluster_name: String,
     /// Backoff after failed reconciles.
     pub retry_backoff: Backoff,
+    /// Backoff after failed writes of a Proxy's Service or EndpointSlices.
+    pub publish_backoff: Backoff,
     /// Poll interval while an instance provisions.
     pub poll_backoff: Backoff,
     /// Backoff between replacements of a stopped or vanished instance.
@@ -53,6 +61,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Most reconciles running at once.
     pub max_concurrent_reconciles: u16,
+    /// Most Service syncs running at once ([`crate::endpoints::publisher`]).
+    pub max_concurrent_service_syncs: u16,
     /// The operator itself, as Events about it (not about one Proxy) name it: its Pod
     /// (`POD_NAME` in `POD_NAMESPACE`, as the chart sets them).
     pub operator: ObjectReference,
@@ -62,6 +72,8 @@ pub struct Context {
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// What was last written of each Proxy's Service and EndpointSlices.
     pub published: Published,
+    /// Each Proxy's last status write that the watch has not delivered yet.
+    pub own_writes: OwnWrites,
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.
     triggers: Mutex<HashMap<String, u64>>,
@@ -97,6 +109,7 @@ impl Context {
             providers,
             cluster_name,
             retry_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+            publish_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
             // A booting VM is polled at most 2 s apart: GetInstance is cheap, and a longer
             // cap showed up directly in apply → Ready (a guest boots in 30-45 s here, so a
             // 10 s poll alone could add a quarter to it).
@@ -105,12 +118,14 @@ impl Context {
             permanent_retry: DEFAULT_PERMANENT_RETRY,
             health_failures: Mutex::default(),
             published: Published::default(),
+            own_writes: OwnWrites::default(),
             triggers: Mutex::default(),
             reporting: Mutex::default(),
             trimmer: Trimmer::new(metrics.clone()),
             liveness: Arc::default(),
             metrics,
             max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
+            max_concurrent_service_syncs: DEFAULT_MAX_CONCURRENT_SERVICE_SYNCS,
             operator: operator_pod(),
         }
     }
@@ -158,13 +173,23 @@ impl Context {
     /// nothing recorded. A reconcile can fail after the watch saw its Proxy go (its last
     /// write meets a 404); an entry recorded then would never be forgotten.
     pub fn retry_delay(&self, uid: &str) -> Duration {
+        self.delay_of(&self.retry_backoff, uid)
+    }
+
+    /// The delay before retrying a failed Service sync of the Proxy with `uid`, by the
+    /// same rule as [`Context::retry_delay`].
+    pub fn publish_delay(&self, uid: &str) -> Duration {
+        self.delay_of(&self.publish_backoff, uid)
+    }
+
+    fn delay_of(&self, backoff: &Backoff, uid: &str) -> Duration {
         // Holding the triggers lock orders this against `forget`, which removes the
         // trigger before it drops the backoff.
         let triggers = lock(&self.triggers);
         if triggers.contains_key(uid) {
-            self.retry_backoff.next(uid)
+            backoff.next(uid)
         } else {
-            self.retry_backoff.first_delay()
+            backoff.first_delay()
         }
     }
 
@@ -179,10 +204,12 @@ impl Context {
     /// removal that follow do not look like changes worth another reconcile.
     pub fn forget_state(&self, uid: &str) {
         self.retry_backoff.reset(uid);
+        self.publish_backoff.reset(uid);
         self.poll_backoff.reset(uid);
         self.replace_backoff.reset(uid);
         lock(&self.health_failures).remove(uid);
         self.published.forget(uid);
+        self.own_writes.forget(uid);
         self.events.forget(uid);
         self.metrics.set_phase(uid, None);
         self.report_memory();
@@ -209,6 +236,7 @@ impl Context {
         known.extend(lock(&self.triggers).keys().cloned());
         for backoff in [
             &self.retry_backoff,
+            &self.publish_backoff,
             &self.poll_backoff,
             &self.replace_backoff,
         ] {
@@ -216,6 +244,7 @@ impl Context {
         }
         known.extend(lock(&self.health_failures).keys().cloned());
         known.extend(self.published.uids());
+        known.extend(self.own_writes.uids());
         known.extend(self.events.tracked_uids());
         known
     }
@@ -225,10 +254,12 @@ impl Context {
         let _one_at_a_time = lock(&self.reporting);
         let sizes = [
             ("retry_backoff", self.retry_backoff.len()),
+            ("publish_backoff", self.publish_backoff.len()),
             ("poll_backoff", self.poll_backoff.len()),
             ("replace_backoff", self.replace_backoff.len()),
             ("health_failures", lock(&self.health_failures).len()),
             ("published", self.published.len()),
+            ("own_writes", self.own_writes.len()),
             ("events", self.events.tracked()),
         ];
         for (map, size) in sizes {

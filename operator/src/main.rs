@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use egressproxy_operator::context::{Context, DEFAULT_MAX_CONCURRENT_RECONCILES};
+use egressproxy_operator::context::{
+    Context, DEFAULT_MAX_CONCURRENT_RECONCILES, DEFAULT_MAX_CONCURRENT_SERVICE_SYNCS,
+};
 use egressproxy_operator::k8s::leader::{self, LeaseConfig};
 use egressproxy_operator::k8s::proxy_cache::ProxyCache;
 use egressproxy_operator::k8s::watch_scope::WatchScope;
@@ -87,6 +89,12 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES,
         value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_concurrent_reconciles: u16,
+    /// Most Proxy Services and EndpointSlices written at once (1 to 1000), in a queue
+    /// apart from the reconciles: a burst of new Proxies' Services then waits there
+    /// instead of holding back the work that makes other Proxies Ready.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_SERVICE_SYNCS,
+        value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_concurrent_service_syncs: u16,
     /// How often the provider config file is checked for changes (100ms to 1h).
     #[arg(long, default_value = "10s", value_parser = |text: &str| limits::RELOAD_INTERVAL.parse(text))]
     providers_reload_interval: Duration,
@@ -128,7 +136,10 @@ async fn main() -> anyhow::Result<()> {
     let config = ProvidersConfig::parse(&config_text).map_err(|error| {
         anyhow::anyhow!("provider config {}: {error}", args.providers.display())
     })?;
-    let client = client::from_environment(args.max_concurrent_reconciles).await?;
+    let client = client::from_environment(
+        args.max_concurrent_reconciles + args.max_concurrent_service_syncs,
+    )
+    .await?;
     let (cluster_name, named_by) =
         cluster_name::resolve(args.cluster_name.as_deref(), &client).await?;
     tracing::info!(cluster = %cluster_name, from = ?named_by,
@@ -173,6 +184,7 @@ async fn main() -> anyhow::Result<()> {
     let mut ctx =
         Context::new(client, providers, cluster_name, metrics.clone()).with_liveness(liveness);
     ctx.max_concurrent_reconciles = args.max_concurrent_reconciles;
+    ctx.max_concurrent_service_syncs = args.max_concurrent_service_syncs;
     let ctx = Arc::new(ctx);
     // The trimmer's task only waits and trims: it needs no stopping of its own.
     tokio::spawn({

@@ -41,13 +41,18 @@ fn out_of_range_durations_are_refused_with_the_flag_and_its_bounds() {
 }
 
 #[test]
-fn a_reconcile_bound_outside_its_range_is_refused() {
-    for value in ["0", "1001"] {
-        let stderr = refusal("--max-concurrent-reconciles", value);
-        assert!(
-            stderr.contains("--max-concurrent-reconciles") && stderr.contains("1..=1000"),
-            "{value}: {stderr}"
-        );
+fn a_concurrency_bound_outside_its_range_is_refused() {
+    for flag in [
+        "--max-concurrent-reconciles",
+        "--max-concurrent-service-syncs",
+    ] {
+        for value in ["0", "1001"] {
+            let stderr = refusal(flag, value);
+            assert!(
+                stderr.contains(flag) && stderr.contains("1..=1000"),
+                "{flag} {value}: {stderr}"
+            );
+        }
     }
 }
 

@@ -3,8 +3,11 @@
 //!
 //! - [`service`]: the objects one owner wants, built and applied with server-side
 //!   apply, writing only what differs; withdrawn when the owner goes.
+//! - [`publisher`]: the Proxies' Service controller, which syncs them from each
+//!   Proxy's cached status in a queue of its own, bounded apart from the reconciles.
 //! - [`owned_watch`]: the watch of those objects, so that a change someone else makes
-//!   reconciles the owner, which restores them.
+//!   syncs the owner again, which restores them.
 
 pub mod owned_watch;
+pub mod publisher;
 pub mod service;

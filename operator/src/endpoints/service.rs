@@ -29,7 +29,9 @@
 //!    Kubernetes' garbage collector deletes them with it; cleanup deletes them first
 //!    anyway ([`withdraw`]), so that no traffic goes to a VM being deleted.
 //!
-//! [`crate::endpoints::owned_watch`] reconciles a Proxy whose objects someone changed.
+//! [`crate::endpoints::publisher`] runs [`sync`] for each Proxy, apart from its
+//! reconcile; [`crate::endpoints::owned_watch`] sends it a Proxy whose objects someone
+//! changed.
 //! A pool's Service is built and written by the same [`build`] and [`apply`], from a
 //! [`ServiceFor`] listing every Ready member's address (one slice per family).
 
@@ -382,7 +384,7 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
             (ticket, apply_slices(ctx, wanted, &slices).await?)
         }
         (Begin::Full { ticket }, Some(wanted)) => {
-            match apply_to(ctx, wanted, ever_synced(proxy)).await? {
+            match apply(ctx, wanted).await? {
                 Some(written) => (ticket, written),
                 // Another owner's Service: look again next time.
                 None => return Ok(0),
@@ -397,7 +399,7 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
 }
 
 /// Digests of what is wanted (nothing, or the objects as they would be applied).
-fn digests(wanted: Option<&Desired>) -> Objects {
+pub fn digests(wanted: Option<&Desired>) -> Objects {
     fn digest<T: serde::Serialize>(object: &T) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -440,25 +442,16 @@ async fn apply_slices(ctx: &Context, wanted: &Desired, names: &[String]) -> Resu
     Ok(writes)
 }
 
-/// Whether objects of this Proxy may exist. Each sync follows its reconcile's status
-/// write, so while the Proxy has no status no sync has ever run. A cached copy that
-/// lags behind says so wrongly only for a moment, and [`apply`] still reads the Service
-/// first.
-fn ever_synced(proxy: &Proxy) -> bool {
-    proxy.status.is_some()
-}
-
 /// Makes the objects of `wanted` exist as described, writing only what differs.
 /// Returns how many objects it wrote or deleted; `None` when a Service of that name
 /// exists that another owner controls, which is left alone (and logged).
+///
+/// The slices are listed only when the Service exists: a sync writes slices only after
+/// their Service, and a withdrawal deletes them before it, so without a Service there
+/// is no stale slice to delete, and a new owner's first sync reads the Service alone.
+/// (A Service deleted by hand leaves its slices; those of the wanted names are
+/// rewritten, and any other goes with the owner.)
 pub async fn apply(ctx: &Context, wanted: &Desired) -> Result<Option<u32>> {
-    apply_to(ctx, wanted, true).await
-}
-
-/// [`apply`]; with `ever_synced` false and no Service found, the slices are not listed:
-/// slices of this owner exist only after a sync that made its Service, so there is no
-/// stale one to delete. A new Proxy's first sync thus reads the Service alone.
-async fn apply_to(ctx: &Context, wanted: &Desired, ever_synced: bool) -> Result<Option<u32>> {
     let namespace = wanted.service.namespace().unwrap_or_default();
     let owner = controller_uid(&wanted.service.metadata).unwrap_or_default();
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -496,7 +489,7 @@ async fn apply_to(ctx: &Context, wanted: &Desired, ever_synced: bool) -> Result<
         writes += 1;
     }
 
-    let listed = if ever_synced || current.is_some() {
+    let listed = if current.is_some() {
         slices.list(&slices_of(&name)).await?.items
     } else {
         Vec::new()

@@ -1,8 +1,8 @@
 //! What the operator last wrote of each Proxy's own objects (its Service and
-//! EndpointSlices), so that a reconcile wanting the same again neither reads nor writes
+//! EndpointSlices), so that a sync wanting the same again neither reads nor writes
 //! them.
 //!
-//! Every reconcile of a Ready Proxy (one per health-check period) would otherwise read
+//! Every sync of a Ready Proxy (one per change of the Proxy) would otherwise read
 //! its Service and list its EndpointSlices to find that nothing differs: two apiserver
 //! requests per Proxy per period, which with thousands of Proxies is the apiserver's
 //! main load. Instead:
@@ -20,7 +20,7 @@
 //!    next one reads.
 //! 4. The watch of those objects reports every change that is not what the Proxy wants
 //!    ([`drifted`](Published::drifted)), a hand edit or a deletion, before it asks for a
-//!    reconcile, so the reconcile it starts reads and repairs them. Each (re)list of
+//!    sync, so the sync it starts reads and repairs them. Each (re)list of
 //!    that watch, which names no object deleted while it was down, and each of its
 //!    errors (no permission in a namespace; it retries with backoff) make every Proxy's
 //!    next sync read again ([`all_drifted`](Published::all_drifted)): what changed
@@ -119,6 +119,18 @@ impl Published {
         }
     }
 
+    /// Whether the last sync of the Proxy `uid` wrote its slice `name` other than as
+    /// `digest` (what it wants now): the sync its change asked for will write that slice
+    /// whole, so a slice seen unlike what is wanted is not a drift. While a sync is
+    /// under way, or before any, nothing is known to be pending.
+    pub fn slice_pending(&self, uid: &str, name: &str, digest: u64) -> bool {
+        lock(&self.entries)
+            .get(uid)
+            .and_then(|entry| entry.written.as_ref())
+            .and_then(|last| last.slices.iter().find(|(n, _)| n == name))
+            .is_some_and(|(_, last)| *last != digest)
+    }
+
     /// The Proxy's objects changed into something it does not want: its next sync
     /// reads them again, and one under way records nothing.
     pub fn drifted(&self, uid: &str) {
@@ -213,6 +225,24 @@ mod tests {
         assert_eq!(slices, ["p-ipv4"]);
         published.done("a", ticket, ready.clone());
         assert_eq!(published.begin("a", &ready), Begin::Unchanged);
+    }
+
+    #[test]
+    fn a_slice_last_written_otherwise_than_wanted_is_pending() {
+        let published = Published::default();
+        assert!(
+            !published.slice_pending("a", "p-ipv4", 2),
+            "nothing written yet: unknown, not pending"
+        );
+        publish(&published, "a", &objects(1, &[("p-ipv4", 1)]));
+        assert!(published.slice_pending("a", "p-ipv4", 2));
+        assert!(!published.slice_pending("a", "p-ipv4", 1), "as wanted");
+        assert!(!published.slice_pending("a", "p-ipv6", 2), "never written");
+        let _under_way = published.begin("a", &objects(1, &[("p-ipv4", 2)]));
+        assert!(
+            !published.slice_pending("a", "p-ipv4", 2),
+            "a sync under way: what it wrote is not known yet"
+        );
     }
 
     #[test]

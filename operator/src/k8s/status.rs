@@ -84,8 +84,8 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-/// Writes `status` to `proxy` unless it equals what is already there. Returns whether a
-/// write happened.
+/// Writes `status` to `proxy` unless it equals what is already there. Returns the
+/// resourceVersion the write gave the Proxy, or `None` when nothing was written.
 ///
 /// The whole status is replaced by one JSON Patch operation rather than applied
 /// server-side: the operator is its only writer, so an apply's field ownership buys
@@ -99,9 +99,9 @@ pub async fn write_if_changed(
     api: &Api<Proxy>,
     proxy: &Proxy,
     status: &ProxyStatus,
-) -> Result<bool> {
+) -> Result<Option<String>> {
     if proxy.status.as_ref() == Some(status) {
-        return Ok(false);
+        return Ok(None);
     }
     let name = proxy.metadata.name.as_deref().unwrap_or_default();
     let replace = json_patch::Patch(vec![
@@ -118,9 +118,10 @@ pub async fn write_if_changed(
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    api.patch_status(name, &params, &Patch::Json::<()>(replace))
+    let written = api
+        .patch_status(name, &params, &Patch::Json::<()>(replace))
         .await?;
-    Ok(true)
+    Ok(Some(written.metadata.resource_version.unwrap_or_default()))
 }
 
 #[cfg(test)]

@@ -3,8 +3,11 @@
 //! A reload of the provider config reconciles every Proxy once; a cloud-init Secret
 //! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]); an
 //! instance that a provider's watch reports changed reconciles its Proxy
-//! ([`instance_watch`]); a Service or EndpointSlice of a Proxy changed by someone else
-//! reconciles its Proxy ([`owned_watch`]).
+//! ([`instance_watch`]).
+//! Every change of a Proxy, its status included, and every finished reconcile also go
+//! to the Service controller ([`publisher`]), which keeps the Proxy's Service and
+//! EndpointSlices from the same store in a queue of its own; a Service or EndpointSlice
+//! changed by someone else goes there too ([`owned_watch`]).
 //! A Proxy that leaves the watch (deleted, or missing from a relist) loses every
 //! in-memory entry the operator kept for it, and [`memory_sweep`] drops whatever work
 //! finishing late recorded for it afterwards.
@@ -24,7 +27,8 @@ use crate::proxy::instance_watch::{self, InstanceWatch};
 use crate::proxy::reconcile::{ABANDON_ANNOTATION, RETRY_ANNOTATION, error_policy, reconcile};
 use crate::shared::liveness::Liveness;
 use crate::{
-    endpoints::owned_watch, proxy::memory_sweep, proxy::secret_watch, proxy::watch_report,
+    endpoints::owned_watch, endpoints::publisher, proxy::memory_sweep, proxy::secret_watch,
+    proxy::watch_report,
 };
 
 /// What makes a Proxy worth reconciling: its spec (generation), its deletion, the
@@ -75,6 +79,10 @@ pub async fn run_with_cache(
     };
     let store = reader.clone();
     let forgetting = ctx.clone();
+    // Unbounded, but drained at once into the Service controller's queue, which keeps
+    // one entry per Proxy.
+    let (to_publish, publish_triggers) = futures::channel::mpsc::unbounded();
+    let publish_after_reconcile = to_publish.clone();
     let filtering = ctx.clone();
     let stream = cache
         .scope()
@@ -86,6 +94,9 @@ pub async fn run_with_cache(
         )
         .reflect(writer)
         .inspect(move |event| match event {
+            Ok(watcher::Event::Apply(proxy) | watcher::Event::InitApply(proxy)) => {
+                let _ = to_publish.unbounded_send(reflector::ObjectRef::from_obj(proxy));
+            }
             Ok(watcher::Event::Delete(proxy)) => {
                 forgetting.forget(&proxy.uid().unwrap_or_default());
             }
@@ -113,6 +124,11 @@ pub async fn run_with_cache(
     let sweeper = memory_sweep::run(ctx.clone(), reader.clone(), memory_sweep::INTERVAL);
     let secrets = secret_watch::triggers(&ctx.client, cache.scope(), reader.clone());
     let owned = owned_watch::triggers(ctx.clone(), cache.scope(), reader.clone());
+    let services = publisher::run(
+        ctx.clone(),
+        reader.clone(),
+        futures::stream::select(publish_triggers, owned),
+    );
     let (instance_changes, instances) = InstanceWatch::default().split(reader.clone());
     let followers = instance_watch::run(ctx.clone(), instance_changes);
     let config = controller::Config::default().concurrency(ctx.max_concurrent_reconciles);
@@ -120,15 +136,20 @@ pub async fn run_with_cache(
         .with_config(config)
         .reconcile_all_on(provider_changes)
         .reconcile_on(secrets)
-        .reconcile_on(owned)
         .reconcile_on(instances)
         // Requests that pass through the queue like a Proxy's, so that an idle controller
         // still shows it processes requests (`liveness`).
         .reconcile_on(Liveness::probes())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
+        .for_each(move |result| {
             liveness.beat();
+            // Each reconcile (a poll among them) also has the Proxy's objects checked:
+            // nothing is read or written when they are as last made, and what drifted
+            // while their watch failed is repaired.
+            if let Ok((object, _)) = &result {
+                let _ = publish_after_reconcile.unbounded_send(object.clone());
+            }
             async move {
                 match result {
                     Ok((object, action)) => {
@@ -140,10 +161,11 @@ pub async fn run_with_cache(
             }
         });
     let reporter = watch_report::run(ctx_for_reports, cache.health().clone());
-    // The sweeper, the reporter and the followers never end; the controller ends on
-    // shutdown, and takes them along.
+    // The sweeper, the reporter, the followers and the Service controller never end;
+    // the controller ends on shutdown, and takes them along.
     tokio::select! {
         () = controller => {}
+        () = services => {}
         () = sweeper => {}
         () = reporter => {}
         () = followers => {}

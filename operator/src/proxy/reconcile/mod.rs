@@ -67,6 +67,7 @@ use crate::context::Context;
 use crate::crd::{Proxy, ProxyStatus};
 use crate::endpoints::service;
 use crate::k8s::events::EventType;
+use crate::k8s::own_writes;
 use crate::k8s::status::{self, set_condition};
 use crate::providers::{Provider, placement};
 use crate::shared::error::{Error, Result, Retry};
@@ -94,9 +95,16 @@ pub use crate::providers::instance_tags as tags;
     trace_id = tracing::field::Empty,
 ))]
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
+    let key = ProxyKey::of(&proxy);
+    if ctx
+        .own_writes
+        .waits_for(&key.uid, proxy.metadata.resource_version.as_deref())
+    {
+        // This copy predates the operator's own last write: wait for the watch.
+        return Ok(Action::requeue(own_writes::RECHECK));
+    }
     ctx.metrics.reconciled();
     record_trace_id();
-    let key = ProxyKey::of(&proxy);
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let result = if proxy.metadata.deletion_timestamp.is_none() {
         apply(&proxy, &key, &ctx, &api).await
@@ -257,7 +265,8 @@ async fn save(
     status.service_name = service::service_name(proxy);
     let mut current = proxy.clone();
     current.status = saved.clone();
-    if status::write_if_changed(api, &current, status).await? {
+    if let Some(version) = status::write_if_changed(api, &current, status).await? {
+        ctx.own_writes.record(&key.uid, version);
         ctx.metrics.status_written();
         *saved = Some(status.clone());
     }
@@ -273,7 +282,6 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
             let action = fail(ctx, key, proxy, &mut status, error).await;
             let mut saved = proxy.status.clone();
             save(ctx, key, proxy, api, &mut status, &mut saved).await?;
-            publish_service(ctx, key, proxy, &status).await?;
             return Ok(action);
         }
     };
@@ -301,27 +309,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
         Err(error) => fail(ctx, key, proxy, &mut pass.status, error).await,
     };
     pass.save().await?;
-    publish_service(ctx, key, proxy, &pass.status).await?;
     Ok(action)
-}
-
-/// Brings the Proxy's Service and EndpointSlice in line with the status just saved.
-/// The status goes first, so that the watch of those objects, which compares them with
-/// the cached Proxy, sees the Proxy that wants them and starts no second reconcile. A
-/// failure is retried with backoff and not written into the status: a status that
-/// recorded it would be rewritten at every retry.
-async fn publish_service(
-    ctx: &Context,
-    key: &ProxyKey,
-    proxy: &Proxy,
-    status: &ProxyStatus,
-) -> Result<()> {
-    if let Err(error) = service::sync(ctx, proxy, status).await {
-        tracing::warn!(proxy = %key, error = %error.describe(), "cannot write the Proxy's Service");
-        ctx.metrics.failed(error.class_label());
-        return Err(error);
-    }
-    Ok(())
 }
 
 /// Observe → plan → act until a step ends the reconcile.
