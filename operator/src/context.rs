@@ -72,7 +72,7 @@ pub struct Context {
     pub health_failures: Mutex<HashMap<String, u32>>,
     /// What was last written of each Proxy's Service and EndpointSlices.
     pub published: Published,
-    /// Each Proxy's last status write that the watch has not delivered yet.
+    /// Each Proxy's last status write, until a reconcile's copy is at least as new.
     pub own_writes: OwnWrites,
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.

@@ -462,8 +462,15 @@ async fn a_missing_cloud_init_secret_is_an_event() {
         "CloudInitSecretUnavailable",
     )
     .await;
-    let waiting = h.proxies().get("egress").await.unwrap();
-    assert_eq!(waiting.status.unwrap().phase, Some(Phase::Pending));
+    // The Event goes out before the status that follows it is written: wait for that.
+    let waiting = h
+        .wait_for("egress", "a status", |p| p.status.is_some())
+        .await;
+    assert_eq!(
+        waiting.status.unwrap().phase,
+        Some(Phase::Pending),
+        "a Proxy waiting for its Secret is Pending"
+    );
 }
 
 #[tokio::test]

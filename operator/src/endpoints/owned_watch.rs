@@ -6,13 +6,14 @@
 //!    label the operator sets on its own objects: other Services are never listed.
 //! 2. A change syncs the owning Proxy's objects again (its controller reference) only
 //!    when the object no longer is what the cached Proxy wants, or is gone while
-//!    wanted: the operator's own writes, which match, start nothing. Nor does a slice
-//!    the last sync wrote otherwise than the Proxy now wants: the sync its change
-//!    asked for writes that slice whole anyway (a burst of new Proxies, whose first
-//!    empty slices arrive after they turned Ready, would otherwise make every second
-//!    sync read everything again).
-//!    Such a change is reported to [`crate::k8s::published`] first, so the sync reads
-//!    the objects again instead of trusting what it last wrote.
+//!    wanted: the operator's own writes, which match, start nothing.
+//!    Such a change is reported to [`crate::k8s::published`] first: a changed slice
+//!    that the last sync wrote is written again whole by the next sync
+//!    ([`rewrite_slice`](crate::k8s::published::Published::rewrite_slice); in a burst
+//!    of new Proxies, their first empty slices arrive after they turned Ready, and
+//!    reading everything again for each would double the sync's requests); anything
+//!    else makes that sync read the objects again instead of trusting what it last
+//!    wrote.
 //! 3. A failing watch (no permission in a namespace) is logged with its namespace and
 //!    retried with backoff; drift there is then repaired at the Proxy's next poll.
 
@@ -30,8 +31,8 @@ use serde::de::DeserializeOwned;
 use crate::context::Context;
 use crate::crd::Proxy;
 use crate::endpoints::service::{
-    Desired, MANAGED_BY, MANAGED_BY_LABEL, SLICE_MANAGED_BY, SLICE_MANAGED_BY_LABEL, desired,
-    digests, service_matches, slice_matches,
+    MANAGED_BY, MANAGED_BY_LABEL, SLICE_MANAGED_BY, SLICE_MANAGED_BY_LABEL, desired,
+    service_matches, slice_matches,
 };
 use crate::k8s::watch_scope::WatchScope;
 
@@ -46,7 +47,8 @@ pub fn triggers(
         scope,
         &format!("{MANAGED_BY_LABEL}={MANAGED_BY}"),
         proxies.clone(),
-        |_, proxy, service, gone| {
+        false,
+        |proxy, service, gone| {
             let wanted = desired(proxy, &proxy.status.clone().unwrap_or_default());
             match wanted {
                 Some(wanted) => gone || !service_matches(&wanted.service, service),
@@ -59,19 +61,16 @@ pub fn triggers(
         scope,
         &format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGED_BY}"),
         proxies,
-        |ctx, proxy, slice, gone| {
+        true,
+        |proxy, slice, gone| {
             let wanted = desired(proxy, &proxy.status.clone().unwrap_or_default());
-            let name = slice.name_any();
-            match &wanted {
-                Some(wanted) => match wanted.slices.iter().find(|w| w.name_any() == name) {
-                    Some(want) => {
-                        gone || !(slice_matches(want, slice)
-                            || ctx.published.slice_pending(
-                                &proxy.uid().unwrap_or_default(),
-                                &name,
-                                slice_digest(wanted, &name),
-                            ))
-                    }
+            match wanted {
+                Some(wanted) => match wanted
+                    .slices
+                    .iter()
+                    .find(|w| w.name_any() == slice.name_any())
+                {
+                    Some(wanted) => gone || !slice_matches(wanted, slice),
                     None => !gone,
                 },
                 // A slice of no Service at all.
@@ -89,7 +88,8 @@ fn watch<K>(
     scope: &WatchScope,
     labels: &str,
     proxies: Store<Proxy>,
-    drifted: fn(&Context, &Proxy, &K, bool) -> bool,
+    rewritable: bool,
+    drifted: fn(&Proxy, &K, bool) -> bool,
 ) -> BoxStream<'static, ObjectRef<Proxy>>
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -149,23 +149,20 @@ where
         .filter_map(move |(object, gone)| {
             let owner = owning_proxy(&object);
             let proxy = owner.as_ref().and_then(|owner| proxies.get(owner));
-            let trigger = proxy.filter(|proxy| drifted(&ctx, proxy, &object, gone));
+            let trigger = proxy.filter(|proxy| drifted(proxy, &object, gone));
             if let Some(proxy) = &trigger {
-                // Before the sync it asks for, so that one reads the objects again.
-                ctx.published.drifted(&proxy.uid().unwrap_or_default());
+                // Before the sync it asks for: a changed slice that the last sync wrote
+                // is written again whole; anything else is read again first.
+                let uid = proxy.uid().unwrap_or_default();
+                let rewritten =
+                    rewritable && !gone && ctx.published.rewrite_slice(&uid, &object.name_any());
+                if !rewritten {
+                    ctx.published.drifted(&uid);
+                }
             }
             futures::future::ready(trigger.map(|proxy| ObjectRef::from_obj(proxy.as_ref())))
         })
         .boxed()
-}
-
-/// The digest of slice `name` as `wanted` has it (0 when it has none).
-fn slice_digest(wanted: &Desired, name: &str) -> u64 {
-    digests(Some(wanted))
-        .slices
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, digest)| digest)
 }
 
 /// The Proxy that `object`'s controller reference names, in its namespace.

@@ -399,7 +399,7 @@ pub async fn sync(ctx: &Context, proxy: &Proxy, status: &ProxyStatus) -> Result<
 }
 
 /// Digests of what is wanted (nothing, or the objects as they would be applied).
-pub fn digests(wanted: Option<&Desired>) -> Objects {
+fn digests(wanted: Option<&Desired>) -> Objects {
     fn digest<T: serde::Serialize>(object: &T) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();

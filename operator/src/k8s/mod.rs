@@ -7,8 +7,8 @@
 //!   [`watch_health`]: which watches have listed and which fail.
 //! - [`published`]: what was last written of each Proxy's Service and EndpointSlices,
 //!   so that a reconcile wanting the same again reads nothing.
-//! - [`own_writes`]: the operator's status writes its watch has not delivered yet, so
-//!   that no reconcile works from a copy older than them.
+//! - [`own_writes`]: each Proxy's last status write, so that no reconcile works from
+//!   a copy older than it.
 //! - [`status`]: conditions, the phase derived from them, server-side-apply writes.
 //! - [`events`]: Events, one per distinct note.
 //! - [`leader`]: leader election on a Lease.

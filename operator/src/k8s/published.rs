@@ -2,7 +2,8 @@
 //! EndpointSlices), so that a sync wanting the same again neither reads nor writes
 //! them.
 //!
-//! Every sync of a Ready Proxy (one per change of the Proxy) would otherwise read
+//! Every sync of a Ready Proxy (one per change of the Proxy, and one after each of its
+//! reconciles, so one per health-check period) would otherwise read
 //! its Service and list its EndpointSlices to find that nothing differs: two apiserver
 //! requests per Proxy per period, which with thousands of Proxies is the apiserver's
 //! main load. Instead:
@@ -20,7 +21,8 @@
 //!    next one reads.
 //! 4. The watch of those objects reports every change that is not what the Proxy wants
 //!    ([`drifted`](Published::drifted)), a hand edit or a deletion, before it asks for a
-//!    sync, so the sync it starts reads and repairs them. Each (re)list of
+//!    sync, so the sync it starts reads and repairs them; a changed slice that the last
+//!    sync wrote is just written again whole ([`rewrite_slice`](Published::rewrite_slice)). Each (re)list of
 //!    that watch, which names no object deleted while it was down, and each of its
 //!    errors (no permission in a namespace; it retries with backoff) make every Proxy's
 //!    next sync read again ([`all_drifted`](Published::all_drifted)): what changed
@@ -65,12 +67,22 @@ pub enum Begin {
 #[derive(Debug, Default)]
 pub struct Published {
     entries: Mutex<HashMap<String, Entry>>,
+    /// One writer at a time for each Proxy's objects (striped by UID: no per-Proxy
+    /// entry to forget).
+    writers: [tokio::sync::Mutex<()>; WRITER_STRIPES],
 }
+
+/// How many locks the Proxies' UIDs are spread over. Syncs run a few at a time, so
+/// two Proxies rarely share one when it matters.
+const WRITER_STRIPES: usize = 16;
 
 #[derive(Debug, Default)]
 struct Entry {
     /// What the last completed sync wrote (or found) everything to be.
     written: Option<Objects>,
+    /// Slices reported changed since then, which the next sync writes whole even if
+    /// it wants them as last written.
+    rewrite: Vec<String>,
     /// Bumped by every drift report.
     epoch: u64,
 }
@@ -82,14 +94,26 @@ pub struct Ticket {
 }
 
 impl Published {
+    /// Waits until no one else writes the objects of the Proxy `uid`, and holds that
+    /// until the guard is dropped: a sync started before the Proxy's deletion must not
+    /// write its Service again after its cleanup withdrew it.
+    pub async fn one_writer(&self, uid: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        uid.hash(&mut hasher);
+        let stripe = usize::try_from(hasher.finish() % WRITER_STRIPES as u64).unwrap_or(0);
+        self.writers[stripe].lock().await
+    }
+
     /// Starts a sync of the Proxy `uid` that wants `wanted`.
     pub fn begin(&self, uid: &str, wanted: &Objects) -> Begin {
         let mut entries = lock(&self.entries);
         let entry = entries.entry(uid.to_owned()).or_default();
-        if entry.written.as_ref() == Some(wanted) {
+        if entry.written.as_ref() == Some(wanted) && entry.rewrite.is_empty() {
             return Begin::Unchanged;
         }
         let ticket = Ticket { epoch: entry.epoch };
+        let rewrite = std::mem::take(&mut entry.rewrite);
         // Taken out: should this sync fail half-way, the next one reads.
         match entry.written.take() {
             Some(last)
@@ -100,7 +124,7 @@ impl Published {
                 let slices = wanted
                     .slices
                     .iter()
-                    .filter(|slice| !last.slices.contains(slice))
+                    .filter(|slice| !last.slices.contains(slice) || rewrite.contains(&slice.0))
                     .map(|(name, _)| name.clone())
                     .collect();
                 Begin::SlicesOnly { ticket, slices }
@@ -119,16 +143,27 @@ impl Published {
         }
     }
 
-    /// Whether the last sync of the Proxy `uid` wrote its slice `name` other than as
-    /// `digest` (what it wants now): the sync its change asked for will write that slice
-    /// whole, so a slice seen unlike what is wanted is not a drift. While a sync is
-    /// under way, or before any, nothing is known to be pending.
-    pub fn slice_pending(&self, uid: &str, name: &str, digest: u64) -> bool {
-        lock(&self.entries)
-            .get(uid)
-            .and_then(|entry| entry.written.as_ref())
-            .and_then(|last| last.slices.iter().find(|(n, _)| n == name))
-            .is_some_and(|(_, last)| *last != digest)
+    /// The Proxy `uid`'s slice `name` changed into something it does not want, and the
+    /// last sync wrote that slice: the next sync writes it whole (whether that sync
+    /// wants it as last written or not) without reading anything. Returns false when no
+    /// completed sync wrote it (none yet, or one under way): report a drift instead.
+    ///
+    /// A slice is all the operator's, so writing it whole is a repair; in a burst, the
+    /// operator's own late writes (an empty slice seen after the Proxy turned Ready)
+    /// then cost one write each instead of a read of everything.
+    pub fn rewrite_slice(&self, uid: &str, name: &str) -> bool {
+        let mut entries = lock(&self.entries);
+        let Some(entry) = entries.get_mut(uid) else {
+            return false;
+        };
+        let written = entry
+            .written
+            .as_ref()
+            .is_some_and(|last| last.slices.iter().any(|(n, _)| n == name));
+        if written && !entry.rewrite.iter().any(|n| n == name) {
+            entry.rewrite.push(name.to_owned());
+        }
+        written
     }
 
     /// The Proxy's objects changed into something it does not want: its next sync
@@ -136,6 +171,7 @@ impl Published {
     pub fn drifted(&self, uid: &str) {
         if let Some(entry) = lock(&self.entries).get_mut(uid) {
             entry.written = None;
+            entry.rewrite.clear();
             entry.epoch += 1;
         }
     }
@@ -228,21 +264,38 @@ mod tests {
     }
 
     #[test]
-    fn a_slice_last_written_otherwise_than_wanted_is_pending() {
+    fn a_slice_changed_after_it_was_written_is_written_again_without_reading() {
         let published = Published::default();
         assert!(
-            !published.slice_pending("a", "p-ipv4", 2),
-            "nothing written yet: unknown, not pending"
+            !published.rewrite_slice("a", "p-ipv4"),
+            "nothing written yet: a drift, to be read"
         );
-        publish(&published, "a", &objects(1, &[("p-ipv4", 1)]));
-        assert!(published.slice_pending("a", "p-ipv4", 2));
-        assert!(!published.slice_pending("a", "p-ipv4", 1), "as wanted");
-        assert!(!published.slice_pending("a", "p-ipv6", 2), "never written");
-        let _under_way = published.begin("a", &objects(1, &[("p-ipv4", 2)]));
+        let ready = objects(1, &[("p-ipv4", 1)]);
+        publish(&published, "a", &ready);
+        assert!(!published.rewrite_slice("a", "p-ipv6"), "never written");
+        assert!(published.rewrite_slice("a", "p-ipv4"));
+        // Even wanted as last written, the changed slice is written again, alone.
+        let Begin::SlicesOnly { ticket, slices } = published.begin("a", &ready) else {
+            panic!("only the changed slice is written");
+        };
+        assert_eq!(slices, ["p-ipv4"]);
+        published.done("a", ticket, ready.clone());
+        assert_eq!(published.begin("a", &ready), Begin::Unchanged);
+    }
+
+    #[test]
+    fn a_slice_changed_while_a_sync_is_under_way_is_a_drift() {
+        let published = Published::default();
+        let ready = objects(1, &[("p-ipv4", 1)]);
+        publish(&published, "a", &ready);
+        let ticket = ticket(published.begin("a", &objects(1, &[("p-ipv4", 2)])));
         assert!(
-            !published.slice_pending("a", "p-ipv4", 2),
-            "a sync under way: what it wrote is not known yet"
+            !published.rewrite_slice("a", "p-ipv4"),
+            "what the sync under way writes is not known yet"
         );
+        published.drifted("a");
+        published.done("a", ticket, objects(1, &[("p-ipv4", 2)]));
+        assert!(matches!(published.begin("a", &ready), Begin::Full { .. }));
     }
 
     #[test]

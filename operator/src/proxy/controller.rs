@@ -4,7 +4,7 @@
 //! that appears or changes reconciles the Proxies waiting for it ([`secret_watch`]); an
 //! instance that a provider's watch reports changed reconciles its Proxy
 //! ([`instance_watch`]).
-//! Every change of a Proxy, its status included, and every finished reconcile also go
+//! Every change of a Proxy, its status included, and every successful reconcile also go
 //! to the Service controller ([`publisher`]), which keeps the Proxy's Service and
 //! EndpointSlices from the same store in a queue of its own; a Service or EndpointSlice
 //! changed by someone else goes there too ([`owned_watch`]).
@@ -144,7 +144,8 @@ pub async fn run_with_cache(
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {
             liveness.beat();
-            // Each reconcile (a poll among them) also has the Proxy's objects checked:
+            // Each reconcile that succeeds (a poll among them; a failed one is retried
+            // until one does) also has the Proxy's objects checked:
             // nothing is read or written when they are as last made, and what drifted
             // while their watch failed is repaired.
             if let Ok((object, _)) = &result {

@@ -75,6 +75,9 @@ async fn withdraw_service(ctx: &Context, proxy: &Proxy, key: &ProxyKey, status: 
     if status.service_name.is_none() {
         return;
     }
+    // After any sync under way: one that began before the deletion would otherwise
+    // write the objects again once they are gone.
+    let _one_writer = ctx.published.one_writer(&key.uid).await;
     if let Err(error) = service::withdraw(ctx, proxy).await {
         tracing::warn!(proxy = %key, error = %error.describe(),
             "cannot delete the Proxy's Service; the garbage collector will");

@@ -35,8 +35,11 @@
 //! A Ready Proxy's egress address, the source address destinations see, is observed
 //! through its proxy once per VM when a check URL is configured (`egress_observed`).
 //!
-//! After the status, the Proxy's Service and EndpointSlice are made to match it
-//! ([`crate::endpoints::service`]), again only where something differs.
+//! The Proxy's Service and EndpointSlice follow the status it writes, synced by a
+//! controller of their own ([`crate::endpoints::publisher`]); a reconcile only
+//! withdraws them in its cleanup, before the VM goes. A reconcile whose copy of the
+//! Proxy predates the operator's own last status write waits for the watch to catch
+//! up ([`crate::k8s::own_writes`]).
 
 mod abandon;
 mod act;
