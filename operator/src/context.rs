@@ -22,6 +22,7 @@ use crate::shared::backoff::Backoff;
 use crate::shared::liveness::Liveness;
 use crate::shared::memory::Trimmer;
 use crate::shared::metrics::Metrics;
+use crate::shared::tables::shrink_when_sparse;
 
 /// Default interval of the slow retry after a permanent error whose cause lies
 /// outside the Proxy's spec.
@@ -195,7 +196,10 @@ impl Context {
 
     /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
     pub fn forget(&self, uid: &str) {
-        lock(&self.triggers).remove(uid);
+        let mut triggers = lock(&self.triggers);
+        triggers.remove(uid);
+        shrink_when_sparse(&mut triggers);
+        drop(triggers);
         self.forget_state(uid);
     }
 
@@ -207,13 +211,20 @@ impl Context {
         self.publish_backoff.reset(uid);
         self.poll_backoff.reset(uid);
         self.replace_backoff.reset(uid);
-        lock(&self.health_failures).remove(uid);
+        self.clear_health_failures(uid);
         self.published.forget(uid);
         self.own_writes.forget(uid);
         self.events.forget(uid);
         self.metrics.set_phase(uid, None);
         self.report_memory();
         self.trimmer.mark();
+    }
+
+    /// Forgets the Proxy's consecutive health check failures.
+    pub fn clear_health_failures(&self, uid: &str) {
+        let mut failures = lock(&self.health_failures);
+        failures.remove(uid);
+        shrink_when_sparse(&mut failures);
     }
 
     /// Drops the entries of every Proxy that `live` (the UIDs of the Proxies the store

@@ -15,8 +15,9 @@
 //! - [`k8s`]: the Kubernetes plumbing: client, watches and the Proxy cache, status
 //!   writes, Events, leader election, the cluster's name.
 //! - [`probe`]: what is asked of a running proxy (health check, egress address).
-//! - [`shared`]: error, backoff, limits, metrics, the HTTP endpoints, liveness, and the
-//!   allocator trim that hands freed memory back after a burst of deletes.
+//! - [`shared`]: error, backoff, limits, metrics, the HTTP endpoints, liveness, the
+//!   allocator trim that hands freed memory back after a burst of deletes, and the
+//!   shrinking of maps whose entries went.
 //! - [`crd`]: the `Proxy` and `ProxyPool` resources' types.
 //!
 //! [`uninstall_check`] is the chart's pre-delete hook, refusing to uninstall while

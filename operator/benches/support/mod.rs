@@ -1,6 +1,23 @@
 //! What the operator benchmarks share: the operator binary started against a real
 //! kube-apiserver and the reference provider, its `/metrics`, its CPU time and memory
 //! from `/proc`, and a listener that answers every health check.
+//!
+//! Every `BENCH_OPERATOR_ENV_<NAME>` variable of the benchmark is handed to the
+//! operator as `<NAME>`: a profiler that is loaded by the dynamic linker can watch it
+//! in place, with the benchmark still reading the operator's own memory. For heaptrack,
+//! with a benchmark that starts the operator once (a restarted operator would write to
+//! a pipe no one reads any more):
+//!
+//! ```text
+//! mkfifo /tmp/ht
+//! /usr/lib/heaptrack/libexec/heaptrack_interpret < /tmp/ht | gzip > ht.gz &
+//! BENCH_OPERATOR_ENV_LD_PRELOAD=/usr/lib/heaptrack/libheaptrack_preload.so \
+//!   BENCH_OPERATOR_ENV_DUMP_HEAPTRACK_OUTPUT=/tmp/ht \
+//!   cargo bench -p egressproxy-operator --bench scale
+//! heaptrack_print -f ht.gz --print-leaks 1
+//! ```
+//!
+//! The last command lists what was live when the operator was stopped, by call site.
 
 #![allow(dead_code)]
 
@@ -41,6 +58,10 @@ fn spawn_operator(
     Ok(Command::new(workspace_binary("egressproxy-operator")?)
         .env("KUBECONFIG", env.apiserver().kubeconfig_path())
         .env("RUST_LOG", "warn")
+        .envs(std::env::vars_os().filter_map(|(k, v)| {
+            let k = k.to_str()?.strip_prefix("BENCH_OPERATOR_ENV_")?.to_owned();
+            Some((k, v))
+        }))
         .args([
             "--cluster-name",
             name,

@@ -21,6 +21,8 @@ use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
+use crate::shared::tables::shrink_when_sparse;
+
 /// Repeats within this window join the earlier Event's series.
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// Distinct recent Events remembered per Proxy.
@@ -145,6 +147,7 @@ impl EventPublisher {
                 sent.retain(|s| s.name != name);
                 if sent.is_empty() {
                     recent.remove(uid);
+                    shrink_when_sparse(&mut recent);
                 }
             }
         }
@@ -240,10 +243,9 @@ impl EventPublisher {
 
     /// Drops every cached Event of the object with `uid`.
     pub fn forget(&self, uid: &str) {
-        self.recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.remove(uid);
+        shrink_when_sparse(&mut recent);
     }
 
     /// The UIDs of the objects with cached Events.

@@ -25,6 +25,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::shared::tables::shrink_when_sparse;
+
 /// How soon a reconcile that waits for its own write looks again.
 pub const RECHECK: Duration = Duration::from_millis(100);
 /// How long a write may stay unseen before reconciles go ahead without it.
@@ -52,11 +54,13 @@ impl OwnWrites {
         };
         if version.is_some_and(|version| at_least(version, written)) {
             unseen.remove(uid);
+            shrink_when_sparse(&mut unseen);
             return false;
         }
         if at.elapsed() >= MAX_WAIT {
             tracing::debug!(%uid, "the watch has not delivered the operator's last status write; reconciling anyway");
             unseen.remove(uid);
+            shrink_when_sparse(&mut unseen);
             return false;
         }
         true
@@ -64,7 +68,9 @@ impl OwnWrites {
 
     /// Drops the entry of the Proxy `uid`.
     pub fn forget(&self, uid: &str) {
-        lock(&self.unseen).remove(uid);
+        let mut unseen = lock(&self.unseen);
+        unseen.remove(uid);
+        shrink_when_sparse(&mut unseen);
     }
 
     /// The UIDs with an entry.

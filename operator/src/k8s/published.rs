@@ -34,6 +34,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::shared::tables::shrink_when_sparse;
+
 /// Digests of a Proxy's objects as a sync wants them (or found them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Objects {
@@ -187,7 +189,9 @@ impl Published {
 
     /// Drops the Proxy's entry.
     pub fn forget(&self, uid: &str) {
-        lock(&self.entries).remove(uid);
+        let mut entries = lock(&self.entries);
+        entries.remove(uid);
+        shrink_when_sparse(&mut entries);
     }
 
     /// How many Proxies have an entry.

@@ -27,6 +27,7 @@ use tracing::Instrument;
 use super::config::ProviderConfig;
 use crate::shared::error::{Error, Result};
 use crate::shared::metrics::Metrics;
+use crate::shared::tables::shrink_when_sparse;
 
 /// The contract's gRPC service, as client spans name it.
 const PROVIDER_SERVICE: &str = "egressproxy.provider.v1.Provider";
@@ -55,7 +56,51 @@ pub struct Provider {
     metrics: Arc<Metrics>,
     /// Instances this operator asked to delete lately, and when: what a watch then
     /// says about them is the operator's own doing, not news.
-    deleted_here: Mutex<HashMap<String, Instant>>,
+    deleted_here: Mutex<DeletedHere>,
+}
+
+/// When each instance this operator deleted lately was deleted, by a keyed hash of its
+/// id. A mass delete records thousands of ids and keeps them for minutes; as strings,
+/// they would be thousands of small allocations made in the middle of the burst,
+/// pinning pages of memory the burst freed. As hashes they live in the table alone.
+/// Two ids with the same 64-bit hash (keyed per process, so no provider can aim for
+/// it) would only make a watch event about the second look like the operator's own.
+#[derive(Debug)]
+struct DeletedHere {
+    hasher: std::collections::hash_map::RandomState,
+    at: HashMap<u64, Instant>,
+    pruned: Instant,
+}
+
+/// How often expired entries of [`DeletedHere`] are dropped: a pass over them all on
+/// every delete would make a mass delete quadratic.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Default for DeletedHere {
+    fn default() -> Self {
+        DeletedHere {
+            hasher: std::collections::hash_map::RandomState::new(),
+            at: HashMap::new(),
+            pruned: Instant::now(),
+        }
+    }
+}
+
+impl DeletedHere {
+    fn key(&self, id: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(id)
+    }
+
+    /// Drops the entries older than [`DELETED_MEMORY`], at most every [`PRUNE_EVERY`].
+    fn prune(&mut self) {
+        if self.pruned.elapsed() < PRUNE_EVERY {
+            return;
+        }
+        self.pruned = Instant::now();
+        self.at.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+        shrink_when_sparse(&mut self.at);
+    }
 }
 
 /// How long an instance this operator deleted is remembered as such.
@@ -269,8 +314,9 @@ impl Provider {
     pub async fn delete(&self, id: &str) -> Result<()> {
         {
             let mut deleted = self.deleted_here.lock().unwrap_or_else(|p| p.into_inner());
-            deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
-            deleted.insert(id.to_owned(), Instant::now());
+            deleted.prune();
+            let key = deleted.key(id);
+            deleted.at.insert(key, Instant::now());
         }
         let request = pb::DeleteInstanceRequest { id: id.to_owned() };
         match self
@@ -287,10 +333,11 @@ impl Provider {
 
     /// Whether this operator asked to delete instance `id` in the last ten minutes.
     pub fn deleted_here(&self, id: &str) -> bool {
-        self.deleted_here
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
+        let mut deleted = self.deleted_here.lock().unwrap_or_else(|p| p.into_inner());
+        deleted.prune();
+        deleted
+            .at
+            .get(&deleted.key(id))
             .is_some_and(|at| at.elapsed() < DELETED_MEMORY)
     }
 

@@ -79,10 +79,9 @@ impl Backoff {
 
     /// Forgets `key`'s failures after a success.
     pub fn reset(&self, key: &str) {
-        self.attempts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        let mut attempts = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        attempts.remove(key);
+        super::tables::shrink_when_sparse(&mut attempts);
     }
 }
 

@@ -14,6 +14,10 @@
 //! about a millisecond here, so trimming at most once per quiet moment costs nothing
 //! measurable. Other allocators (musl's) return memory on their own: there it does
 //! nothing. ADR 0036 says why this is a libc call and not another allocator.
+//!
+//! A trim hands back only free pages, and a map keyed by Proxy keeps the table it grew
+//! to at its peak after its entries are gone: `tables::shrink_when_sparse`, called
+//! after each removal, gives the table back too once most of it is empty.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

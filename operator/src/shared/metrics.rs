@@ -276,7 +276,11 @@ impl Metrics {
         let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
         let previous = match phase {
             Some(phase) => phases.insert(uid.to_owned(), phase),
-            None => phases.remove(uid),
+            None => {
+                let removed = phases.remove(uid);
+                super::tables::shrink_when_sparse(&mut phases);
+                removed
+            }
         };
         if previous == phase {
             return;

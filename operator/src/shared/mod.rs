@@ -5,7 +5,8 @@
 //! - [`limits`]: the bounds of every duration setting.
 //! - [`metrics`]: Prometheus metrics; [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //!   [`liveness`]: whether the control loop still processes requests (`/healthz`).
-//! - [`memory`]: gives the system back what the allocator keeps after a burst of work.
+//! - [`memory`]: gives the system back what the allocator keeps after a burst of work;
+//!   [`tables`]: shrinks a map whose entries went.
 
 pub mod backoff;
 pub mod error;
@@ -14,3 +15,4 @@ pub mod limits;
 pub mod liveness;
 pub mod memory;
 pub mod metrics;
+pub mod tables;

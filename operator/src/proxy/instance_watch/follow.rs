@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use crate::context::Context;
 use crate::proxy::reconcile::tags;
 use crate::shared::error::Error;
+use crate::shared::tables::shrink_when_sparse;
 
 /// Deadline of one stream; when it passes the stream is reopened with its token.
 pub const WATCH_FOR: Duration = Duration::from_secs(30 * 60);
@@ -226,6 +227,7 @@ fn take_in(
         }
         (WatchEventType::Deleted, Some(instance)) if !instance.id.is_empty() => {
             state.known.remove(&instance.id);
+            shrink_when_sparse(&mut state.known);
             vec![Seen::Gone(instance)]
         }
         (WatchEventType::Restarted, _) => {
@@ -242,11 +244,13 @@ fn take_in(
                 .filter(|id| !sent.contains(*id))
                 .cloned()
                 .collect();
-            missing
+            let gone = missing
                 .into_iter()
                 .filter_map(|id| state.known.remove(&id))
                 .map(Seen::Gone)
-                .collect()
+                .collect();
+            shrink_when_sparse(&mut state.known);
+            gone
         }
         // A type this operator does not know (a newer provider's), or an event
         // without the instance it must carry: nothing to learn, the token still counts.

@@ -283,11 +283,7 @@ fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
         .conditions
         .retain(|c| c.type_ != condition::HEALTHY && c.type_ != condition::EGRESS_ADDRESS_OBSERVED);
     let uid = &pass.key.uid;
-    pass.ctx
-        .health_failures
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(uid);
+    pass.ctx.clear_health_failures(uid);
     pass.status.replacing = Some(ReplacedInstance {
         provider_id: old_id.to_owned(),
         cause,

@@ -14,6 +14,7 @@ use crate::probe::address::probe_address;
 use crate::probe::health_check;
 use crate::providers::Provider;
 use crate::shared::error::Result;
+use crate::shared::tables::shrink_when_sparse;
 
 /// What was observed.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +112,7 @@ fn count_failures(ctx: &Context, key: &ProxyKey, result: Result<(), String>) -> 
         .unwrap_or_else(|p| p.into_inner());
     let consecutive_failures = if result.is_ok() {
         failures.remove(&key.uid);
+        shrink_when_sparse(&mut failures);
         0
     } else {
         let count = failures.entry(key.uid.clone()).or_default();
