@@ -26,12 +26,19 @@ pub(crate) async fn libvirtd_hung_while_provisioning(stack: &mut Stack) -> (Dura
     // A call started just before the pause ends one deadline later; one started after it
     // (GetInstance again, on a new connection) another deadline later. Anything slower
     // hangs.
+    // The error is kept as it was seen during the hang: once libvirtd continues, the
+    // next reconcile may succeed and clear it before it could be read again.
+    let mut error = String::new();
     let hang = wait_for(
         "a deadline error while libvirtd hangs",
         3 * deadline + Duration::from_secs(30),
         || {
-            let error = stack.proxy_field("hung", "{.status.lastError}");
-            error.contains("deadline exceeded") && paused.elapsed() > deadline
+            let now = stack.proxy_field("hung", "{.status.lastError}");
+            let seen = now.contains("deadline exceeded") && paused.elapsed() > deadline;
+            if seen {
+                error = now;
+            }
+            seen
         },
     );
     let outcome = std::panic::AssertUnwindSafe(hang).catch_unwind().await;
@@ -40,7 +47,6 @@ pub(crate) async fn libvirtd_hung_while_provisioning(stack: &mut Stack) -> (Dura
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
-    let error = stack.proxy_field("hung", "{.status.lastError}");
     eprintln!("libvirtd-hung: paused {hung_for:.1?}; the Proxy's last error: {error}");
     assert!(
         error.contains("host hv1") && error.contains("did not finish within"),
