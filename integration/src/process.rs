@@ -16,6 +16,11 @@
 //!    that is restarted alone) are re-parented to this process; [`Adopted`] reaps each the
 //!    moment it exits (a zombie would look alive to whoever kills it, and libvirtd waits
 //!    for a killed guest to vanish) and stops those still running when dropped.
+//! 4. [`Daemon::kill_frozen`] stops the daemon (SIGSTOP) before it looks for descendants,
+//!    so a listener cannot fork one more session between the walk and its own end, then
+//!    SIGKILLs the frozen tree: nothing the old daemon accepted outlives it. A restart
+//!    whose test reads the daemon's log needs that; the graceful [`Daemon::stop`] lets the
+//!    root run while its descendants go.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -243,6 +248,56 @@ fn wait_until_reaped(pids: &[u32], within: Duration) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+impl Daemon {
+    /// Freezes the whole tree, the root first, and SIGKILLs it; reaps every process of
+    /// it. Idempotent; see the module docs.
+    pub fn kill_frozen(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = child.id();
+        // A stopped root forks nothing more; each round stops the children found so far
+        // and waits until they are stopped, so the next walk sees every fork they made.
+        let mut tree = vec![pid];
+        send_all(&tree, Signal::SIGSTOP);
+        wait_until_stopped(&tree, Duration::from_secs(5));
+        for _ in 0..10 {
+            let walked = process_tree(pid);
+            if walked == tree {
+                break;
+            }
+            send_all(&walked, Signal::SIGSTOP);
+            wait_until_stopped(&walked, Duration::from_secs(5));
+            tree = walked;
+        }
+        send_all(&tree, Signal::SIGKILL);
+        let _ = child.wait();
+        // The descendants were orphaned to this process (a child subreaper) as their
+        // parents died.
+        wait_until_reaped(&tree[1..], Duration::from_secs(5));
+        self.paused = false;
+    }
+}
+
+/// Polls until each of `pids` is stopped, a zombie or gone, or `within` has passed.
+fn wait_until_stopped(pids: &[u32], within: Duration) {
+    let until = Instant::now() + within;
+    while Instant::now() < until && !pids.iter().all(|p| stopped_or_gone(*p)) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn stopped_or_gone(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().next());
+    matches!(state, None | Some("T" | "t" | "Z" | "X"))
 }
 
 impl Drop for Daemon {

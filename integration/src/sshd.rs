@@ -299,9 +299,11 @@ impl Sshd {
     }
 
     /// Kills sshd and all its sessions, then starts it again on the same port and keys.
+    /// No session of the old sshd outlives it (one it accepted during the restart would
+    /// log in with the old host key after the restart, to the new one's log).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         if let Some(mut daemon) = self.daemon.take() {
-            daemon.stop();
+            daemon.kill_frozen();
         }
         self.spawn()
     }

@@ -121,3 +121,77 @@ fn sshd_accepts_its_client_key_and_keeps_key_and_port_across_restart() {
     let log = std::fs::read_to_string(sshd.log()).unwrap();
     assert!(log.contains("Accepted publickey for root"), "{log}");
 }
+
+/// A client that connects while sshd restarts must meet either the old sshd, whose
+/// sessions all end with it, or the new one: a session the old sshd forked during its
+/// shutdown would otherwise log in with the old host key after the restart.
+#[test]
+fn an_sshd_restart_leaves_no_session_of_the_old_sshd() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let mut sshd = Sshd::start().unwrap();
+    let address = sshd.address();
+    let done = Arc::new(AtomicBool::new(false));
+    let client = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            // Every connection stays open until the end, so its session waits in
+            // pre-auth (one whose client left would exit on its own); paced to stay
+            // below sshd's MaxStartups, past which it drops new connections unforked.
+            let mut open = Vec::new();
+            while !done.load(Ordering::SeqCst) && open.len() < 80 {
+                if let Ok(stream) = std::net::TcpStream::connect(&address) {
+                    open.push(stream);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            open
+        }
+    });
+    let sessions_before = wait_for_sessions(|n| n > 0);
+    assert!(sessions_before > 0, "the client reached sshd");
+    sshd.restart().unwrap();
+    done.store(true, Ordering::SeqCst);
+    let _open = client.join().unwrap();
+    // A session whose sshd is gone is re-parented to this process (a child subreaper).
+    let me = std::process::id().to_string();
+    let strays: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let dir = entry.path();
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            let parent = stat[stat.rfind(')')? + 2..].split(' ').nth(1)?;
+            let cmdline = std::fs::read_to_string(dir.join("cmdline")).ok()?;
+            let title = cmdline.trim_end_matches('\0').to_owned();
+            (parent == me && is_session(&title)).then_some(title)
+        })
+        .collect();
+    assert!(strays.is_empty(), "sessions of the old sshd: {strays:?}");
+}
+
+/// Polls until the number of per-connection sshd sessions on this machine satisfies
+/// `enough` (at most 10 s); returns the last count.
+fn wait_for_sessions(enough: impl Fn(usize) -> bool) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let sessions = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|entry| {
+                std::fs::read_to_string(entry.path().join("cmdline"))
+                    .is_ok_and(|cmdline| is_session(&cmdline))
+            })
+            .count();
+        if enough(sessions) || std::time::Instant::now() >= deadline {
+            return sessions;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A per-connection sshd, by the title it gives itself (the listener's says so).
+fn is_session(cmdline: &str) -> bool {
+    cmdline.starts_with("sshd:") && !cmdline.contains("[listener]")
+}
