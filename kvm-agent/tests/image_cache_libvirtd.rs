@@ -730,6 +730,8 @@ async fn a_caller_whose_deadline_passes_gets_a_transient_error_while_the_downloa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_server_fails_the_download_and_leaves_no_volume() {
+    // The agent's log goes with a failure: it says why a volume stayed.
+    let log_from = captured_log().len();
     let fixture = Fixture::start().await;
     let url = fixture
         .server
@@ -755,7 +757,12 @@ async fn a_stalled_server_fails_the_download_and_leaves_no_volume() {
         "{error}"
     );
     // Deleted on the spot, not left for the next attempt.
-    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    assert!(
+        fixture.files().is_empty(),
+        "{:?}\n{}",
+        fixture.files(),
+        captured_log().get(log_from..).unwrap_or_default()
+    );
 
     // A server that trickles past the download timeout is cut there.
     let cache = ImageCache::new(ImageCacheOptions {
@@ -771,7 +778,12 @@ async fn a_stalled_server_fails_the_download_and_leaves_no_volume() {
             .contains("imageDownloadTimeout (3s) passed"),
         "{error}"
     );
-    assert!(fixture.files().is_empty(), "{:?}", fixture.files());
+    assert!(
+        fixture.files().is_empty(),
+        "{:?}\n{}",
+        fixture.files(),
+        captured_log().get(log_from..).unwrap_or_default()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
