@@ -73,6 +73,67 @@ async fn local_mode_calls_are_bounded_and_a_stalled_pool_drops_without_blocking(
     assert!(spans_named(trace_id, "ssh.connect").is_empty());
 }
 
+/// A call whose deadline passed before it began fails at once and leaves the shared
+/// connection open; a call that returned in time never has its connection cut after it
+/// (its watchdog firing a moment later must not cut what the next call uses). Calls
+/// with deadlines around their own duration: after every one that succeeded, the next
+/// call runs on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_returned_in_time_or_never_began_leaves_the_connection_open() {
+    let libvirtd = Libvirtd::start().unwrap();
+    let config = config(vec![local_host("here", &libvirtd.socket())]);
+    let pool = Pool::new(&config).unwrap();
+    let host = pool.host("here").unwrap();
+    let trace = caller_trace("Get");
+    let span = trace.request_span.clone();
+    let results = async {
+        host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+        let err = host
+            .lib_version(tokio::time::Instant::now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::DeadlineExceeded, "{err}");
+        let started = Instant::now();
+        host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+        let typical = started.elapsed();
+        let mut results = Vec::new();
+        for i in 0..200u32 {
+            // From a quarter to twice the typical duration.
+            let budget = typical * (1 + i % 8) / 4;
+            results.push(host.lib_version(deadline_in(budget)).await.is_ok());
+        }
+        host.lib_version(deadline_in(GENEROUS)).await.unwrap();
+        results
+    }
+    .instrument(span)
+    .await;
+    let trace_id = trace.trace_id;
+    drop(trace);
+    let calls = spans_named(trace_id, "virConnectGetLibVersion");
+    let connection = |i: usize| attr(&calls[i], "libvirt.connection");
+    assert_eq!(calls.len(), 3 + results.len() + 1);
+    assert_eq!(
+        connection(1),
+        connection(0),
+        "the call that never began kept the connection"
+    );
+    assert_eq!(connection(2), connection(0));
+    let cut_after_success: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(i, ok)| **ok && connection(3 + i + 1) != connection(3 + i))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        cut_after_success.is_empty(),
+        "calls that succeeded and whose connection the next call did not find: {cut_after_success:?} of {results:?}"
+    );
+    assert!(
+        results.iter().any(|ok| *ok),
+        "some calls returned in time: {results:?}"
+    );
+}
+
 /// A socket in front of libvirtd that closes the first `shed` connections unread (as a
 /// daemon or sshd shedding load does) and splices the rest to the daemon. Counts them.
 fn shedding_socket(

@@ -10,8 +10,10 @@
 //! - [`TargetServer`]: what a proxied request reaches, listening inside the test's
 //!   network namespace on the NAT network's gateway address, where the guests' squid can
 //!   connect. It answers with a fixed body and remembers each request's `Via` header.
+//!   Like a partner's service, it also echoes the caller's address (`/ip`, an egress
+//!   check URL) and admits one source only (`/only-from/IP`: 403 for any other).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{ConnectInfo, Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use base64::Engine;
 use tokio::task::JoinHandle;
@@ -38,6 +40,7 @@ fn serve(
     listener.set_nonblocking(true)?;
     Ok(runtime.spawn(async move {
         if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let _ = axum::serve(listener, app).await;
         }
     }))
@@ -265,9 +268,19 @@ impl Drop for ImageServer {
 #[derive(Debug)]
 pub struct TargetServer {
     addr: SocketAddr,
-    vias: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Seen>>,
     task: JoinHandle<()>,
 }
+
+/// What [`TargetServer`] received, one entry per request.
+#[derive(Debug, Default)]
+struct Seen {
+    vias: Vec<String>,
+    /// The answers of `/ip`.
+    echoed: Vec<IpAddr>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
 
 impl TargetServer {
     /// Listens on `ip`, a free port, inside `netns`.
@@ -278,10 +291,34 @@ impl TargetServer {
     ) -> anyhow::Result<Self> {
         let listener = bind_tcp_in(netns, SocketAddr::from((ip, 0)))?;
         let addr = listener.local_addr()?;
-        let vias = Arc::new(Mutex::new(Vec::new()));
-        let app = Router::new().fallback(get(answer)).with_state(vias.clone());
+        let seen = Shared::default();
+        let app = Router::new()
+            .route("/ip", get(echo_source))
+            .route("/only-from/{allowed}", get(only_from))
+            .fallback(get(answer))
+            .with_state(seen.clone());
         let task = serve(runtime, listener, app)?;
-        Ok(Self { addr, vias, task })
+        Ok(Self { addr, seen, task })
+    }
+
+    /// `http://IP:PORT/ip`: answers the caller's address, as an egress check URL must.
+    pub fn echo_url(&self) -> String {
+        format!("http://{}/ip", self.addr)
+    }
+
+    /// `http://IP:PORT/only-from/ALLOWED`: [`TARGET_BODY`] to a caller from `allowed`,
+    /// 403 to any other, as a partner that allow-lists one source address answers.
+    pub fn only_from_url(&self, allowed: &str) -> String {
+        format!("http://{}/only-from/{allowed}", self.addr)
+    }
+
+    /// The addresses [`TargetServer::echo_url`] answered, in order.
+    pub fn echoed(&self) -> Vec<IpAddr> {
+        self.seen().echoed.clone()
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `http://IP:PORT/`.
@@ -291,18 +328,59 @@ impl TargetServer {
 
     /// The `Via` header of every request received (empty when a request had none).
     pub fn vias(&self) -> Vec<String> {
-        self.vias.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.seen().vias.clone()
     }
 }
 
-async fn answer(State(vias): State<Arc<Mutex<Vec<String>>>>, headers: HeaderMap) -> &'static str {
+/// Records the request; returns the caller's address.
+fn record(seen: &Shared, caller: SocketAddr, headers: &HeaderMap) -> IpAddr {
     let via = headers
         .get("via")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    vias.lock().unwrap_or_else(|p| p.into_inner()).push(via);
+    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+    seen.vias.push(via);
+    caller.ip()
+}
+
+async fn answer(
+    State(seen): State<Shared>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> &'static str {
+    record(&seen, caller, &headers);
     TARGET_BODY
+}
+
+async fn echo_source(
+    State(seen): State<Shared>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> String {
+    let source = record(&seen, caller, &headers);
+    seen.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .echoed
+        .push(source);
+    format!("{source}\n")
+}
+
+async fn only_from(
+    State(seen): State<Shared>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+    UrlPath(allowed): UrlPath<String>,
+    headers: HeaderMap,
+) -> (StatusCode, String) {
+    let source = record(&seen, caller, &headers);
+    if source.to_string() == allowed {
+        (StatusCode::OK, TARGET_BODY.to_owned())
+    } else {
+        (
+            StatusCode::FORBIDDEN,
+            format!("{source} is not the allow-listed {allowed}\n"),
+        )
+    }
 }
 
 impl Drop for TargetServer {

@@ -7,7 +7,9 @@
 //!    libvirt connection, drops;
 //! 3. the operator SIGKILLed while the VM provisions, then restarted;
 //! 4. the VM destroyed behind the operator's back (`virsh destroy`): the Proxy gets a
-//!    new instance, and its Events name the old and the new id;
+//!    new instance with the same egress address (a destination that allow-lists it
+//!    answers before and after; the address observed is the one it logged), and its
+//!    Events name the old and the new id;
 //! 5. the Proxy deleted while its VM provisions: nothing is left;
 //! 6. libvirtd restarted alone while the VM starts: the guest keeps running, the new
 //!    daemon reconnects to it;
@@ -127,9 +129,10 @@ async fn run_case(name: &str, stack: &mut Stack) -> Vec<Row> {
             ssh_dropped::ssh_dropped_during_create(stack).await,
         )],
         "operator-killed" => {
-            let (killed, old) = operator_killed::operator_killed_during_provisioning(stack).await;
+            let (killed, crashed) =
+                operator_killed::operator_killed_during_provisioning(stack).await;
             let destroyed =
-                operator_killed::vm_destroyed_behind_the_operators_back(stack, &old).await;
+                operator_killed::vm_destroyed_behind_the_operators_back(stack, &crashed).await;
             vec![
                 Row::new(
                     "operator killed mid-reconcile",

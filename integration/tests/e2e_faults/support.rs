@@ -35,6 +35,25 @@ pub(crate) fn manifest_placed(
     )
 }
 
+/// Like [`manifest`], with the target's echo as the Proxy's egress check URL.
+pub(crate) fn manifest_checking_egress(stack: &Stack, name: &str) -> String {
+    format!(
+        "{}\x20 egress: {{checkUrl: \"{}\"}}\n",
+        manifest(stack, name),
+        stack.target.echo_url()
+    )
+}
+
+/// The `<host>` elements of the guests' libvirt network: its DHCP host reservations.
+pub(crate) fn dhcp_hosts(stack: &Stack) -> Vec<String> {
+    let xml = stack.virsh(&["net-dumpxml", "default"]).unwrap();
+    xml.lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("<host "))
+        .map(str::to_owned)
+        .collect()
+}
+
 pub(crate) async fn wait_ready(stack: &Stack, name: &str) {
     wait_for(&format!("{name} to be Ready"), READY_WITHIN, || {
         stack.proxy_field(name, "{.status.phase}") == "Ready"

@@ -16,7 +16,10 @@
 //! 3. the caller's deadline bounds the wait. On expiry the connection's relay is aborted
 //!    (by a watchdog task, or by the waiting caller on the blocking-pool path), so the
 //!    blocked call returns at once and frees its thread, and the connection is reported
-//!    dead ([`Outcome::discard`]);
+//!    dead ([`Outcome::discard`]). The watchdog and the call's end settle which came
+//!    first once, so a call that returned in time never has its connection cut after
+//!    it (the next caller would meet the cut). A call whose deadline passed before it
+//!    began fails without touching the connection;
 //! 4. a failure is classified: an error libvirt reports keeps the connection, a transport
 //!    failure (or a relay whose upstream was refused) discards it.
 //!
@@ -25,7 +28,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -179,6 +182,18 @@ where
 {
     Span::current().record("libvirt.connection", connection.id());
     let started = Instant::now();
+    if started >= deadline {
+        // Nothing was sent: the connection is as good as it was.
+        return Outcome {
+            result: Err(TransportError::DeadlineExceeded {
+                host: connection.host().to_owned(),
+                op: api,
+                after: Duration::ZERO,
+            }
+            .into()),
+            discard: false,
+        };
+    }
     let joined = if on_multi_thread_runtime() {
         in_place(connection, api, deadline, call)
     } else {
@@ -274,6 +289,11 @@ fn on_multi_thread_runtime() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
+/// States of the race between a call and its watchdog ([`in_place`]).
+const RUNNING: u8 = 0;
+const RETURNED: u8 = 1;
+const FIRED: u8 = 2;
+
 /// Runs the call on the calling worker thread ([`tokio::task::block_in_place`]: the
 /// worker's other tasks move to another thread meanwhile), with a watchdog task that cuts
 /// the connection at the deadline so the call returns. No hand-off to another thread and
@@ -288,23 +308,33 @@ where
     F: FnOnce(&virt::connect::Connect) -> Result<T, CallFailure<E>>,
 {
     let started = Instant::now();
-    let fired = Arc::new(AtomicBool::new(false));
-    let (watched, fire) = (connection.clone(), fired.clone());
+    // Whichever of the watchdog and the call's end moves the race from RUNNING first
+    // wins: the watchdog cuts only a call still running, and such a call's result is
+    // the deadline, whatever it returned.
+    let race = Arc::new(AtomicU8::new(RUNNING));
+    let (watched, watching) = (connection.clone(), race.clone());
     let watchdog = tokio::spawn(async move {
         tokio::time::sleep_until(deadline).await;
-        fire.store(true, Ordering::SeqCst);
-        let after = round_ms(deadline.saturating_duration_since(started));
-        watched.cut(format!("{api} exceeded its {after:?} deadline"));
+        if watching
+            .compare_exchange(RUNNING, FIRED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let after = round_ms(deadline.saturating_duration_since(started));
+            watched.cut(format!("{api} exceeded its {after:?} deadline"));
+        }
     });
     let finished = tokio::task::block_in_place(|| {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
             call_and_check(connection.libvirt(), call)
         }))
     });
+    let in_time = race
+        .compare_exchange(RUNNING, RETURNED, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok();
     watchdog.abort();
     match finished {
         Err(panic) => Err(Joined::Panicked(panic_reason(panic.as_ref()))),
-        Ok(_) if fired.load(Ordering::SeqCst) => Err(Joined::DeadlineExceeded),
+        Ok(_) if !in_time => Err(Joined::DeadlineExceeded),
         Ok(finished) => Ok(finished),
     }
 }
