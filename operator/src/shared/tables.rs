@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 
-/// Tables no larger than this many entries are left as they are.
+/// The smallest table a shrink asks for: below this many entries a table is not worth
+/// rebuilding.
 const SMALL_TABLE: usize = 64;
 
 /// Rebuilds `map`'s table at the smallest size that holds twice its entries, once that
