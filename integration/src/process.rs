@@ -263,7 +263,8 @@ impl Daemon {
         let mut tree = vec![pid];
         send_all(&tree, Signal::SIGSTOP);
         wait_until_stopped(&tree, Duration::from_secs(5));
-        for _ in 0..10 {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
             let walked = process_tree(pid);
             if walked == tree {
                 break;
@@ -271,6 +272,15 @@ impl Daemon {
             send_all(&walked, Signal::SIGSTOP);
             wait_until_stopped(&walked, Duration::from_secs(5));
             tree = walked;
+            if Instant::now() >= until {
+                // Still forking after that long: kill what the last walk found too.
+                eprintln!(
+                    "{}: its process tree did not settle; killing it as it is",
+                    self.name
+                );
+                tree.extend(process_tree(pid));
+                break;
+            }
         }
         send_all(&tree, Signal::SIGKILL);
         let _ = child.wait();

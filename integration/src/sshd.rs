@@ -175,6 +175,11 @@ impl Sshd {
             .with_context(|| format!("append to {}", path.display()))
     }
 
+    /// The listener's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Daemon::pid)
+    }
+
     /// The loopback port sshd listens on.
     pub fn port(&self) -> u16 {
         self.port

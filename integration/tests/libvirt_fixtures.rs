@@ -137,8 +137,8 @@ fn an_sshd_restart_leaves_no_session_of_the_old_sshd() {
         let done = done.clone();
         move || {
             // Every connection stays open until the end, so its session waits in
-            // pre-auth (one whose client left would exit on its own); paced to stay
-            // below sshd's MaxStartups, past which it drops new connections unforked.
+            // pre-auth (one whose client left would exit on its own); at most 80, below
+            // the fixture's MaxStartups 100, past which sshd drops new ones unforked.
             let mut open = Vec::new();
             while !done.load(Ordering::SeqCst) && open.len() < 80 {
                 if let Ok(stream) = std::net::TcpStream::connect(&address) {
@@ -149,9 +149,13 @@ fn an_sshd_restart_leaves_no_session_of_the_old_sshd() {
             open
         }
     });
-    let sessions_before = wait_for_sessions(|n| n > 0);
-    assert!(sessions_before > 0, "the client reached sshd");
+    let old_sshd = sshd.pid().unwrap();
+    wait_until("a session of this sshd", Duration::from_secs(10), || {
+        Ok(process_tree(old_sshd).len() > 1)
+    })
+    .unwrap();
     sshd.restart().unwrap();
+    let new_sshd = sshd.pid().unwrap();
     done.store(true, Ordering::SeqCst);
     let _open = client.join().unwrap();
     // A session whose sshd is gone is re-parented to this process (a child subreaper).
@@ -165,33 +169,16 @@ fn an_sshd_restart_leaves_no_session_of_the_old_sshd() {
             let parent = stat[stat.rfind(')')? + 2..].split(' ').nth(1)?;
             let cmdline = std::fs::read_to_string(dir.join("cmdline")).ok()?;
             let title = cmdline.trim_end_matches('\0').to_owned();
-            (parent == me && is_session(&title)).then_some(title)
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            (parent == me && pid != new_sshd && is_session(&title)).then_some(title)
         })
         .collect();
     assert!(strays.is_empty(), "sessions of the old sshd: {strays:?}");
 }
 
-/// Polls until the number of per-connection sshd sessions on this machine satisfies
-/// `enough` (at most 10 s); returns the last count.
-fn wait_for_sessions(enough: impl Fn(usize) -> bool) -> usize {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let sessions = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter(|entry| {
-                std::fs::read_to_string(entry.path().join("cmdline"))
-                    .is_ok_and(|cmdline| is_session(&cmdline))
-            })
-            .count();
-        if enough(sessions) || std::time::Instant::now() >= deadline {
-            return sessions;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-/// A per-connection sshd, by the title it gives itself (the listener's says so).
+/// A per-connection sshd, by the title it gives itself (`sshd-session:` from OpenSSH
+/// 9.8 on; the listener's title says it is one).
 fn is_session(cmdline: &str) -> bool {
-    cmdline.starts_with("sshd:") && !cmdline.contains("[listener]")
+    (cmdline.starts_with("sshd:") || cmdline.starts_with("sshd-session:"))
+        && !cmdline.contains("[listener]")
 }

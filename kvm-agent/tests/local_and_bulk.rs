@@ -74,10 +74,11 @@ async fn local_mode_calls_are_bounded_and_a_stalled_pool_drops_without_blocking(
 }
 
 /// A call whose deadline passed before it began fails at once and leaves the shared
-/// connection open; a call that returned in time never has its connection cut after it
-/// (its watchdog firing a moment later must not cut what the next call uses). Calls
-/// with deadlines around their own duration: after every one that succeeded, the next
-/// call runs on the same connection.
+/// connection open (the next call runs on it); a call that returned in time never has
+/// its connection cut after it (its watchdog firing a moment later must not cut what the
+/// next call uses). The first is exact; for the second, calls with deadlines around
+/// their own duration only meet the race now and then: after every one that succeeded,
+/// the next call must run on the same connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_returned_in_time_or_never_began_leaves_the_connection_open() {
     let libvirtd = Libvirtd::start().unwrap();
@@ -113,11 +114,10 @@ async fn a_call_that_returned_in_time_or_never_began_leaves_the_connection_open(
     let connection = |i: usize| attr(&calls[i], "libvirt.connection");
     assert_eq!(calls.len(), 3 + results.len() + 1);
     assert_eq!(
-        connection(1),
+        connection(2),
         connection(0),
-        "the call that never began kept the connection"
+        "the call after the one that never began ran on the same connection"
     );
-    assert_eq!(connection(2), connection(0));
     let cut_after_success: Vec<usize> = results
         .iter()
         .enumerate()

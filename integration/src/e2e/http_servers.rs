@@ -40,6 +40,8 @@ fn serve(
     listener.set_nonblocking(true)?;
     Ok(runtime.spawn(async move {
         if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+            // The target's handlers take the caller's address; a router served without
+            // it would answer them 500.
             let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let _ = axum::serve(listener, app).await;
         }
@@ -272,9 +274,10 @@ pub struct TargetServer {
     task: JoinHandle<()>,
 }
 
-/// What [`TargetServer`] received, one entry per request.
+/// What [`TargetServer`] received.
 #[derive(Debug, Default)]
 struct Seen {
+    /// One per request.
     vias: Vec<String>,
     /// The answers of `/ip`.
     echoed: Vec<IpAddr>,

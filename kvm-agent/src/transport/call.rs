@@ -289,7 +289,8 @@ fn on_multi_thread_runtime() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
-/// States of the race between a call and its watchdog ([`in_place`]).
+// The states of the race between a call and its watchdog ([`in_place`]): the call
+// runs, then either it returned in time or the watchdog fired (and cut it).
 const RUNNING: u8 = 0;
 const RETURNED: u8 = 1;
 const FIRED: u8 = 2;

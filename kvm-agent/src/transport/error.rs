@@ -174,7 +174,8 @@ pub enum TransportError {
         failure: LibvirtFailure,
     },
 
-    /// The caller's deadline passed; the connection under the call was dropped.
+    /// The caller's deadline passed; the connection under the call was dropped (unless
+    /// the deadline had passed before the call began: then nothing was sent on it).
     #[error("host {host}: {op} did not finish within {after:?}")]
     DeadlineExceeded {
         /// Host name from the configuration.

@@ -7,7 +7,7 @@
 //!    usable connection wait for it (bounded by their own deadline) and then share it.
 //! 3. **Isolation.** Hosts share no lock, so a hung host never delays another.
 //! 4. **Redial on transport failure only.** A dead relay, a transport error or a deadline
-//!    drops the connection and the next call dials anew; an error libvirt reports about the
+//!    that passes during a call drops the connection and the next call dials anew; an error libvirt reports about the
 //!    operation (no such domain, bad XML) keeps it. A link that breaks during the
 //!    handshake itself (EOF, broken pipe, a closed socket: the daemon or sshd shed it) is
 //!    dialled once more within the caller's deadline before the failure is reported.
