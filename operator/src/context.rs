@@ -3,7 +3,7 @@
 //! gauge). What must survive a restart (the instance being replaced) is in status.
 //!
 //! Every per-Proxy entry is keyed by the Proxy's UID and dropped by
-//! [`Context::forget`] when the Proxy goes (its cleanup finished, or the watch saw it
+//! [`Context::forget_proxy`] when the Proxy goes (its cleanup finished, or the watch saw it
 //! deleted), so memory follows the live Proxies, not every Proxy ever seen.
 
 use std::collections::{HashMap, HashSet};
@@ -78,8 +78,8 @@ pub struct Context {
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.
     triggers: Mutex<HashMap<String, u64>>,
-    /// Serialises [`Context::report_memory`], so a report read before a `forget`
-    /// cannot be written after that `forget`'s own report.
+    /// Serialises [`Context::report_memory`], so a report read before a `forget_proxy`
+    /// cannot be written after that `forget_proxy`'s own report.
     reporting: Mutex<()>,
     events: EventPublisher,
     /// Gives freed memory back once Proxies stop being forgotten; `main` spawns its
@@ -184,7 +184,7 @@ impl Context {
     }
 
     fn delay_of(&self, backoff: &Backoff, uid: &str) -> Duration {
-        // Holding the triggers lock orders this against `forget`, which removes the
+        // Holding the triggers lock orders this against `forget_proxy`, which removes the
         // trigger before it drops the backoff.
         let triggers = lock(&self.triggers);
         if triggers.contains_key(uid) {
@@ -195,18 +195,18 @@ impl Context {
     }
 
     /// Drops every in-memory entry of the Proxy with `uid`: it left the watch.
-    pub fn forget(&self, uid: &str) {
+    pub fn forget_proxy(&self, uid: &str) {
         let mut triggers = lock(&self.triggers);
         triggers.remove(uid);
         shrink_when_sparse(&mut triggers);
         drop(triggers);
-        self.forget_state(uid);
+        self.forget_reconcile_state(uid);
     }
 
     /// Drops the Proxy's reconcile state once its cleanup is done. Its last trigger
     /// stays until the watch sees it deleted, so the status write and finalizer
     /// removal that follow do not look like changes worth another reconcile.
-    pub fn forget_state(&self, uid: &str) {
+    pub fn forget_reconcile_state(&self, uid: &str) {
         self.retry_backoff.reset(uid);
         self.publish_backoff.reset(uid);
         self.poll_backoff.reset(uid);
@@ -233,11 +233,11 @@ impl Context {
     /// finished after its Proxy was forgotten. The UIDs with entries are collected
     /// before `live` is asked, so a Proxy that arrives meanwhile (and records entries)
     /// is not judged on a picture that predates it.
-    pub fn forget_all_but(&self, live: impl FnOnce() -> HashSet<String>) {
+    pub fn forget_proxies_except(&self, live: impl FnOnce() -> HashSet<String>) {
         let known = self.tracked_uids();
         let live = live();
         for uid in known.difference(&live) {
-            self.forget(uid);
+            self.forget_proxy(uid);
         }
     }
 

@@ -49,7 +49,7 @@ async fn an_error_after_the_proxy_was_forgotten_leaves_no_backoff_entry() {
     let proxy = proxy(&env.namespace, "uid-gone");
     // The watch saw it, then saw it deleted.
     ctx.trigger_changed("uid-gone", 1);
-    ctx.forget("uid-gone");
+    ctx.forget_proxy("uid-gone");
     let action = error_policy(proxy, &not_found(&env).await, ctx.clone());
     assert_ne!(action, kube::runtime::controller::Action::await_change());
     assert_eq!(
@@ -97,7 +97,7 @@ async fn a_sweep_against_the_live_proxies_empties_every_map_of_the_gone() {
     );
     ctx.poll_backoff.next("uid-live");
     let live = std::collections::HashSet::from(["uid-live".to_owned()]);
-    ctx.forget_all_but(|| live.clone());
+    ctx.forget_proxies_except(|| live.clone());
     assert_eq!(ctx.poll_backoff.keys(), ["uid-live"]);
     assert!(ctx.replace_backoff.is_empty());
     assert!(ctx.health_failures.lock().unwrap().is_empty());

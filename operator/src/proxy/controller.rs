@@ -98,10 +98,10 @@ pub async fn run_with_cache(
                 let _ = to_publish.unbounded_send(reflector::ObjectRef::from_obj(proxy));
             }
             Ok(watcher::Event::Delete(proxy)) => {
-                forgetting.forget(&proxy.uid().unwrap_or_default());
+                forgetting.forget_proxy(&proxy.uid().unwrap_or_default());
             }
             Ok(watcher::Event::InitDone) => {
-                forgetting.forget_all_but(|| memory_sweep::live_uids(&store));
+                forgetting.forget_proxies_except(|| memory_sweep::live_uids(&store));
             }
             _ => {}
         })

@@ -1,7 +1,7 @@
 //! The periodic sweep of the per-Proxy maps against the reflector's store.
 //!
 //! Entries go with their Proxy when its cleanup finishes or the watch sees it deleted
-//! ([`Context::forget`]). Work that finishes after that (a provider call that returns
+//! ([`Context::forget_proxy`]). Work that finishes after that (a provider call that returns
 //! once the Proxy is gone, a write that meets a 404) could record an entry again, for a
 //! UID that no event will ever name. Every [`INTERVAL`], once the store has its first
 //! list, every entry of a UID the store does not hold is dropped, so such an entry
@@ -29,7 +29,7 @@ pub async fn run(ctx: Arc<Context>, store: Store<Proxy>, interval: Duration) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        ctx.forget_all_but(|| live_uids(&store));
+        ctx.forget_proxies_except(|| live_uids(&store));
         ctx.report_memory();
     }
 }

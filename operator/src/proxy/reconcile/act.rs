@@ -14,7 +14,7 @@ use super::next::Next;
 use super::observe;
 use super::plan::{Cause, Step};
 use super::tags;
-use super::{Pass, adopt, egress_address, egress_observed, no_room};
+use super::{Reconciliation, adopt, egress_address, egress_observed, no_room};
 use crate::crd::{ProxyAddress, ReplacedInstance, condition};
 use crate::k8s::events::EventType;
 use crate::probe::address::probe_address;
@@ -23,7 +23,7 @@ use crate::providers::placement;
 use crate::shared::error::{Error, Result};
 
 /// Performs `step`.
-pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
+pub(super) async fn act(pass: &mut Reconciliation<'_>, step: Step) -> Result<Next> {
     match step {
         Step::Create => create(pass).await,
         Step::Replace { id, cause } => replace(pass, id, cause).await,
@@ -74,7 +74,7 @@ pub(super) async fn act(pass: &mut Pass<'_>, step: Step) -> Result<Next> {
 
 /// Checks the placement, reads the cloud-init input, adds the finalizer (so a crash
 /// during the call leaves a trace that an instance may exist), then creates.
-async fn create(pass: &mut Pass<'_>) -> Result<Next> {
+async fn create(pass: &mut Reconciliation<'_>) -> Result<Next> {
     if let Some(next) = adopt::adopt_spare(pass).await? {
         return Ok(next);
     }
@@ -163,7 +163,7 @@ async fn create(pass: &mut Pass<'_>) -> Result<Next> {
 }
 
 /// Deletes the instance (unless it vanished), forgets it, and says why.
-async fn replace(pass: &mut Pass<'_>, id: String, cause: Cause) -> Result<Next> {
+async fn replace(pass: &mut Reconciliation<'_>, id: String, cause: Cause) -> Result<Next> {
     if cause.deletes_old() {
         pass.provider.delete(&id).await?;
     }
@@ -192,7 +192,7 @@ async fn replace(pass: &mut Pass<'_>, id: String, cause: Cause) -> Result<Next> 
         ),
     };
     pass.publish(type_, cause.reason(), &note).await;
-    forget_instance(pass, &id, cause.describe());
+    mark_for_replacement(pass, &id, cause.describe());
     if cause == Cause::PlacementChanged {
         pass.save().await?;
         return Ok(Next::Again);
@@ -208,7 +208,7 @@ async fn replace(pass: &mut Pass<'_>, id: String, cause: Cause) -> Result<Next> 
 /// whose answer never arrived (timeout, crash) before the spec or its Secret changed.
 /// That instance is ours (tagged with our UID and key): delete it and create anew
 /// under the next key.
-async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
+async fn replace_stale_attempt(pass: &mut Reconciliation<'_>) -> Result<Next> {
     let key = pass.status.instance_key.clone().unwrap_or_default();
     let selector = HashMap::from([
         (tags::CLUSTER.to_owned(), pass.ctx.cluster_name.clone()),
@@ -234,7 +234,7 @@ async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
         "key {key} belongs to instance {stale} made from an older spec by an unfinished attempt: deleted it, creating a new one"
     );
     pass.publish(EventType::Warning, reason, &note).await;
-    forget_instance(pass, &stale, "made from an older spec".into());
+    mark_for_replacement(pass, &stale, "made from an older spec".into());
     pass.set(condition::PROVISIONED, false, reason, &note);
     pass.set(condition::READY, false, reason, &note);
     Ok(Next::Done(Action::requeue(
@@ -245,7 +245,7 @@ async fn replace_stale_attempt(pass: &mut Pass<'_>) -> Result<Next> {
 /// Our key is taken by an instance not tagged as this Proxy's (made by hand, or by an
 /// operator with another cluster name). It may be someone's: leave it, say so, and
 /// create under the next key.
-async fn skip_taken_key(pass: &mut Pass<'_>, key: &str) -> Result<Next> {
+async fn skip_taken_key(pass: &mut Reconciliation<'_>, key: &str) -> Result<Next> {
     let reason = "InstanceKeyTaken";
     let note = format!(
         "key {key} is taken at provider {} by an instance not tagged {}={} and {}={}, so not this Proxy's: \
@@ -268,7 +268,7 @@ async fn skip_taken_key(pass: &mut Pass<'_>, key: &str) -> Result<Next> {
 
 /// Forgets the current instance (and its health), so the next pass creates a
 /// replacement under the next key; remembers why for the `Replaced` Event.
-fn forget_instance(pass: &mut Pass<'_>, old_id: &str, cause: String) {
+fn mark_for_replacement(pass: &mut Reconciliation<'_>, old_id: &str, cause: String) {
     let status = &mut pass.status;
     status.provider_id = None;
     status.instance_key = None;
@@ -327,7 +327,7 @@ fn proxy_address(address: &pb::Address) -> ProxyAddress {
     }
 }
 
-impl Pass<'_> {
+impl Reconciliation<'_> {
     /// Records a running instance's addresses; it is provisioned.
     fn record_running(&mut self, addresses: &[pb::Address]) {
         self.ctx.poll_backoff.reset(&self.key.uid);

@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::next::Next;
-use super::{Pass, tags};
+use super::{Reconciliation, tags};
 use crate::crd::{ADOPT_INSTANCE_ANNOTATION, Proxy, condition};
 use crate::k8s::events::EventType;
 use crate::providers::Provider;
@@ -78,7 +78,7 @@ pub fn decide(
 
 /// Adopts the spare the member's annotation names, when this is its first Create
 /// step (module doc); `None`: create as usual.
-pub(super) async fn adopt_spare(pass: &mut Pass<'_>) -> Result<Option<Next>> {
+pub(super) async fn adopt_spare(pass: &mut Reconciliation<'_>) -> Result<Option<Next>> {
     let Some(id) = pass
         .proxy
         .annotations()
@@ -141,7 +141,7 @@ fn controller_uid(proxy: &Proxy) -> Option<String> {
 }
 
 /// Records the adopted `instance` as the member's and runs the next pass at once.
-async fn adopted(pass: &mut Pass<'_>, instance: pb::Instance) -> Result<Option<Next>> {
+async fn adopted(pass: &mut Reconciliation<'_>, instance: pb::Instance) -> Result<Option<Next>> {
     let note = format!(
         "adopted spare instance {} (booted in advance by its pool)",
         instance.id
@@ -159,7 +159,7 @@ async fn adopted(pass: &mut Pass<'_>, instance: pb::Instance) -> Result<Option<N
 }
 
 /// Says why spare `id` is not adopted; the member creates an instance.
-async fn cold(pass: &mut Pass<'_>, id: &str, why: &str) -> Result<Option<Next>> {
+async fn cold(pass: &mut Reconciliation<'_>, id: &str, why: &str) -> Result<Option<Next>> {
     let note = format!("spare {id} not adopted ({why}): creating an instance");
     pass.publish(EventType::Normal, "SpareNotAdopted", &note)
         .await;

@@ -63,7 +63,7 @@ pub(super) async fn cleanup(
     let mut saved = proxy.status.clone();
     save(ctx, key, proxy, api, &mut status, &mut saved).await?;
     if outcome.is_ok() {
-        ctx.forget_state(&key.uid);
+        ctx.forget_reconcile_state(&key.uid);
     }
     outcome
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use egressproxy_provider::pb;
 
-use super::Pass;
+use super::Reconciliation;
 use crate::crd::{ProxyStatus, condition};
 use crate::k8s::events::EventType;
 use crate::probe::address::probe_address;
@@ -60,7 +60,7 @@ pub(super) fn due(check_url: Option<String>, status: &ProxyStatus, generation: O
 }
 
 /// Observes the egress address of the Ready proxy at `addresses` if it is due.
-pub(super) async fn observe_if_due(pass: &mut Pass<'_>, addresses: &[pb::Address]) {
+pub(super) async fn observe_if_due(pass: &mut Reconciliation<'_>, addresses: &[pb::Address]) {
     let spec_url = pass
         .proxy
         .spec

@@ -115,7 +115,7 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Action> {
         clean_up(&proxy, &key, &ctx, &api).await
     } else {
         // No instance was ever asked for: nothing to delete.
-        ctx.forget_state(&key.uid);
+        ctx.forget_reconcile_state(&key.uid);
         Ok(Action::await_change())
     };
     ctx.report_memory();
@@ -141,7 +141,7 @@ async fn clean_up(
         // The finalizer's removal (or a write of the cleanup) may have met the work of
         // an earlier reconcile, queued while it ran and handed a stale copy.
         Err(_) if cleanup_done(api, key).await => {
-            ctx.forget_state(&key.uid);
+            ctx.forget_reconcile_state(&key.uid);
             Ok(Action::await_change())
         }
         Err(error) => Err(error.into()),
@@ -180,7 +180,7 @@ pub fn error_policy(proxy: Arc<Proxy>, error: &Error, ctx: Arc<Context>) -> Acti
 }
 
 /// One reconcile's working state: what it acts on, and the status it builds.
-pub(super) struct Pass<'a> {
+pub(super) struct Reconciliation<'a> {
     ctx: &'a Context,
     key: &'a ProxyKey,
     proxy: &'a Proxy,
@@ -193,7 +193,7 @@ pub(super) struct Pass<'a> {
     guarded: bool,
 }
 
-impl Pass<'_> {
+impl Reconciliation<'_> {
     /// Sets a condition at the Proxy's generation.
     fn set(&mut self, type_: &str, value: bool, reason: &str, message: &str) {
         let generation = self.proxy.metadata.generation;
@@ -288,7 +288,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
             return Ok(action);
         }
     };
-    let mut pass = Pass {
+    let mut pass = Reconciliation {
         ctx,
         key,
         proxy,
@@ -299,7 +299,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
         guarded: finalizer::holds(proxy),
     };
     let outcome = match pass.keep_guarded().await {
-        Ok(()) => passes(&mut pass).await,
+        Ok(()) => observe_plan_act(&mut pass).await,
         Err(error) => Err(error),
     };
     pass.status.observed_generation = proxy.metadata.generation;
@@ -316,7 +316,7 @@ async fn apply(proxy: &Proxy, key: &ProxyKey, ctx: &Context, api: &Api<Proxy>) -
 }
 
 /// Observe → plan → act until a step ends the reconcile.
-async fn passes(pass: &mut Pass<'_>) -> Result<Action> {
+async fn observe_plan_act(pass: &mut Reconciliation<'_>) -> Result<Action> {
     for _ in 0..MAX_PASSES {
         let observation =
             observe::observe(pass.ctx, pass.key, pass.proxy, &pass.status, pass.provider).await?;
