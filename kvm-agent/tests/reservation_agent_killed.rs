@@ -1,10 +1,12 @@
 //! `kvm-agent serve` SIGKILLed between an address identity's DHCP reservation and the
 //! domain's start, against a private libvirtd reached over real SSH: the moment the
-//! reservation shows in the network, libvirtd is frozen (so the start, the next step,
-//! cannot reach it) and the agent is killed. Once restarted, the agent's ListInstances
-//! and the network's reservations agree (the instance that holds the reservation is
-//! listed, defined and not started, with its identity, and no other reservation
-//! appeared), the Create retried converges on the reserved address (the iPXE guest's
+//! reservation shows in the network, libvirtd is frozen and the agent is killed. A start
+//! the agent had already sent would still run once libvirtd continues, so an attempt
+//! counts only when the domain is still shut off and QEMU was never launched for it
+//! (libvirt writes the domain's QEMU log at launch); otherwise another identity is tried.
+//! Once restarted, the agent's ListInstances and the network's reservations agree (the
+//! instance that holds the reservation is listed, defined and not started, with its
+//! identity, and no other reservation appeared), the Create retried converges on the reserved address (the iPXE guest's
 //! DHCP lease), and the Delete gives the reservation back.
 
 mod guest_env;
@@ -19,6 +21,7 @@ use egressproxy_provider::client::{Client, ClientOptions, connect_lazy};
 use egressproxy_provider::pb;
 use guest_env::{GuestHost, ipxe_qcow2, sha256_file};
 use kvm_agent::libvirt::identity_mac::mac_for_identity;
+use kvm_agent::libvirt::naming::InstanceNames;
 use kvm_agent::libvirt::xml::network::DhcpFacts;
 
 const GENEROUS: Duration = Duration::from_secs(120);
@@ -80,7 +83,7 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
     let before = reservations(&conn);
 
     // Until the kill lands before the domain's start: the restarted agent then lists
-    // the instance that holds the reservation, defined and not started. (The start
+    // the instance that holds the reservation, defined and never started. (The start
     // reaching libvirtd within the few milliseconds between the reservation and the
     // freeze is possible, only unlikely: then that instance is deleted and another
     // identity tried.)
@@ -97,13 +100,17 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
         let mut creating = client(&agent);
         let first = request(&format!("killed-{attempt}"), &identity);
         let create = tokio::spawn(async move { creating.create_instance(first).await });
+        // Looked at every 2 ms, not with `eventually` (10-100 ms between looks): the
+        // agent starts the domain a few milliseconds after the reservation.
         let deadline = Instant::now() + GENEROUS;
         while !reservations(&conn).iter().any(|(m, _)| *m == mac) {
             assert!(Instant::now() < deadline, "no reservation for {identity}");
-            assert!(
-                !create.is_finished(),
-                "the Create ended before its reservation"
-            );
+            if create.is_finished() {
+                panic!(
+                    "the Create ended before its reservation: {:?}",
+                    create.await
+                );
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         guest_host.libvirtd.pause().unwrap();
@@ -111,7 +118,7 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
         guest_host.libvirtd.resume().unwrap();
         assert!(
             create.await.unwrap().is_err(),
-            "the Create answered a dead agent"
+            "a killed agent answered the Create"
         );
         agent = ServedAgent::start(&config).unwrap();
 
@@ -129,7 +136,22 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
             .collect();
         assert_eq!(holders.len(), 1, "{listed:#?}");
         let holder = holders.remove(0);
-        if holder.state() == pb::InstanceState::Stopped {
+        let domain = InstanceNames::for_key(&holder.key).unwrap().domain;
+        let state = conn
+            .lookup_domain_by_name(&domain)
+            .unwrap()
+            .state()
+            .unwrap()
+            .0
+            .to_raw();
+        let qemu_log = guest_host
+            .libvirtd
+            .dir()
+            .join(format!("log/qemu/{domain}.log"));
+        if holder.state() == pb::InstanceState::Stopped
+            && state == virt::sys::VIR_DOMAIN_SHUTOFF
+            && !qemu_log.exists()
+        {
             break (identity, mac, holder);
         }
         client(&agent)
@@ -155,9 +177,72 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
         .into_inner()
         .instance
         .unwrap();
-    let running = eventually("the instance RUNNING with an address", GENEROUS, || {
-        let mut asking = client(&agent);
-        let id = created.id.clone();
+    let running = wait_running(&agent, &created.id).await;
+    // Where the loop above looked for proof that QEMU was never launched.
+    let domain = InstanceNames::for_key(&key).unwrap().domain;
+    let qemu_log = guest_host
+        .libvirtd
+        .dir()
+        .join(format!("log/qemu/{domain}.log"));
+    assert!(qemu_log.exists(), "{} after the start", qemu_log.display());
+    let addresses: Vec<&str> = running
+        .addresses
+        .iter()
+        .map(|a| a.address.as_str())
+        .collect();
+    assert_eq!(addresses, [address.as_str()], "{running:#?}");
+
+    // Another identity beside it gets another address, and its guest's lease is that
+    // one: two instances never share an address.
+    let other_identity = "identity-other";
+    let other = client(&agent)
+        .create_instance(request("other", other_identity))
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+    let other_mac = mac_for_identity(other_identity);
+    let other_reserved: Vec<String> = reservations(&conn)
+        .into_iter()
+        .filter(|(m, _)| *m == other_mac)
+        .map(|(_, ip)| ip)
+        .collect();
+    assert_eq!(other_reserved.len(), 1, "{other_reserved:?}");
+    assert_ne!(other_reserved[0], address);
+    let other_running = wait_running(&agent, &other.id).await;
+    let other_addresses: Vec<&str> = other_running
+        .addresses
+        .iter()
+        .map(|a| a.address.as_str())
+        .collect();
+    assert_eq!(
+        other_addresses,
+        [other_reserved[0].as_str()],
+        "{other_running:#?}"
+    );
+
+    // The Deletes give the reservations back.
+    for id in [created.id, other.id] {
+        client(&agent)
+            .delete_instance(pb::DeleteInstanceRequest { id })
+            .await
+            .unwrap();
+    }
+    assert_eq!(reservations(&conn), before);
+    assert!(
+        guest_host.domains().is_empty(),
+        "{:?}",
+        guest_host.domains()
+    );
+}
+
+/// Waits while the instance `id` is PROVISIONING until it is RUNNING (with an address,
+/// as the agent reports it then) and returns it; any other state fails the test.
+async fn wait_running(agent: &ServedAgent, id: &str) -> pb::Instance {
+    eventually("the instance RUNNING with an address", GENEROUS, || {
+        let mut asking = client(agent);
+        let id = id.to_owned();
         async move {
             let instance = asking
                 .get_instance(pb::GetInstanceRequest { id })
@@ -168,27 +253,10 @@ async fn an_agent_killed_after_the_reservation_agrees_with_the_network_once_rest
                 .ok_or("no instance")?;
             match instance.state() {
                 pb::InstanceState::Running => Ok(instance),
-                state => Err(format!("{state:?}")),
+                pb::InstanceState::Provisioning => Err(instance.state_message),
+                state => panic!("the instance went {state:?}, not RUNNING: {instance:#?}"),
             }
         }
     })
-    .await;
-    let addresses: Vec<&str> = running
-        .addresses
-        .iter()
-        .map(|a| a.address.as_str())
-        .collect();
-    assert_eq!(addresses, [address.as_str()], "{running:#?}");
-
-    // The Delete gives the reservation back.
-    client(&agent)
-        .delete_instance(pb::DeleteInstanceRequest { id: created.id })
-        .await
-        .unwrap();
-    assert_eq!(reservations(&conn), before);
-    assert!(
-        guest_host.domains().is_empty(),
-        "{:?}",
-        guest_host.domains()
-    );
+    .await
 }

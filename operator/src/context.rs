@@ -2,9 +2,11 @@
 //! kept in memory (backoff attempts, health-check failures, cached Events, the phase
 //! gauge). What must survive a restart (the instance being replaced) is in status.
 //!
-//! Every per-Proxy entry is keyed by the Proxy's UID and dropped by
-//! [`Context::forget_proxy`] when the Proxy goes (its cleanup finished, or the watch saw it
-//! deleted), so memory follows the live Proxies, not every Proxy ever seen.
+//! Every per-Proxy entry is keyed by the Proxy's UID and dropped when the Proxy goes:
+//! its reconcile state by [`Context::forget_reconcile_state`] once its cleanup finished,
+//! the rest by [`Context::forget_proxy`] when the watch sees it deleted (or
+//! [`Context::forget_proxies_except`] finds it gone), so memory follows the live Proxies,
+//! not every Proxy ever seen.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -78,8 +80,8 @@ pub struct Context {
     /// The last reconcile trigger (a hash of what makes a Proxy worth reconciling)
     /// seen per Proxy UID.
     triggers: Mutex<HashMap<String, u64>>,
-    /// Serialises [`Context::report_memory`], so a report read before a `forget_proxy`
-    /// cannot be written after that `forget_proxy`'s own report.
+    /// Serialises [`Context::report_memory`], so a report read before a
+    /// `forget_reconcile_state` cannot be written after that one's own report.
     reporting: Mutex<()>,
     events: EventPublisher,
     /// Gives freed memory back once Proxies stop being forgotten; `main` spawns its

@@ -162,7 +162,7 @@ async fn create(pass: &mut Reconciliation<'_>) -> Result<Next> {
     Ok(Next::Again)
 }
 
-/// Deletes the instance (unless it vanished), forgets it, and says why.
+/// Deletes the instance (unless it vanished), marks it for replacement, and says why.
 async fn replace(pass: &mut Reconciliation<'_>, id: String, cause: Cause) -> Result<Next> {
     if cause.deletes_old() {
         pass.provider.delete(&id).await?;
@@ -266,8 +266,9 @@ async fn skip_taken_key(pass: &mut Reconciliation<'_>, key: &str) -> Result<Next
     )))
 }
 
-/// Forgets the current instance (and its health), so the next pass creates a
-/// replacement under the next key; remembers why for the `Replaced` Event.
+/// Marks the current instance for replacement: clears it (and its health) from the
+/// status and counts the replacement, so the next pass creates one under the next key;
+/// remembers why for the `Replaced` Event.
 fn mark_for_replacement(pass: &mut Reconciliation<'_>, old_id: &str, cause: String) {
     let status = &mut pass.status;
     status.provider_id = None;
